@@ -1,0 +1,9 @@
+"""bevir: a graph-IR compiler library for camera-only 3D detectors on an INT8 GPNPU."""
+from .errors import (AttrError, BevirError, InterpreterError, ParseError, PassError,  # noqa: F401
+                     UnsupportedError, VerifyError)
+from .ir import (AffineQuant, DType, FixedPointQuant, Graph, Layout, Node, TensorType,  # noqa: F401
+                 Value)
+from . import ops  # noqa: F401  (registers the ops)
+from .sim import Interpreter, run  # noqa: F401
+
+__version__ = "0.1.0"

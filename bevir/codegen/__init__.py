@@ -1,0 +1,1 @@
+"""GPNPU code generation (later issues)."""

@@ -1,0 +1,1 @@
+"""Frontends: ONNX and PyTorch importers."""

@@ -1,0 +1,44 @@
+"""Small helpers shared by op definitions: type checks that raise VerifyError."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import VerifyError
+from ..ir.types import DType, Layout, TensorType
+
+
+def require(cond: bool, message: str) -> None:
+    if not cond:
+        raise VerifyError(message)
+
+
+def same_dtype(*types: TensorType) -> DType:
+    dtypes = {t.dtype for t in types if t is not None}
+    require(len(dtypes) == 1, f"operand dtypes differ: {sorted(str(d) for d in dtypes)}")
+    return dtypes.pop()
+
+
+def float_operands(*types: TensorType) -> DType:
+    d = same_dtype(*types)
+    require(d.is_float, f"expects float operands, got {d}")
+    return d
+
+
+def norm_axis(axis: int, rank: int) -> int:
+    require(-rank <= axis < max(rank, 1), f"axis {axis} out of range for rank {rank}")
+    return axis % rank if rank else 0
+
+
+def broadcast_types(*types: TensorType, dtype: DType | None = None) -> TensorType:
+    """The numpy-broadcast result type; keeps the layout of the highest-rank operand."""
+    try:
+        shape = np.broadcast_shapes(*(t.shape for t in types))
+    except ValueError:
+        raise VerifyError("shapes do not broadcast: " +
+                          ", ".join(str(list(t.shape)) for t in types)) from None
+    layout = max(types, key=lambda t: t.rank).layout
+    return TensorType(shape, dtype or same_dtype(*types), layout if len(shape) == 4 else Layout.plain)
+
+
+def cast_like(x: np.ndarray, t: TensorType) -> np.ndarray:
+    return np.asarray(x, dtype=t.dtype.np)

@@ -1,0 +1,200 @@
+"""Elementwise ops: unary math, broadcasting binary arithmetic, clip, where, cast."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..ir.types import DType, TensorType
+from .common import broadcast_types, float_operands, require, same_dtype
+from .registry import Bool, Float, OpDef, Str
+
+
+def _erf(x: np.ndarray) -> np.ndarray:
+    """erf through the Chebyshev-fitted erfc (fractional error < 1.2e-7), in float64."""
+    z = np.abs(x.astype(np.float64))
+    t = 1.0 / (1.0 + 0.5 * z)
+    poly = (-z * z - 1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 + t * (
+        -0.18628806 + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (
+            -0.82215223 + t * 0.17087277)))))))))
+    erfc = t * np.exp(poly)
+    return np.where(x >= 0, 1.0 - erfc, erfc - 1.0).astype(x.dtype)
+
+
+def _gelu(x: np.ndarray, approximate: str) -> np.ndarray:
+    xd = x.astype(np.float64)
+    if approximate == "tanh":
+        y = 0.5 * xd * (1 + np.tanh(np.sqrt(2 / np.pi) * (xd + 0.044715 * xd ** 3)))
+    else:
+        y = 0.5 * xd * (1 + _erf(xd / np.sqrt(2)))
+    return y.astype(x.dtype)
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    # exp of -|x| never overflows; both branches agree with 1/(1+exp(-x))
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype)
+
+
+class Unary(OpDef):
+    """A float elementwise function; subclasses set ``fn``."""
+
+    operands = ("x",)
+
+    def infer(self, c, x):
+        float_operands(x)
+        return x
+
+    def compute(self, c, x):
+        return np.asarray(type(self).fn(x), dtype=x.dtype)
+
+
+def unary(name: str, fn, doc: str = "") -> type[Unary]:
+    return type(name.title(), (Unary,), {"name": name, "fn": staticmethod(fn), "doc": doc})
+
+
+Relu = unary("relu", lambda x: np.maximum(x, 0), "max(x, 0)")
+Sigmoid = unary("sigmoid", _sigmoid, "1 / (1 + exp(-x))")
+Tanh = unary("tanh", np.tanh)
+Exp = unary("exp", np.exp)
+Log = unary("log", np.log)
+Sqrt = unary("sqrt", np.sqrt)
+Erf = unary("erf", _erf)
+Neg = unary("neg", np.negative)
+Abs = unary("abs", np.abs)
+Reciprocal = unary("reciprocal", np.reciprocal)
+
+
+class Gelu(Unary):
+    name = "gelu"
+    attrs = {"approximate": Str("none", ("none", "tanh"))}
+
+    def compute(self, c, x):
+        return _gelu(x, c.approximate)
+
+
+class Identity(OpDef):
+    name = "identity"
+    operands = ("x",)
+
+    def infer(self, c, x):
+        return x
+
+    def compute(self, c, x):
+        return x
+
+
+class Clip(OpDef):
+    """min(max(x, min), max); a bound left unset does not clip."""
+
+    name = "clip"
+    operands = ("x",)
+    attrs = {"min": Float(None), "max": Float(None)}
+
+    def infer(self, c, x):
+        return x
+
+    def compute(self, c, x):
+        lo = -np.inf if c.min is None else c.min
+        hi = np.inf if c.max is None else c.max
+        if x.dtype.kind in "iu":   # bounds saturate to the integer range before comparing
+            info = np.iinfo(x.dtype)
+            lo, hi = max(lo, info.min), min(hi, info.max)
+        return np.clip(x, np.asarray(lo).astype(x.dtype), np.asarray(hi).astype(x.dtype))
+
+
+def _int_div(a, b):
+    """Integer division truncating toward zero, as C (and onnxruntime) do."""
+    q = np.abs(a) // np.abs(b)
+    return np.where((a < 0) != (b < 0), -q, q).astype(a.dtype)
+
+
+class Binary(OpDef):
+    """Broadcasting binary arithmetic; subclasses set ``fn`` (and ``int_fn`` if it differs)."""
+
+    operands = ("a", "b")
+    commutative = False
+
+    def infer(self, c, a, b):
+        return broadcast_types(a, b)
+
+    def compute(self, c, a, b):
+        fn = type(self).int_fn if a.dtype.kind in "iub" else type(self).fn
+        return np.asarray(fn(a, b)).astype(a.dtype, copy=False)
+
+
+def binary(name: str, fn, int_fn=None, commutative: bool = False) -> type[Binary]:
+    return type(name.title(), (Binary,), {"name": name, "fn": staticmethod(fn),
+                                          "int_fn": staticmethod(int_fn or fn),
+                                          "commutative": commutative})
+
+
+Add = binary("add", np.add, commutative=True)
+Sub = binary("sub", np.subtract)
+Mul = binary("mul", np.multiply, commutative=True)
+Div = binary("div", np.divide, _int_div)
+Max = binary("max", np.maximum, commutative=True)
+Min = binary("min", np.minimum, commutative=True)
+Pow = binary("pow", np.power)
+
+
+class Where(OpDef):
+    """cond ? x : y with broadcasting."""
+
+    name = "where"
+    operands = ("cond", "x", "y")
+
+    def infer(self, c, cond, x, y):
+        require(cond.dtype is DType.bool, f"condition must be bool, got {cond.dtype}")
+        t = broadcast_types(cond.with_(dtype=x.dtype), x, y)
+        return t
+
+    def compute(self, c, cond, x, y):
+        return np.where(cond, x, y)
+
+
+class Cast(OpDef):
+    """Convert the element type (float to int truncates toward zero)."""
+
+    name = "cast"
+    operands = ("x",)
+    attrs = {"to": Str(choices=tuple(d.value for d in DType)),
+             "saturate": Bool(False)}
+
+    def infer(self, c, x):
+        return TensorType(x.shape, DType(c.to), x.layout)
+
+    def compute(self, c, x):
+        to = DType(c.to).np
+        if c.saturate and to.kind in "iu" and x.dtype.kind == "f":
+            info = np.iinfo(to)
+            x = np.clip(np.nan_to_num(x), info.min, info.max)
+        return x.astype(to)
+
+
+class Compare(OpDef):
+    """Broadcasting comparison giving bool."""
+
+    operands = ("a", "b")
+
+    def infer(self, c, a, b):
+        same_dtype(a, b)
+        return broadcast_types(a, b, dtype=DType.bool)
+
+    def compute(self, c, a, b):
+        return type(self).fn(a, b)
+
+
+Equal = type("Equal", (Compare,), {"name": "equal", "fn": staticmethod(np.equal)})
+Less = type("Less", (Compare,), {"name": "less", "fn": staticmethod(np.less)})
+Greater = type("Greater", (Compare,), {"name": "greater", "fn": staticmethod(np.greater)})
+
+
+class Not(OpDef):
+    name = "not"
+    operands = ("x",)
+
+    def infer(self, c, x):
+        require(x.dtype is DType.bool, f"expects bool, got {x.dtype}")
+        return x
+
+    def compute(self, c, x):
+        return np.logical_not(x)

@@ -1,0 +1,172 @@
+"""Convolution and matrix products: the ops that carry the MACs, all through BLAS."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..ir.types import Layout, TensorType
+from .common import float_operands, require
+from .registry import Bool, Float, Int, Ints, OpDef
+
+
+def conv_out_size(size: int, k: int, stride: int, pad: int, dilation: int) -> int:
+    return (size + pad - dilation * (k - 1) - 1) // stride + 1
+
+
+def im2col_nhwc(x: np.ndarray, kh: int, kw: int, oh: int, ow: int, strides, dilations):
+    """Gather (N, OH, OW, KH, KW, C) windows of a padded NHWC array: KH*KW strided copies."""
+    n, _, _, ch = x.shape
+    (sh, sw), (dh, dw) = strides, dilations
+    cols = np.empty((n, oh, ow, kh, kw, ch), x.dtype)
+    for i in range(kh):
+        for j in range(kw):
+            cols[:, :, :, i, j, :] = x[:, i * dh: i * dh + sh * (oh - 1) + 1: sh,
+                                       j * dw: j * dw + sw * (ow - 1) + 1: sw, :]
+    return cols
+
+
+def conv2d_nhwc(x: np.ndarray, w: np.ndarray, strides, pads, dilations, groups: int,
+                acc_dtype=None) -> np.ndarray:
+    """Grouped 2-D convolution of NHWC ``x`` with OIHW ``w`` as im2col + one GEMM per group.
+
+    ``acc_dtype`` is the dtype of the products (the operands are converted to it); the
+    result is in that dtype, without bias.
+    """
+    acc = np.dtype(acc_dtype or x.dtype)
+    n, h, wd, ch = x.shape
+    o, cg, kh, kw = w.shape
+    top, left, bottom, right = pads
+    oh = conv_out_size(h, kh, strides[0], top + bottom, dilations[0])
+    ow = conv_out_size(wd, kw, strides[1], left + right, dilations[1])
+    og = o // groups
+    x = x.astype(acc, copy=False)
+    # weights as (G, KH*KW*Cg, Og) to match the window order (kh, kw, c)
+    wm = w.astype(acc).reshape(groups, og, cg, kh, kw).transpose(0, 3, 4, 2, 1)
+    wm = wm.reshape(groups, kh * kw * cg, og)
+    out = np.empty((n, oh, ow, o), acc)
+    pointwise = kh == kw == 1 and strides == (1, 1) and not any(pads)
+    for b in range(n):                      # one image at a time bounds the im2col buffer
+        xb = x[b:b + 1]
+        if pointwise:
+            cols = xb.reshape(oh * ow, 1, groups, cg)
+        else:
+            if any(pads):
+                xb = np.pad(xb, ((0, 0), (top, bottom), (left, right), (0, 0)))
+            cols = im2col_nhwc(xb, kh, kw, oh, ow, strides, dilations)
+            cols = cols.reshape(oh * ow, kh * kw, groups, cg)
+        ob = out[b].reshape(oh * ow, o)
+        if groups == 1:
+            np.matmul(cols.reshape(oh * ow, kh * kw * cg), wm[0], out=ob)
+        else:
+            g = np.matmul(cols.transpose(2, 0, 1, 3).reshape(groups, oh * ow, kh * kw * cg), wm)
+            ob[...] = g.transpose(1, 0, 2).reshape(oh * ow, o)
+    return out
+
+
+def to_nhwc(x: np.ndarray, layout: Layout) -> np.ndarray:
+    return x if layout is Layout.nhwc else np.ascontiguousarray(x.transpose(0, 2, 3, 1))
+
+
+def from_nhwc(y: np.ndarray, layout: Layout) -> np.ndarray:
+    # a transposed view: the next conv's to_nhwc is then free
+    return y if layout is Layout.nhwc else y.transpose(0, 3, 1, 2)
+
+
+class Conv2d(OpDef):
+    """2-D convolution. x: [N,C,H,W] (plain or nchw) or [N,H,W,C] (nhwc); w: [O, C/groups,
+    KH, KW]; b: [O]. ``pads`` = [top, left, bottom, right]."""
+
+    name = "conv2d"
+    operands = ("x", "w", "b?")
+    attrs = {"strides": Ints((1, 1)), "pads": Ints((0, 0, 0, 0)),
+             "dilations": Ints((1, 1)), "groups": Int(1)}
+
+    def infer(self, c, x, w, b=None):
+        float_operands(x, w, *([b] if b else []))
+        require(x.rank == 4 and w.rank == 4, f"expects 4-D input and weight, got {x} and {w}")
+        require(len(c.strides) == 2 and len(c.dilations) == 2 and len(c.pads) == 4,
+                "strides and dilations take 2 values, pads 4")
+        n, ch, h, wd = _nchw_dims(x)
+        o, cg, kh, kw = w.shape
+        require(c.groups >= 1 and ch % c.groups == 0 and o % c.groups == 0
+                and cg == ch // c.groups,
+                f"weight {list(w.shape)} does not fit {ch} input channels in {c.groups} groups")
+        require(b is None or b.shape == (o,), f"bias must be [{o}], got {b}")
+        oh = conv_out_size(h, kh, c.strides[0], c.pads[0] + c.pads[2], c.dilations[0])
+        ow = conv_out_size(wd, kw, c.strides[1], c.pads[1] + c.pads[3], c.dilations[1])
+        require(oh > 0 and ow > 0, "output would be empty")
+        shape = (n, oh, ow, o) if x.layout is Layout.nhwc else (n, o, oh, ow)
+        return TensorType(shape, x.dtype, x.layout)
+
+    def compute(self, c, x, w, b=None):
+        layout = c.in_types[0].layout
+        y = conv2d_nhwc(to_nhwc(x, layout), w, c.strides, c.pads, c.dilations, c.groups)
+        if b is not None:
+            y += b
+        return from_nhwc(y, layout)
+
+    def macs(self, c):
+        out, w = c.out_types[0], c.in_types[1]
+        return out.numel * w.shape[1] * w.shape[2] * w.shape[3]
+
+
+def _nchw_dims(t: TensorType) -> tuple[int, int, int, int]:
+    n, a, b, d = t.shape
+    return (n, d, a, b) if t.layout is Layout.nhwc else (n, a, b, d)
+
+
+class MatMul(OpDef):
+    """numpy.matmul: batched, broadcasting, 1-D operands promoted as numpy does."""
+
+    name = "matmul"
+    operands = ("a", "b")
+
+    def infer(self, c, a, b):
+        float_operands(a, b)
+        require(a.rank >= 1 and b.rank >= 1, "matmul operands must have rank >= 1")
+        sa = a.shape if a.rank > 1 else (1,) + a.shape
+        sb = b.shape if b.rank > 1 else b.shape + (1,)
+        require(sa[-1] == sb[-2], f"inner dimensions differ: {list(a.shape)} @ {list(b.shape)}")
+        batch = np.broadcast_shapes(sa[:-2], sb[:-2])
+        shape = batch + (sa[-2],) * (a.rank > 1) + (sb[-1],) * (b.rank > 1)
+        return TensorType(shape, a.dtype)
+
+    def compute(self, c, a, b):
+        return np.matmul(a, b)
+
+    def macs(self, c):
+        a = c.in_types[0]
+        return c.out_types[0].numel * a.shape[-1]
+
+
+class Gemm(OpDef):
+    """alpha * op(a) @ op(b) + beta * c, op = optional transpose; a and b are 2-D.
+    With trans_b it is a linear layer (torch's weight layout)."""
+
+    name = "gemm"
+    operands = ("a", "b", "c?")
+    attrs = {"alpha": Float(1.0), "beta": Float(1.0), "trans_a": Bool(False),
+             "trans_b": Bool(False)}
+
+    def infer(self, c, a, b, bias=None):
+        float_operands(a, b, *([bias] if bias else []))
+        require(a.rank == 2 and b.rank == 2, f"gemm takes 2-D operands, got {a} and {b}")
+        m, k = a.shape[::-1] if c.trans_a else a.shape
+        k2, n = b.shape[::-1] if c.trans_b else b.shape
+        require(k == k2, f"inner dimensions differ: {k} and {k2}")
+        if bias is not None:
+            np.broadcast_shapes(bias.shape, (m, n))
+        return TensorType((m, n), a.dtype)
+
+    def compute(self, c, a, b, bias=None):
+        a = a.T if c.trans_a else a
+        b = b.T if c.trans_b else b
+        y = np.matmul(a, b)
+        if c.alpha != 1.0:
+            y = y * a.dtype.type(c.alpha)
+        if bias is not None:
+            y = y + (bias if c.beta == 1.0 else bias * a.dtype.type(c.beta))
+        return y.astype(a.dtype, copy=False)
+
+    def macs(self, c):
+        a = c.in_types[0]
+        return c.out_types[0].numel * (a.shape[0] if c.trans_a else a.shape[1])

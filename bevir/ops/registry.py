@@ -1,0 +1,250 @@
+"""The op registry: one declarative definition per op.
+
+An op is a subclass of :class:`OpDef` that names its operands and attributes and defines
+its type rule (``infer``), its numpy reference semantics (``compute``) and its cost
+(``macs``; bytes moved follow from the types). Defining the class registers it::
+
+    class Relu(OpDef):
+        name = "relu"
+        operands = ("x",)
+
+        def infer(self, c, x):
+            return x
+
+        def compute(self, c, x):
+            return np.maximum(x, 0).astype(x.dtype)
+
+Operand names ending in ``?`` are optional (passed as ``None`` when omitted); a name
+starting with ``*`` takes the remaining operands (variadic). ``c`` is a :class:`Ctx`: the
+node's validated attributes as fields (``c.axis``), plus ``c.in_types`` and ``c.out_types``.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ..errors import AttrError, VerifyError
+from ..ir.types import TensorType
+
+_REQUIRED = object()
+
+
+@dataclass(frozen=True)
+class Attr:
+    """An attribute's schema: its kind, default (absent means required) and allowed values."""
+
+    kind: str
+    default: Any = _REQUIRED
+    choices: tuple | None = None
+
+    @property
+    def required(self) -> bool:
+        return self.default is _REQUIRED
+
+    def check(self, name: str, value: Any) -> Any:
+        """Return the value in canonical form, or raise AttrError."""
+        try:
+            v = _CONVERT[self.kind](value)
+        except (TypeError, ValueError) as e:
+            raise AttrError(f"attribute '{name}' must be {self.kind}, got {value!r}") from e
+        if self.choices is not None and v not in self.choices:
+            raise AttrError(f"attribute '{name}' = {v!r} is not one of {list(self.choices)}")
+        return v
+
+
+def _int(v):
+    if isinstance(v, (bool, float)) or not isinstance(v, (int, np.integer)):
+        raise TypeError
+    return int(v)
+
+
+def _float(v):
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+        raise TypeError
+    return float(v)
+
+
+def _bool(v):
+    if not isinstance(v, (bool, np.bool_)):
+        raise TypeError
+    return bool(v)
+
+
+def _str(v):
+    if not isinstance(v, str):
+        raise TypeError
+    return v
+
+
+def _seq(elem):
+    def convert(v):
+        if isinstance(v, (str, bytes)) or not isinstance(v, (Sequence, np.ndarray)):
+            raise TypeError
+        return tuple(elem(x) for x in v)
+    return convert
+
+
+def _tensor(v):
+    if not isinstance(v, np.ndarray):
+        raise TypeError
+    v = np.array(v)
+    v.setflags(write=False)
+    return v
+
+
+_CONVERT = {"int": _int, "float": _float, "bool": _bool, "str": _str, "ints": _seq(_int),
+            "floats": _seq(_float), "strs": _seq(_str), "tensor": _tensor}
+
+
+def Int(default=_REQUIRED, choices=None) -> Attr:
+    return Attr("int", default, choices)
+
+
+def Float(default=_REQUIRED) -> Attr:
+    return Attr("float", default)
+
+
+def Bool(default=_REQUIRED) -> Attr:
+    return Attr("bool", default)
+
+
+def Str(default=_REQUIRED, choices=None) -> Attr:
+    return Attr("str", default, choices)
+
+
+def Ints(default=_REQUIRED) -> Attr:
+    return Attr("ints", default if default is _REQUIRED or default is None else tuple(default))
+
+
+def Floats(default=_REQUIRED) -> Attr:
+    return Attr("floats", default if default is _REQUIRED or default is None else tuple(default))
+
+
+def Tensor(default=_REQUIRED) -> Attr:
+    return Attr("tensor", default)
+
+
+class Ctx:
+    """What an op's methods see of a node: attributes as fields, plus operand/result types."""
+
+    def __init__(self, attrs: Mapping[str, Any], in_types: Sequence[TensorType | None] = (),
+                 out_types: Sequence[TensorType] = (), node=None):
+        self.attrs = attrs
+        self.in_types = list(in_types)
+        self.out_types = list(out_types)
+        self.node = node
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self.__dict__["attrs"][name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+_REGISTRY: dict[str, OpDef] = {}
+
+
+class OpDef:
+    """Base of op definitions; see the module docstring."""
+
+    name: ClassVar[str]
+    operands: ClassVar[tuple[str, ...]] = ()
+    attrs: ClassVar[dict[str, Attr]] = {}
+    #: False for ops with effects or identity (never CSE'd, folded or removed when unused)
+    pure: ClassVar[bool] = True
+    doc: ClassVar[str] = ""
+
+    def __init_subclass__(cls, **kw):
+        super().__init_subclass__(**kw)
+        if "name" in cls.__dict__:
+            if cls.name in _REGISTRY:
+                raise ValueError(f"op '{cls.name}' is defined twice")
+            _REGISTRY[cls.name] = cls()
+
+    # ---- to be defined by ops ----------------------------------------------------------
+    def infer(self, c: Ctx, *types: TensorType | None) -> TensorType | Sequence[TensorType]:
+        raise NotImplementedError(f"op '{self.name}' has no type rule")
+
+    def compute(self, c: Ctx, *arrays: np.ndarray | None) -> np.ndarray | Sequence[np.ndarray]:
+        raise NotImplementedError(f"op '{self.name}' has no reference semantics")
+
+    def macs(self, c: Ctx) -> int:
+        """Multiply-accumulates of one application (0 for data movement)."""
+        return 0
+
+    # ---- derived -----------------------------------------------------------------------
+    def arity(self) -> tuple[int, int | None]:
+        """(min, max) operand count; max None when variadic."""
+        lo = sum(1 for o in self.operands if not o.endswith("?") and not o.startswith("*"))
+        variadic = any(o.startswith("*") for o in self.operands)
+        return lo, None if variadic else len(self.operands)
+
+    def check_attrs(self, attrs: Mapping[str, Any], where: Mapping[str, str] | None = None) -> dict:
+        """Validate attributes against the schema, filling in defaults."""
+        where = dict(where or {})
+        unknown = set(attrs) - set(self.attrs)
+        if unknown:
+            raise AttrError(f"unknown attribute(s) {sorted(unknown)}; "
+                            f"'{self.name}' takes {sorted(self.attrs)}", **where)
+        out = {}
+        for k, schema in self.attrs.items():
+            if k in attrs and attrs[k] is not None:
+                try:
+                    out[k] = schema.check(k, attrs[k])
+                except AttrError as e:
+                    raise AttrError(e.message, **where) from None
+            elif schema.required:
+                raise AttrError(f"missing required attribute '{k}'", **where)
+            else:
+                out[k] = schema.default
+        return out
+
+    def check_arity(self, n: int) -> None:
+        lo, hi = self.arity()
+        if n < lo or (hi is not None and n > hi):
+            want = f"{lo}" if lo == hi else f"{lo}..{'' if hi is None else hi}"
+            raise VerifyError(f"takes {want} operands ({', '.join(self.operands)}), got {n}")
+
+    def infer_node(self, node) -> list[TensorType]:
+        """Infer the result types of a node (arity checked)."""
+        self.check_arity(len(node.inputs))
+        types = [None if v is None else v.type for v in node.inputs]
+        try:
+            out = self.infer(Ctx(node.attrs, types, node=node), *types)
+        except (VerifyError, ValueError, IndexError) as e:
+            msg = e.message if isinstance(e, VerifyError) else f"{type(e).__name__}: {e}"
+            raise VerifyError(f"type inference failed: {msg}", op=self.name, loc=node.loc,
+                              node=node.name if node.outputs else None) from None
+        return [out] if isinstance(out, TensorType) else list(out)
+
+    def ctx(self, node) -> Ctx:
+        return Ctx(node.attrs, [None if v is None else v.type for v in node.inputs],
+                   [v.type for v in node.outputs], node)
+
+    def run(self, node, arrays: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+        """Apply the reference semantics to a node's operand arrays."""
+        out = self.compute(self.ctx(node), *arrays)
+        outs = [out] if isinstance(out, np.ndarray) or np.isscalar(out) else list(out)
+        return [np.asarray(o) for o in outs]
+
+    def cost(self, node) -> dict[str, int]:
+        """MACs and bytes read and written by one application of the node."""
+        return {"macs": int(self.macs(self.ctx(node))),
+                "bytes_read": sum(v.type.nbytes for v in node.inputs if v is not None),
+                "bytes_written": sum(v.type.nbytes for v in node.outputs)}
+
+
+def get_op(name: str) -> OpDef:
+    """The definition of op ``name``; raises VerifyError for an unknown op."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise VerifyError(f"unknown op '{name}'", op=name) from None
+
+
+def all_ops() -> dict[str, OpDef]:
+    """Every registered op, by name."""
+    return dict(sorted(_REGISTRY.items()))
