@@ -272,6 +272,8 @@ class _GraphParser(_Reader):
             raise self.error("a constant defines one value", at)
         name = names[0]
         ext = self.accept("external")
+        self.ws()
+        dense_at = self.pos
         raw = None if ext else self.dense()
         self.expect(":")
         t = self.type()
@@ -285,7 +287,7 @@ class _GraphParser(_Reader):
                 raise self.error(f"external payload {array.dtype}{list(array.shape)} does not "
                                  f"match {t}", at)
         else:
-            array = self.payload(raw, t, at)
+            array = self.payload(raw, t, dense_at)
         self.define(name, self.graph.add_const(array, name, t), at)
 
     def returns(self) -> None:

@@ -62,6 +62,34 @@ def conv2d_nhwc(x: np.ndarray, w: np.ndarray, strides, pads, dilations, groups: 
     return out
 
 
+def conv2d_nchw(x: np.ndarray, w: np.ndarray, strides, pads, dilations,
+                acc_dtype=None) -> np.ndarray:
+    """Ungrouped convolution of NCHW ``x`` as W @ im2col: for few input channels (the
+    stem), where NHWC windows would copy runs of only C elements."""
+    acc = np.dtype(acc_dtype or x.dtype)
+    n, ch, h, wd = x.shape
+    o, _, kh, kw = w.shape
+    top, left, bottom, right = pads
+    (sh, sw), (dh, dw) = strides, dilations
+    oh = conv_out_size(h, kh, sh, top + bottom, dh)
+    ow = conv_out_size(wd, kw, sw, left + right, dw)
+    wm = w.astype(acc).reshape(o, ch * kh * kw)
+    out = np.empty((n, o, oh * ow), acc)
+    cols = np.empty((ch, kh, kw, oh, ow), acc)
+    for b in range(n):
+        xb = np.pad(x[b].astype(acc, copy=False), ((0, 0), (top, bottom), (left, right)))
+        for i in range(kh):
+            for j in range(kw):
+                cols[:, i, j] = xb[:, i * dh: i * dh + sh * (oh - 1) + 1: sh,
+                                   j * dw: j * dw + sw * (ow - 1) + 1: sw]
+        np.matmul(wm, cols.reshape(ch * kh * kw, oh * ow), out=out[b])
+    return out.reshape(n, o, oh, ow)
+
+
+#: below this many input channels an NCHW convolution uses conv2d_nchw
+NCHW_CHANNEL_LIMIT = 16
+
+
 def to_nhwc(x: np.ndarray, layout: Layout) -> np.ndarray:
     return x if layout is Layout.nhwc else np.ascontiguousarray(x.transpose(0, 2, 3, 1))
 
@@ -99,6 +127,9 @@ class Conv2d(OpDef):
 
     def compute(self, c, x, w, b=None):
         layout = c.in_types[0].layout
+        if layout is not Layout.nhwc and c.groups == 1 and x.shape[1] < NCHW_CHANNEL_LIMIT:
+            y = conv2d_nchw(x, w, c.strides, c.pads, c.dilations)
+            return y if b is None else y + b[:, None, None]
         y = conv2d_nhwc(to_nhwc(x, layout), w, c.strides, c.pads, c.dilations, c.groups)
         if b is not None:
             y += b
