@@ -1,0 +1,17 @@
+"""Every ```python block in docs/*.md runs (blocks of one page share a namespace, in order)."""
+import re
+from pathlib import Path
+
+import pytest
+
+DOCS = sorted((Path(__file__).resolve().parents[1] / "docs").glob("*.md"))
+BLOCK = re.compile(r"```python\n(.*?)```", re.S)
+
+
+@pytest.mark.parametrize("page", [p for p in DOCS if BLOCK.search(p.read_text())],
+                         ids=lambda p: p.name)
+def test_doc_examples_run(page, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    namespace = {"__name__": f"docs.{page.stem}"}
+    for i, code in enumerate(BLOCK.findall(page.read_text())):
+        exec(compile(code, f"{page.name}[block {i}]", "exec"), namespace)
