@@ -1,1 +1,359 @@
-"""(ops to come)"""
+"""Neural-network layers: pooling, normalization, softmax, resize and grid sampling.
+
+2-D ops read x as NCHW (plain or nchw) or NHWC (nhwc), as conv2d does; ``pads`` are
+[top, left, bottom, right].
+"""
+from __future__ import annotations
+
+from itertools import product
+
+import numpy as np
+
+from ..ir.types import Layout, TensorType
+from .common import float_operands, norm_axis, require
+from .registry import Bool, Float, Int, Ints, OpDef, Str
+from .shape import moved
+
+
+def _acc(dtype: np.dtype) -> np.dtype:
+    """The dtype to compute a float op in: at least float32."""
+    return np.promote_types(dtype, np.float32)
+
+
+# ---- pooling ---------------------------------------------------------------------------
+def spatial_axes(t: TensorType) -> tuple[int, int]:
+    return (1, 2) if t.layout is Layout.nhwc else (2, 3)
+
+
+def pool_out_size(size: int, k: int, stride: int, pad_begin: int, pad_end: int,
+                  dilation: int, ceil_mode: bool) -> int:
+    """Windows along one axis (ONNX/torch): with ceil_mode the last window must start
+    inside the input or the begin padding."""
+    span = size + pad_begin + pad_end - dilation * (k - 1) - 1
+    out = (-(-span // stride) if ceil_mode else span // stride) + 1
+    if ceil_mode and (out - 1) * stride >= size + pad_begin:
+        out -= 1
+    return out
+
+
+def _dilations(c):
+    return getattr(c, "dilations", (1, 1))
+
+
+def _pool_out(c, x: TensorType) -> tuple[int, int]:
+    (k0, k1), (s0, s1), (d0, d1) = c.kernel, c.strides, _dilations(c)
+    top, left, bottom, right = c.pads
+    ax = spatial_axes(x)
+    return (pool_out_size(x.shape[ax[0]], k0, s0, top, bottom, d0, c.ceil_mode),
+            pool_out_size(x.shape[ax[1]], k1, s1, left, right, d1, c.ceil_mode))
+
+
+def _pool_infer(c, x: TensorType) -> TensorType:
+    require(x.rank == 4, f"expects a 4-D input, got {x}")
+    require(len(c.kernel) == 2 and len(c.strides) == 2 and len(c.pads) == 4
+            and len(_dilations(c)) == 2, "kernel, strides and dilations take 2 values, pads 4")
+    require(min(c.kernel + c.strides + _dilations(c)) >= 1 and min(c.pads) >= 0,
+            "kernel, strides and dilations must be positive, pads non-negative")
+    oh, ow = _pool_out(c, x)
+    require(oh > 0 and ow > 0, f"pooling window does not fit {x}")
+    shape = list(x.shape)
+    for a, o in zip(spatial_axes(x), (oh, ow)):
+        shape[a] = o
+    return moved(x, shape)
+
+
+def window_taps(x: np.ndarray, axes, c, out, fill, pads=None):
+    """Pad ``x``'s two spatial ``axes`` with ``fill`` (far enough for every window,
+    ceil_mode included) and yield, per kernel tap, the strided view of the taps at every
+    output position: KH*KW views of the output's shape."""
+    pads = c.pads if pads is None else pads
+    width = [(0, 0)] * x.ndim
+    for i, a in enumerate(axes):
+        need = (out[i] - 1) * c.strides[i] + _dilations(c)[i] * (c.kernel[i] - 1) + 1
+        width[a] = (pads[i], max(need - pads[i] - x.shape[a], 0))
+    if any(w != (0, 0) for w in width):
+        x = np.pad(x, width, constant_values=fill)
+    for taps in product(*(range(k) for k in c.kernel)):
+        idx = [slice(None)] * x.ndim
+        for i, (a, t) in enumerate(zip(axes, taps)):
+            start = t * _dilations(c)[i]
+            idx[a] = slice(start, start + c.strides[i] * (out[i] - 1) + 1, c.strides[i])
+        yield x[tuple(idx)]
+
+
+_POOL_ATTRS = {"kernel": Ints(), "strides": Ints((1, 1)), "pads": Ints((0, 0, 0, 0)),
+               "ceil_mode": Bool(False)}
+
+
+class MaxPool2d(OpDef):
+    """2-D max pooling; padding never wins (it is -inf, or the integer dtype's minimum)."""
+
+    name = "maxpool2d"
+    operands = ("x",)
+    attrs = {**_POOL_ATTRS, "dilations": Ints((1, 1))}
+
+    def infer(self, c, x):
+        require(x.dtype.is_float or x.dtype.is_int, f"expects a numeric operand, got {x.dtype}")
+        return _pool_infer(c, x)
+
+    def compute(self, c, x):
+        fill = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
+        axes = spatial_axes(c.in_types[0])
+        taps = window_taps(x, axes, c, _pool_out(c, c.in_types[0]), fill)
+        y = next(taps).copy()
+        for t in taps:
+            np.maximum(y, t, out=y)
+        return y
+
+
+class AvgPool2d(OpDef):
+    """2-D average pooling. The divisor counts the window's elements inside the input, or
+    inside input + pads with count_include_pad (windows that ceil_mode runs past the pads
+    count only what they cover, as ONNX AveragePool and torch do)."""
+
+    name = "avgpool2d"
+    operands = ("x",)
+    attrs = {**_POOL_ATTRS, "count_include_pad": Bool(False)}
+
+    def infer(self, c, x):
+        float_operands(x)
+        return _pool_infer(c, x)
+
+    def compute(self, c, x):
+        t = c.in_types[0]
+        axes, out = spatial_axes(t), _pool_out(c, t)
+        y = np.zeros(c.out_types[0].shape, _acc(x.dtype))
+        for tap in window_taps(x, axes, c, out, 0):
+            y += tap
+        # the divisor: the same windows over a mask of what counts
+        h, w = (x.shape[a] for a in axes)
+        top, left, bottom, right = c.pads
+        if c.count_include_pad:
+            mask, pads = np.ones((h + top + bottom, w + left + right), y.dtype), (0, 0)
+        else:
+            mask, pads = np.ones((h, w), y.dtype), (top, left)
+        count = sum(window_taps(mask, (0, 1), c, out, 0, pads))
+        shape = [1] * 4
+        shape[axes[0]], shape[axes[1]] = out
+        y /= np.maximum(count, 1).reshape(shape)    # a window covering nothing averages to 0
+        return y.astype(x.dtype, copy=False)
+
+
+class GlobalAvgPool(OpDef):
+    """Mean over the spatial axes (all but N and C), kept as size 1."""
+
+    name = "global_avgpool"
+    operands = ("x",)
+
+    def infer(self, c, x):
+        float_operands(x)
+        require(x.rank == 4 if x.layout is Layout.nhwc else x.rank >= 3,
+                f"expects an [N, C, spatial...] input, got {x}")
+        return moved(x, (1 if i in _global_axes(x) else d for i, d in enumerate(x.shape)))
+
+    def compute(self, c, x):
+        y = x.mean(axis=_global_axes(c.in_types[0]), keepdims=True, dtype=_acc(x.dtype))
+        return y.astype(x.dtype, copy=False)
+
+
+def _global_axes(t: TensorType) -> tuple[int, ...]:
+    return (1, 2) if t.layout is Layout.nhwc else tuple(range(2, t.rank))
+
+
+# ---- normalization ---------------------------------------------------------------------
+class BatchNorm(OpDef):
+    """Inference batch norm: (x - mean) / sqrt(var + epsilon) * scale + bias, per channel
+    (axis 1, or 3 for nhwc), computed in float32."""
+
+    name = "batch_norm"
+    operands = ("x", "scale", "bias", "mean", "var")
+    attrs = {"epsilon": Float(1e-5)}
+
+    def infer(self, c, x, *params):
+        float_operands(x)
+        require(x.rank == 4 if x.layout is Layout.nhwc else x.rank >= 2,
+                f"expects an [N, C, ...] input, got {x}")
+        ch = x.shape[_channel_axis(x)]
+        for p in params:
+            require(p.dtype.is_float and p.shape == (ch,), f"parameters must be [{ch}], got {p}")
+        return x
+
+    def compute(self, c, x, scale, bias, mean, var):
+        t = c.in_types[0]
+        acc = _acc(x.dtype)
+        shape = [1] * x.ndim
+        shape[_channel_axis(t)] = -1
+        scale, bias, mean, var = (p.astype(acc, copy=False).reshape(shape)
+                                  for p in (scale, bias, mean, var))
+        y = (x.astype(acc, copy=False) - mean) / np.sqrt(var + acc.type(c.epsilon)) * scale + bias
+        return y.astype(x.dtype, copy=False)
+
+
+def _channel_axis(t: TensorType) -> int:
+    return 3 if t.layout is Layout.nhwc else 1
+
+
+class LayerNorm(OpDef):
+    """ONNX LayerNormalization: normalize over axes axis..rank-1, then * scale + bias
+    (both broadcast over those axes). Two-pass mean and variance in (at least) float32."""
+
+    name = "layer_norm"
+    operands = ("x", "scale?", "bias?")
+    attrs = {"axis": Int(-1), "epsilon": Float(1e-5)}
+
+    def infer(self, c, x, scale=None, bias=None):
+        float_operands(x, *(p for p in (scale, bias) if p is not None))
+        norm = x.shape[norm_axis(c.axis, x.rank):]
+        for p in (scale, bias):
+            require(p is None or (p.rank <= len(norm) and all(
+                d in (1, n) for d, n in zip(p.shape[::-1], norm[::-1]))),
+                f"{p} does not broadcast over the normalized shape {list(norm)}")
+        return x
+
+    def compute(self, c, x, scale=None, bias=None):
+        acc = _acc(x.dtype)
+        axes = tuple(range(norm_axis(c.axis, x.ndim), x.ndim))
+        d = x.astype(acc, copy=False) - x.mean(axis=axes, keepdims=True, dtype=acc)
+        var = np.mean(np.square(d), axis=axes, keepdims=True)
+        y = d / np.sqrt(var + acc.type(c.epsilon))
+        if scale is not None:
+            y *= scale
+        if bias is not None:
+            y += bias
+        return y.astype(x.dtype, copy=False)
+
+
+class Softmax(OpDef):
+    name = "softmax"
+    operands = ("x",)
+    attrs = {"axis": Int(-1)}
+
+    def infer(self, c, x):
+        float_operands(x)
+        norm_axis(c.axis, x.rank)
+        return x
+
+    def compute(self, c, x):
+        e = np.exp(x.astype(_acc(x.dtype), copy=False) - x.max(axis=c.axis, keepdims=True))
+        e /= e.sum(axis=c.axis, keepdims=True)
+        return e.astype(x.dtype, copy=False)
+
+
+# ---- resampling ------------------------------------------------------------------------
+def resize_coords(mode: str, n_in: int, n_out: int) -> tuple[np.ndarray, np.ndarray]:
+    """ONNX Resize's input coordinate of each output index along one axis, exactly: as
+    (floor, remainder / denominator). With scale = n_out / n_in every mode's coordinate is
+    rational, so ties and integers are exact (no float64 ulps deciding a rounding), and
+    half_pixel_symmetric equals half_pixel."""
+    y = np.arange(n_out, dtype=np.int64)
+    if mode == "asymmetric":                                # y / scale
+        num, den = y * n_in, n_out
+    elif mode == "align_corners":                           # y * (in - 1) / (out - 1)
+        num, den = (y * (n_in - 1), n_out - 1) if n_out > 1 else (y * 0, 1)
+    elif mode == "pytorch_half_pixel" and n_out == 1:
+        num, den = y - 1, 2
+    else:                                                   # (y + 0.5) / scale - 0.5
+        num, den = (2 * y + 1) * n_in - n_out, 2 * n_out
+    lo, rem = np.divmod(num, den)
+    return lo, rem / den
+
+
+def _nearest(lo: np.ndarray, frac: np.ndarray, rounding: str) -> np.ndarray:
+    up = {"round_prefer_floor": frac > 0.5, "round_prefer_ceil": frac >= 0.5,
+          "floor": False, "ceil": frac > 0}[rounding]
+    return lo + up
+
+
+class Resize(OpDef):
+    """ONNX Resize (opset 13/19) to ``size``, the full output shape, scale = out / in per
+    axis: nearest for any dtype, or separable multilinear (floats) over resized axes."""
+
+    name = "resize"
+    operands = ("x",)
+    attrs = {"size": Ints(), "mode": Str("nearest", ("nearest", "linear")),
+             "coordinate_transformation_mode": Str("half_pixel", (
+                 "half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners",
+                 "asymmetric")),
+             "nearest_mode": Str("round_prefer_floor", (
+                 "round_prefer_floor", "round_prefer_ceil", "floor", "ceil"))}
+
+    def infer(self, c, x):
+        require(len(c.size) == x.rank and min(c.size + x.shape, default=1) > 0,
+                f"size {list(c.size)} is not a non-empty shape for {x}")
+        if c.mode == "linear":
+            float_operands(x)
+        return moved(x, c.size)
+
+    def compute(self, c, x):
+        dtype = x.dtype
+        for axis, (n_in, n_out) in enumerate(zip(x.shape, c.size)):
+            if n_in == n_out:
+                continue
+            lo, frac = resize_coords(c.coordinate_transformation_mode, n_in, n_out)
+            if c.mode == "nearest":
+                x = np.take(x, np.clip(_nearest(lo, frac, c.nearest_mode), 0, n_in - 1), axis=axis)
+                continue
+            shape = [1] * x.ndim
+            shape[axis] = n_out
+            a0, a1 = (np.take(x, np.clip(i, 0, n_in - 1), axis=axis) for i in (lo, lo + 1))
+            x = a0 + (a1 - a0) * frac.astype(_acc(dtype)).reshape(shape)
+        return x.astype(dtype, copy=False)
+
+
+def _grid_coord(g: np.ndarray, size: int, padding: str, align: bool) -> np.ndarray:
+    """torch grid_sample: a normalized grid coordinate to a pixel coordinate (in g's dtype)."""
+    f = g.dtype.type
+    x = (g + 1) * f((size - 1) / 2) if align else ((g + 1) * f(size) - 1) / 2
+    if padding == "reflection":
+        low, span = (f(0), f(size - 1)) if align else (f(-0.5), f(size))
+        if span == 0:
+            return np.zeros_like(x)
+        a = np.abs(x - low)
+        extra = np.fmod(a, span)
+        x = np.where(np.floor(a / span) % 2 == 0, extra + low, span - extra + low)
+    if padding != "zeros":
+        x = np.clip(x, 0, size - 1)
+    return x
+
+
+class GridSample(OpDef):
+    """torch.nn.functional.grid_sample, 2-D: x [N,C,H,W], grid [N,Ho,Wo,2] of (x, y) in
+    [-1, 1] -> [N,C,Ho,Wo]. Nearest rounds half to even; under zeros padding a tap outside
+    the input contributes 0."""
+
+    name = "grid_sample"
+    operands = ("x", "grid")
+    attrs = {"mode": Str("bilinear", ("bilinear", "nearest")),
+             "padding_mode": Str("zeros", ("zeros", "border", "reflection")),
+             "align_corners": Bool(False)}
+
+    def infer(self, c, x, grid):
+        float_operands(x, grid)
+        require(x.rank == 4 and x.layout is not Layout.nhwc, f"x must be [N,C,H,W], got {x}")
+        n, ch = x.shape[:2]
+        require(grid.rank == 4 and grid.shape[0] == n and grid.shape[3] == 2,
+                f"grid must be [{n},Ho,Wo,2], got {grid}")
+        return TensorType((n, ch) + grid.shape[1:3], x.dtype, x.layout)
+
+    def compute(self, c, x, grid):
+        n, ch, h, w = x.shape
+        g = grid.astype(_acc(grid.dtype), copy=False).reshape(n, -1, 2)
+        ix = _grid_coord(g[..., 0], w, c.padding_mode, c.align_corners)
+        iy = _grid_coord(g[..., 1], h, c.padding_mode, c.align_corners)
+        src = np.ascontiguousarray(x.reshape(n, ch, h * w).transpose(0, 2, 1)).reshape(-1, ch)
+        base = (np.arange(n) * (h * w))[:, None]
+        if c.mode == "nearest":
+            taps = [(np.rint(ix), np.rint(iy), None)]
+        else:
+            x0, y0 = np.floor(ix), np.floor(iy)
+            x1, y1 = x0 + 1, y0 + 1     # torch's weight formulas, for bitwise-close results
+            taps = [(x0, y0, (x1 - ix) * (y1 - iy)), (x1, y0, (ix - x0) * (y1 - iy)),
+                    (x0, y1, (x1 - ix) * (iy - y0)), (x1, y1, (ix - x0) * (iy - y0))]
+        y = np.zeros((n, g.shape[1], ch), _acc(x.dtype))
+        for px, py, wt in taps:
+            inside = (px >= 0) & (px <= w - 1) & (py >= 0) & (py <= h - 1)
+            idx = base + np.where(inside, py * w + px, 0).astype(np.intp)
+            wt = inside if wt is None else np.where(inside, wt, 0)
+            y += src[idx] * wt[..., None].astype(y.dtype, copy=False)
+        y = y.reshape(n, *grid.shape[1:3], ch).transpose(0, 3, 1, 2)
+        return y.astype(x.dtype, copy=False)

@@ -1,1 +1,66 @@
-"""(ops to come)"""
+"""Reductions over a set of axes: mean, sum, max, min.
+
+``axes`` None reduces every axis; an empty list reduces none (numpy's ``axis=()``).
+Results have the input's dtype; float sums and means accumulate as numpy does (pairwise).
+Max and min of an empty set give the dtype's lowest / highest value (-inf / inf for floats).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..ir.types import Layout, TensorType
+from .common import float_operands, require
+from .registry import Bool, Ints, OpDef
+from .shape import norm_axes
+
+
+def _bound(dtype: np.dtype, high: bool):
+    if dtype.kind == "f":
+        return np.inf if high else -np.inf
+    info = np.iinfo(dtype)
+    return info.max if high else info.min
+
+
+class Reduce(OpDef):
+    """A reduction; subclasses set ``fn(x, axis, keepdims)`` and ``floats_only``."""
+
+    operands = ("x",)
+    attrs = {"axes": Ints(None), "keepdims": Bool(True)}
+    floats_only = False
+    keeps_quant = False
+
+    def infer(self, c, x):
+        if self.floats_only:
+            float_operands(x)
+        else:
+            require(x.dtype.is_float or x.dtype.is_int, f"expects a numeric operand, got {x.dtype}")
+        axes = range(x.rank) if c.axes is None else norm_axes(c.axes, x.rank)
+        if c.keepdims:
+            shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
+        else:
+            shape = tuple(d for i, d in enumerate(x.shape) if i not in axes)
+        layout = x.layout if c.keepdims and x.rank == 4 else Layout.plain
+        per_tensor = x.quant is not None and x.quant.axis is None
+        return TensorType(shape, x.dtype, layout, x.quant if self.keeps_quant and per_tensor else None)
+
+    def compute(self, c, x):
+        axes = None if c.axes is None else norm_axes(c.axes, x.ndim)
+        y = type(self).fn(x, axes, c.keepdims)
+        return np.asarray(y).astype(x.dtype, copy=False)
+
+
+def reduction(name: str, fn, floats_only: bool = False, keeps_quant: bool = False,
+              doc: str = "") -> type[Reduce]:
+    return type("Reduce" + name.title(), (Reduce,), {
+        "name": "reduce_" + name, "fn": staticmethod(fn), "floats_only": floats_only,
+        "keeps_quant": keeps_quant, "doc": doc})
+
+
+ReduceMean = reduction("mean", lambda x, a, k: np.mean(x, axis=a, keepdims=k), floats_only=True)
+ReduceSum = reduction("sum", lambda x, a, k: np.sum(x, axis=a, keepdims=k, dtype=x.dtype))
+ReduceMax = reduction("max", lambda x, a, k: np.max(x, axis=a, keepdims=k,
+                                                    initial=_bound(x.dtype, False)),
+                      keeps_quant=True)
+ReduceMin = reduction("min", lambda x, a, k: np.min(x, axis=a, keepdims=k,
+                                                    initial=_bound(x.dtype, True)),
+                      keeps_quant=True)

@@ -1,1 +1,281 @@
-"""(ops to come)"""
+"""Data movement: concat, split, slice, reshape, transpose, gather, expand, pad, topk, constant.
+
+Results are ``plain`` unless the op keeps a 4-D tensor's axes meaning what they meant
+(concat, split, slice, pad, a rank-keeping gather or expand). Per-tensor quantization
+passes through data movement; per-channel quantization does not (its axis may move).
+"""
+from __future__ import annotations
+
+from math import prod
+
+import numpy as np
+
+from ..ir.types import DType, Layout, TensorType
+from .common import norm_axis, require, same_dtype
+from .registry import Bool, Float, Int, Ints, OpDef, Str, Tensor
+
+
+def norm_axes(axes, rank: int) -> tuple[int, ...]:
+    """Axes in [0, rank), negatives wrapped; duplicates are an error."""
+    out = tuple(norm_axis(a, rank) for a in axes)
+    require(len(set(out)) == len(out), f"duplicate axes {list(axes)}")
+    return out
+
+
+def moved(x: TensorType, shape, layout: Layout | None = None) -> TensorType:
+    """The type of data moved out of ``x`` into ``shape``: same dtype, per-tensor quant kept;
+    ``layout`` (default: x's) only survives on a 4-D result."""
+    layout = x.layout if layout is None else layout
+    shape = tuple(shape)
+    quant = x.quant if x.quant is not None and x.quant.axis is None else None
+    return TensorType(shape, x.dtype, layout if len(shape) == 4 else Layout.plain, quant)
+
+
+class Concat(OpDef):
+    name = "concat"
+    operands = ("*xs",)
+    attrs = {"axis": Int()}
+
+    def infer(self, c, *xs):
+        require(len(xs) >= 1, "concat takes at least one operand")
+        same_dtype(*xs)
+        x = xs[0]
+        require(all(t.rank == x.rank for t in xs), "concat operands differ in rank")
+        axis = norm_axis(c.axis, x.rank)
+        rest = lambda t: t.shape[:axis] + t.shape[axis + 1:]  # noqa: E731
+        require(all(rest(t) == rest(x) for t in xs),
+                f"concat operands differ off axis {axis}: " + ", ".join(str(t) for t in xs))
+        layouts = {t.layout for t in xs} - {Layout.plain}
+        require(len(layouts) <= 1, f"concat mixes layouts {sorted(map(str, layouts))}")
+        shape = x.shape[:axis] + (sum(t.shape[axis] for t in xs),) + x.shape[axis + 1:]
+        t = moved(x, shape, layouts.pop() if layouts else Layout.plain)
+        return t if all(u.quant == x.quant for u in xs) else t.with_(quant=None)
+
+    def compute(self, c, *xs):
+        return np.concatenate(xs, axis=c.axis)
+
+
+class Split(OpDef):
+    """Split into consecutive pieces of ``sizes`` along ``axis`` (zero sizes allowed)."""
+
+    name = "split"
+    operands = ("x",)
+    attrs = {"axis": Int(0), "sizes": Ints()}
+
+    def infer(self, c, x):
+        axis = norm_axis(c.axis, x.rank)
+        require(len(c.sizes) >= 1 and min(c.sizes) >= 0 and sum(c.sizes) == x.shape[axis],
+                f"sizes {list(c.sizes)} do not split dimension {axis} of {x}")
+        return [moved(x, x.shape[:axis] + (s,) + x.shape[axis + 1:]) for s in c.sizes]
+
+    def compute(self, c, x):
+        return np.split(x, np.cumsum(c.sizes)[:-1], axis=c.axis)
+
+
+def _slices(c, shape) -> tuple[slice, ...]:
+    """Python slices per axis, bounds clamped as slice.indices does (equal to ONNX Slice)."""
+    out = [slice(None)] * len(shape)
+    for ax, b, e, s in zip(norm_axes(c.axes, len(shape)), c.starts, c.ends, c.steps):
+        out[ax] = slice(*slice(b, e, s).indices(shape[ax]))
+        if out[ax].stop < 0:     # a negative step running to the front: stop "before 0"
+            out[ax] = slice(out[ax].start, None, s)
+    return tuple(out)
+
+
+class Slice(OpDef):
+    name = "slice"
+    operands = ("x",)
+    attrs = {"starts": Ints(), "ends": Ints(), "axes": Ints(), "steps": Ints()}
+
+    def infer(self, c, x):
+        require(len(c.starts) == len(c.ends) == len(c.axes) == len(c.steps),
+                "starts, ends, axes and steps differ in length")
+        require(0 not in c.steps, "slice step 0")
+        sl = _slices(c, x.shape)
+        return moved(x, (len(range(d)[s]) for d, s in zip(x.shape, sl)))
+
+    def compute(self, c, x):
+        return x[_slices(c, x.shape)]
+
+
+class Reshape(OpDef):
+    name = "reshape"
+    operands = ("x",)
+    attrs = {"shape": Ints()}
+
+    def infer(self, c, x):
+        require(min(c.shape, default=0) >= 0, f"reshape shape {list(c.shape)} must be static")
+        require(prod(c.shape) == x.numel, f"cannot reshape {x} to {list(c.shape)}")
+        return moved(x, c.shape, Layout.plain)
+
+    def compute(self, c, x):
+        return x.reshape(c.shape)
+
+
+class Flatten(OpDef):
+    """ONNX Flatten: [prod(dims before axis), prod(dims from axis)]."""
+
+    name = "flatten"
+    operands = ("x",)
+    attrs = {"axis": Int(1)}
+
+    def infer(self, c, x):
+        require(-x.rank <= c.axis <= x.rank, f"axis {c.axis} out of range for rank {x.rank}")
+        axis = c.axis + x.rank if c.axis < 0 else c.axis
+        return moved(x, (prod(x.shape[:axis]), prod(x.shape[axis:])), Layout.plain)
+
+    def compute(self, c, x):
+        return x.reshape(c.out_types[0].shape)
+
+
+class Transpose(OpDef):
+    name = "transpose"
+    operands = ("x",)
+    attrs = {"perm": Ints()}
+
+    def infer(self, c, x):
+        require(sorted(c.perm) == list(range(x.rank)),
+                f"perm {list(c.perm)} is not a permutation of {x.rank} axes")
+        return moved(x, (x.shape[p] for p in c.perm), Layout.plain)
+
+    def compute(self, c, x):
+        return x.transpose(c.perm)
+
+
+class Squeeze(OpDef):
+    name = "squeeze"
+    operands = ("x",)
+    attrs = {"axes": Ints()}
+
+    def infer(self, c, x):
+        axes = norm_axes(c.axes, x.rank)
+        require(all(x.shape[a] == 1 for a in axes), f"cannot squeeze axes {list(c.axes)} of {x}")
+        return moved(x, (d for i, d in enumerate(x.shape) if i not in axes), Layout.plain)
+
+    def compute(self, c, x):
+        return x.reshape(c.out_types[0].shape)
+
+
+class Unsqueeze(OpDef):
+    """Insert size-1 axes at ``axes``, positions in the result (ONNX semantics)."""
+
+    name = "unsqueeze"
+    operands = ("x",)
+    attrs = {"axes": Ints()}
+
+    def infer(self, c, x):
+        axes = norm_axes(c.axes, x.rank + len(c.axes))
+        dims = iter(x.shape)
+        shape = [1 if i in axes else next(dims) for i in range(x.rank + len(axes))]
+        return moved(x, shape, Layout.plain)
+
+    def compute(self, c, x):
+        return x.reshape(c.out_types[0].shape)
+
+
+class Gather(OpDef):
+    """numpy.take along ``axis``; negative indices count from the end."""
+
+    name = "gather"
+    operands = ("x", "indices")
+    attrs = {"axis": Int(0)}
+
+    def infer(self, c, x, idx):
+        require(idx.dtype in (DType.i32, DType.i64), f"indices must be i32 or i64, got {idx.dtype}")
+        axis = norm_axis(c.axis, x.rank)
+        shape = x.shape[:axis] + idx.shape + x.shape[axis + 1:]
+        return moved(x, shape, None if idx.rank == 1 else Layout.plain)
+
+    def compute(self, c, x, idx):
+        axis = norm_axis(c.axis, x.ndim)
+        n = x.shape[axis]
+        if idx.size and not (-n <= idx.min() and idx.max() < n):
+            raise ValueError(f"gather index out of range [{-n}, {n}) on axis {axis}: "
+                             f"min {idx.min()}, max {idx.max()}")
+        return np.take(x, idx, axis=axis)
+
+
+class Expand(OpDef):
+    """ONNX Expand: broadcast ``x`` against ``shape``."""
+
+    name = "expand"
+    operands = ("x",)
+    attrs = {"shape": Ints()}
+
+    def infer(self, c, x):
+        shape = np.broadcast_shapes(x.shape, c.shape)
+        return moved(x, shape, None if len(shape) == x.rank else Layout.plain)
+
+    def compute(self, c, x):
+        return np.broadcast_to(x, c.out_types[0].shape)
+
+
+class Pad(OpDef):
+    """Pad by ``pads`` = [begin_0..begin_n, end_0..end_n]; negative pads crop (before padding)."""
+
+    name = "pad"
+    operands = ("x",)
+    attrs = {"pads": Ints(), "mode": Str("constant", ("constant", "reflect", "edge", "wrap")),
+             "value": Float(0.0)}
+
+    def infer(self, c, x):
+        r = x.rank
+        require(len(c.pads) == 2 * r, f"pads takes {2 * r} values for rank {r}, got {len(c.pads)}")
+        crop = [d + min(b, 0) + min(e, 0) for d, b, e in zip(x.shape, c.pads[:r], c.pads[r:])]
+        require(min(crop, default=0) >= 0, f"pads {list(c.pads)} crop more than {x} holds")
+        require(c.mode == "constant" or all(
+            d > 0 or (b <= 0 and e <= 0) for d, b, e in zip(crop, c.pads[:r], c.pads[r:])),
+            f"{c.mode} padding of an empty axis")
+        return moved(x, (d + max(b, 0) + max(e, 0)
+                         for d, b, e in zip(crop, c.pads[:r], c.pads[r:])))
+
+    def compute(self, c, x):
+        r = x.ndim
+        begin, end = c.pads[:r], c.pads[r:]
+        x = x[tuple(slice(-min(b, 0), d + min(e, 0)) for d, b, e in zip(x.shape, begin, end))]
+        width = [(max(b, 0), max(e, 0)) for b, e in zip(begin, end)]
+        if not any(b or e for b, e in width):
+            return x
+        if c.mode == "constant":
+            return np.pad(x, width, constant_values=np.asarray(c.value).astype(x.dtype))
+        return np.pad(x, width, mode=c.mode)
+
+
+class TopK(OpDef):
+    """The k largest (or smallest) along ``axis`` -> (values, i64 indices); ties keep the
+    lower index first. NaN counts as the largest value. Results are always sorted."""
+
+    name = "topk"
+    operands = ("x",)
+    attrs = {"k": Int(), "axis": Int(-1), "largest": Bool(True), "sorted": Bool(True)}
+
+    def infer(self, c, x):
+        axis = norm_axis(c.axis, x.rank)
+        require(0 <= c.k <= x.shape[axis], f"k={c.k} out of range for axis {axis} of {x}")
+        shape = x.shape[:axis] + (c.k,) + x.shape[axis + 1:]
+        return moved(x, shape, Layout.plain), TensorType(shape, DType.i64)
+
+    def compute(self, c, x):
+        axis = norm_axis(c.axis, x.ndim)
+        if c.largest:   # descending, ties by lower index: reverse a stable sort of the flip
+            n = x.shape[axis]
+            order = np.argsort(np.flip(x, axis), axis=axis, kind="stable")
+            order = n - 1 - np.flip(order, axis)
+        else:
+            order = np.argsort(x, axis=axis, kind="stable")
+        idx = np.take(order, np.arange(c.k), axis=axis)
+        return np.take_along_axis(x, idx, axis=axis), idx.astype(np.int64)
+
+
+class Constant(OpDef):
+    name = "constant"
+    attrs = {"value": Tensor()}
+
+    def infer(self, c):
+        try:
+            return TensorType.of(c.value)
+        except TypeError as e:
+            raise ValueError(str(e)) from None
+
+    def compute(self, c):
+        return c.value
