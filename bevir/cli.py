@@ -1,0 +1,265 @@
+"""The ``bevir`` command: import, show, opt, run, passes.
+
+    bevir import model.onnx -o model.bevir
+    bevir show model.bevir
+    bevir opt model.bevir -p canonicalize,cse,dce -o opt.bevir --time-passes --stats
+    bevir opt --reproduce opt.reproducer.bevir
+    bevir run opt.bevir --inputs in.safetensors -o out.safetensors
+    bevir passes
+
+Errors in the input (bevir.BevirError, unreadable files) print one line
+``bevir: error: <message>`` on stderr and exit with status 1.
+"""
+from __future__ import annotations
+
+import argparse
+import errno
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from . import __version__
+from .errors import BevirError
+
+
+class CliError(BevirError):
+    """A command-line usage problem found after argument parsing."""
+
+
+def _out(text: str) -> None:
+    sys.stdout.write(text if text.endswith("\n") else text + "\n")
+
+
+def _err(text: str) -> None:
+    sys.stderr.write(text if text.endswith("\n") else text + "\n")
+
+
+# ---- import ------------------------------------------------------------------------------
+def cmd_import(args) -> int:
+    import bevir
+    from_onnx = getattr(bevir, "from_onnx", None)
+    if from_onnx is None:
+        try:
+            from .frontends.onnx import from_onnx
+        except ImportError as e:
+            raise CliError(f"the ONNX frontend is not available: {e}") from None
+    graph = from_onnx(args.model)
+    bevir.verify(graph)
+    out = Path(args.output) if args.output else Path(args.model).with_suffix(".bevir")
+    bevir.save(graph, out)
+    _out(f"wrote {out}: {len(graph.nodes)} nodes, {graph.num_params():,} parameters")
+    return 0
+
+
+# ---- show --------------------------------------------------------------------------------
+def _human_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def summary(graph) -> str:
+    """A short table: node and op counts, parameters, MACs and bytes from the cost model."""
+    from .passes import CostSummary
+    s = CostSummary(graph)
+    ops = ", ".join(f"{op} {n}" for op, n in s.op_counts.items()) or "-"
+    rows = [("nodes", f"{s.nodes}"), ("ops", ops),
+            ("inputs", f"{len(graph.inputs)}"), ("outputs", f"{len(graph.outputs)}"),
+            ("constants", f"{len(graph.constants)}"),
+            ("parameters", f"{s.params:,} ({_human_bytes(s.param_bytes)})"),
+            ("MACs", f"{s.macs:,}"),
+            ("bytes read", f"{s.bytes_read:,} ({_human_bytes(s.bytes_read)})"),
+            ("bytes written", f"{s.bytes_written:,} ({_human_bytes(s.bytes_written)})")]
+    width = max(len(k) for k, _ in rows)
+    return f"summary of @{graph.name}:\n" + "".join(f"  {k.ljust(width)}  {v}\n" for k, v in rows)
+
+
+def cmd_show(args) -> int:
+    from .ir import load, print_graph
+    graph = load(args.model)
+    if not args.summary_only:
+        _out(print_graph(graph, constants=args.constants))
+    _out(summary(graph))
+    return 0
+
+
+# ---- opt ---------------------------------------------------------------------------------
+def cmd_opt(args) -> int:
+    from .ir import load, print_graph, save
+    from .passes import (DumpIR, PassManager, Reproducer, Statistics, Timing, parse_pipeline,
+                         replay)
+    if args.dump_ir_after_change and not args.dump_ir:
+        raise CliError("--dump-ir-after-change needs --dump-ir DIR")
+    reproducer = None
+    if args.reproduce:
+        if args.model or args.pipeline:
+            raise CliError("--reproduce takes the IR and pipeline from the reproducer file; "
+                           "give no model or -p")
+        graph, passes = replay(args.reproduce)
+    else:
+        if not args.model:
+            raise CliError("opt needs a model (or --reproduce FILE)")
+        if args.pipeline is None:
+            raise CliError("opt needs a pipeline: -p PIPELINE (e.g. -p canonicalize,cse,dce)")
+        passes = parse_pipeline(args.pipeline)        # bad pipelines fail before loading
+        graph = load(args.model)
+        target = Path(args.output or args.model)
+        reproducer = Reproducer(args.reproducer or target.with_suffix(".reproducer.bevir"))
+    timing = Timing() if args.time_passes else None
+    stats = Statistics() if args.stats else None
+    instruments = [i for i in (timing, stats) if i is not None]
+    if args.dump_ir:
+        instruments.append(DumpIR(args.dump_ir, only_changed=args.dump_ir_after_change))
+    if reproducer is not None:
+        instruments.append(reproducer)
+    pm = PassManager(passes, instruments=instruments, verify_each=not args.no_verify_each)
+    try:
+        pm.run(graph)
+    except BevirError as e:
+        if reproducer is not None and reproducer.written is not None:
+            raise CliError(f"{e} (reproducer: {reproducer.written})") from e
+        raise
+    if timing is not None:
+        _err(timing.report())
+    if stats is not None:
+        _err(stats.report())
+    if args.output:
+        save(graph, args.output)
+        _err(f"wrote {args.output}: {len(graph.nodes)} nodes")
+    elif args.reproduce:
+        _out(f"reproducer {args.reproduce}: pipeline '{pm.pipeline}' ran without error")
+    else:
+        _out(print_graph(graph, constants="elide"))
+    return 0
+
+
+# ---- run ---------------------------------------------------------------------------------
+def _describe(a: np.ndarray) -> str:
+    text = f"{a.dtype}{list(a.shape)}"
+    if a.size and a.dtype.kind in "fiub":
+        f = a.astype(np.float64)
+        text += f" min={f.min():.6g} max={f.max():.6g} mean={f.mean():.6g}"
+    return text
+
+
+def cmd_run(args) -> int:
+    from safetensors import SafetensorError
+    from safetensors.numpy import load_file, save_file
+    from .ir import load
+    from .sim import run
+    graph = load(args.model)
+    inputs: dict[str, np.ndarray] = {}
+    if args.inputs:
+        if not Path(args.inputs).exists():
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), args.inputs)
+        try:
+            inputs = load_file(args.inputs)
+        except (SafetensorError, ValueError) as e:
+            raise BevirError(f"cannot read inputs {args.inputs}: {e}") from None
+        for v in graph.inputs:     # safetensors stores scalars as [1]
+            if v.name in inputs and v.type.rank == 0 and inputs[v.name].size == 1:
+                inputs[v.name] = inputs[v.name].reshape(())
+    fetch = None
+    if args.fetch:
+        fetch = "all" if args.fetch == ["all"] else args.fetch
+    results = run(graph, inputs, fetch=fetch)
+    for name, a in results.items():
+        _out(f"{name}: {_describe(np.asarray(a))}")
+    if args.output:
+        save_file({k: np.ascontiguousarray(v) for k, v in results.items()}, args.output)
+        _out(f"wrote {args.output}: {len(results)} tensors")
+    return 0
+
+
+# ---- passes ------------------------------------------------------------------------------
+def cmd_passes(args) -> int:
+    import dataclasses
+    from .passes import all_passes
+    for name, cls in all_passes().items():
+        _out(f"{name:<16} {cls.description}")
+        for opt, (t, default) in cls.options().items():
+            d = "required" if default is dataclasses.MISSING else f"default {default!r}"
+            _out(f"    {opt}: {t.__name__} ({d})")
+    return 0
+
+
+# ---- main --------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="bevir", description="bevir: a graph-IR compiler for an "
+                                "INT8 NPU. Import, inspect, optimize and run models.")
+    p.add_argument("--version", action="version", version=f"bevir {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    s = sub.add_parser("import", help="import an ONNX model as bevir IR")
+    s.add_argument("model", help="the .onnx file")
+    s.add_argument("-o", "--output", help="the .bevir file to write (default: <model>.bevir)")
+    s.set_defaults(fn=cmd_import)
+
+    s = sub.add_parser("show", help="print a model's IR and a cost summary")
+    s.add_argument("model", help="a .bevir file")
+    s.add_argument("--constants", choices=("elide", "inline", "external"), default="elide",
+                   help="how to print constant payloads (default: elide)")
+    s.add_argument("--summary-only", action="store_true", help="print only the summary")
+    s.set_defaults(fn=cmd_show)
+
+    s = sub.add_parser("opt", help="run a pass pipeline on a model")
+    s.add_argument("model", nargs="?", help="a .bevir file")
+    s.add_argument("-p", "--pipeline", help="e.g. 'canonicalize{fold_limit=65536},cse,dce'")
+    s.add_argument("-o", "--output", help="the .bevir file to write "
+                   "(default: print the IR, constants elided)")
+    s.add_argument("--time-passes", action="store_true", help="report the time of each pass")
+    s.add_argument("--stats", action="store_true", help="report pass statistics")
+    s.add_argument("--dump-ir", metavar="DIR", help="write the IR after each pass to DIR")
+    s.add_argument("--dump-ir-after-change", action="store_true",
+                   help="with --dump-ir: only after passes that changed the graph")
+    s.add_argument("--no-verify-each", action="store_true",
+                   help="do not verify the graph after each pass")
+    s.add_argument("--reproducer", metavar="FILE", help="where a failing pass leaves its "
+                   "reproducer (default: <output>.reproducer.bevir)")
+    s.add_argument("--reproduce", metavar="FILE",
+                   help="replay a reproducer: run its pipeline on its IR")
+    s.set_defaults(fn=cmd_opt)
+
+    s = sub.add_parser("run", help="run a model with the golden interpreter")
+    s.add_argument("model", help="a .bevir file")
+    s.add_argument("--inputs", metavar="FILE", help="a safetensors file of the graph inputs")
+    s.add_argument("-o", "--output", metavar="FILE", help="a safetensors file for the results")
+    s.add_argument("--fetch", nargs="+", metavar="NAME",
+                   help="also return these values (by value name; 'all' for every value)")
+    s.set_defaults(fn=cmd_run)
+
+    s = sub.add_parser("passes", help="list the registered passes and their options")
+    s.set_defaults(fn=cmd_passes)
+    return p
+
+
+def _os_message(e: OSError) -> str:
+    if e.strerror and e.filename:
+        return f"{e.strerror}: '{e.filename}'"
+    if isinstance(e, FileNotFoundError) and e.args and not e.strerror:
+        return f"No such file or directory: '{e.args[0]}'"
+    return " ".join(str(e).split("\n"))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:     # --help, --version and usage errors
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+    try:
+        return args.fn(args)
+    except BevirError as e:
+        _err("bevir: error: " + " ".join(str(e).split("\n")))
+    except OSError as e:
+        _err(f"bevir: error: {_os_message(e)}")
+    return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,18 @@
+"""Passes: the pass manager, instruments, analyses and the passes themselves.
+
+    import bevir
+    bevir.optimize(graph, "canonicalize,cse,dce")
+
+    from bevir.passes import PassManager, Timing
+    timing = Timing()
+    PassManager("canonicalize{fold_limit=65536},cse,dce", instruments=[timing]).run(graph)
+    print(timing.report())
+"""
+from .analysis import AnalysisManager, CostSummary, Liveness  # noqa: F401
+from .manager import (Instrument, Pass, PassManager, all_passes, get_pass, make_pass,  # noqa: F401
+                      optimize, parse_pipeline, pipeline_text, replay)
+from .instruments import DumpIR, Reproducer, Statistics, Timing, VerifyEach  # noqa: F401
+from . import canonicalize, cse, dce  # noqa: F401  (registers the passes)
+from .canonicalize import Canonicalize, canonicalization  # noqa: F401
+from .cse import CSE  # noqa: F401
+from .dce import DCE  # noqa: F401

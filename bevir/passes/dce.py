@@ -1,0 +1,23 @@
+"""dce: remove pure nodes and constants that do not contribute to the graph outputs."""
+from __future__ import annotations
+
+from ..ir.graph import Graph
+from .analysis import AnalysisManager, Liveness
+from .manager import Pass
+
+
+class DCE(Pass):
+    """Dead code elimination: erase pure nodes whose results reach no graph output and no
+    node with effects (transitively), then unused constants. Graph inputs stay."""
+
+    name = "dce"
+    description = "remove pure nodes and constants that reach no output"
+
+    def run(self, graph: Graph, am: AnalysisManager) -> None:
+        live = am.get(Liveness)
+        for node in reversed(live.dead_nodes):
+            graph.erase(node)
+            self.stat("removed")
+        for v in live.dead_constants:
+            graph.erase_const(v)
+            self.stat("removed")

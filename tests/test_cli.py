@@ -1,0 +1,223 @@
+"""The bevir command, run in-process through bevir.cli.main (plus one subprocess check)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+import bevir
+from bevir import Builder, TensorType
+from bevir.cli import main
+from bevir.passes import Pass
+
+
+class CliExplode(Pass):
+    """Fails on any graph that still holds an ``add``."""
+    name = "test-cli-explode"
+
+    def run(self, graph, am):
+        if any(n.op == "add" for n in graph.nodes):
+            raise ValueError("add is not allowed here")
+
+
+def small_model(tmp_path: Path) -> Path:
+    b = Builder("net")
+    x = b.input("x", TensorType((1, 3, 6, 6)))
+    rng = np.random.default_rng(0)
+    w = b.const(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w")
+    scale = b.const(np.full((1, 4, 1, 1), 0.5, np.float32), "scale")
+    y = b.relu(b.conv2d(x, w, pads=(1, 1, 1, 1), loc="conv1"), loc="relu1")
+    y = b.add(y, b.mul(scale, b.const(np.float32(2.0), "two")), loc="add1")   # foldable
+    b.neg(x)                                                                    # dead
+    b.output("y", y)
+    path = tmp_path / "model.bevir"
+    bevir.save(b.graph, path)
+    return path
+
+
+def one_line_error(capsys) -> str:
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("bevir: error: ")
+    assert "Traceback" not in err
+    return lines[0]
+
+
+def test_show(tmp_path, capsys):
+    path = small_model(tmp_path)
+    assert main(["show", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "graph @net" in out and "dense<...>" in out and 'loc("conv1")' in out
+    assert "nodes          5" in out
+    assert "conv2d 1" in out and "relu 1" in out
+    assert f"{4 * 3 * 3 * 3 + 4 + 1:,}" in out                  # parameters
+    assert f"{1 * 4 * 6 * 6 * 3 * 3 * 3:,}" in out             # MACs of the conv
+    assert main(["show", str(path), "--summary-only"]) == 0
+    assert "graph @net" not in capsys.readouterr().out
+
+
+def test_opt_writes_an_optimized_model(tmp_path, capsys):
+    path = small_model(tmp_path)
+    out = tmp_path / "opt.bevir"
+    dump = tmp_path / "dump"
+    rc = main(["opt", str(path), "-p", "canonicalize,cse,dce", "-o", str(out),
+               "--time-passes", "--stats", "--dump-ir", str(dump)])
+    assert rc == 0
+    err = capsys.readouterr().err
+    assert "Execution time report" in err and "Total" in err
+    for name in ("canonicalize", "cse", "dce", "folded"):
+        assert name in err
+    assert len(list(dump.iterdir())) == 4                      # input + one per pass
+    g = bevir.load(out)
+    assert g.op_counts() == {"add": 1, "conv2d": 1, "relu": 1}
+    x = np.random.default_rng(1).standard_normal((1, 3, 6, 6)).astype(np.float32)
+    ref = bevir.run(bevir.load(path), {"x": x})["y"]
+    assert np.array_equal(bevir.run(g, {"x": x})["y"], ref)
+
+
+def test_opt_dump_ir_after_change(tmp_path, capsys):
+    path = small_model(tmp_path)
+    dump = tmp_path / "dump"
+    assert main(["opt", str(path), "-p", "dce,dce,cse", "-o", str(tmp_path / "o.bevir"),
+                 "--dump-ir", str(dump), "--dump-ir-after-change", "--no-verify-each"]) == 0
+    assert sorted(p.name for p in dump.iterdir()) == ["00_input.bevir", "01_dce.bevir"]
+
+
+def test_opt_prints_the_ir_without_output(tmp_path, capsys):
+    path = small_model(tmp_path)
+    assert main(["opt", str(path), "-p", "dce"]) == 0
+    out = capsys.readouterr().out
+    assert "graph @net" in out and "neg(" not in out
+
+
+def test_failing_pass_leaves_a_reproducer(tmp_path, capsys):
+    path = small_model(tmp_path)
+    out = tmp_path / "opt.bevir"
+    rc = main(["opt", str(path), "-p", "canonicalize,test-cli-explode,dce", "-o", str(out)])
+    assert rc == 1
+    line = one_line_error(capsys)
+    repro = tmp_path / "opt.reproducer.bevir"
+    assert "pass 'test-cli-explode' failed: ValueError: add is not allowed here" in line
+    assert str(repro) in line and not out.exists()
+    assert repro.read_text().startswith('// bevir-reproducer: pipeline="test-cli-explode"\n')
+
+    assert main(["opt", "--reproduce", str(repro)]) == 1
+    line = one_line_error(capsys)
+    assert line == "bevir: error: pass 'test-cli-explode' failed: ValueError: add is not allowed here"
+
+    custom = tmp_path / "custom.bevir"
+    assert main(["opt", str(path), "-p", "test-cli-explode", "--reproducer", str(custom)]) == 1
+    one_line_error(capsys)
+    assert custom.exists()
+
+
+def test_reproduce_that_passes(tmp_path, capsys):
+    path = small_model(tmp_path)
+    main(["opt", str(path), "-p", "test-cli-explode", "-o", str(tmp_path / "o.bevir")])
+    capsys.readouterr()
+    repro = tmp_path / "o.reproducer.bevir"
+    # edit the recorded IR so that the failing pass no longer finds an add: it passes
+    text = repro.read_text().replace('add(', 'sub(')
+    repro.write_text(text)
+    assert main(["opt", "--reproduce", str(repro)]) == 0
+    assert "ran without error" in capsys.readouterr().out
+
+
+def test_run_with_safetensors(tmp_path, capsys):
+    path = small_model(tmp_path)
+    x = np.random.default_rng(2).standard_normal((1, 3, 6, 6)).astype(np.float32)
+    save_file({"x": x}, str(tmp_path / "in.safetensors"))
+    out = tmp_path / "out.safetensors"
+    g = bevir.load(path)
+    conv = next(n for n in g.nodes if n.op == "conv2d").output.name
+    rc = main(["run", str(path), "--inputs", str(tmp_path / "in.safetensors"), "-o", str(out),
+               "--fetch", conv])
+    assert rc == 0
+    stdout = capsys.readouterr().out
+    assert "y: float32[1, 4, 6, 6]" in stdout
+    got = load_file(str(out))
+    ref = bevir.run(g, {"x": x}, fetch=[conv])
+    assert set(got) == {"y", conv}
+    assert np.array_equal(got["y"], ref["y"]) and np.array_equal(got[conv], ref[conv])
+
+
+def test_bad_inputs_give_one_line_errors(tmp_path, capsys):
+    assert main(["show", str(tmp_path / "missing.bevir")]) == 1
+    assert "missing.bevir" in one_line_error(capsys)
+
+    bad = tmp_path / "bad.bevir"
+    bad.write_text("graph @g(%x: tensor<2xf32>) {\n  %y = relu(%x) : tensor<2xf32\n  return %y\n}\n")
+    assert main(["show", str(bad)]) == 1
+    line = one_line_error(capsys)
+    assert f"{bad}:2:" in line or f"{bad}:3:" in line          # file:line:col
+
+    path = small_model(tmp_path)
+    assert main(["run", str(path), "--inputs", str(tmp_path / "nope.safetensors")]) == 1
+    assert "nope.safetensors" in one_line_error(capsys)
+    assert main(["run", str(path)]) == 1                        # no inputs given
+    assert "missing graph input" in one_line_error(capsys)
+    assert main(["opt", str(path), "-p", "no-such-pass"]) == 1
+    assert "unknown pass 'no-such-pass'" in one_line_error(capsys)
+    assert main(["opt", str(path), "-p", "canonicalize{fold_limit=x}"]) == 1
+    assert "fold_limit" in one_line_error(capsys)
+    notrepro = tmp_path / "plain.bevir"
+    notrepro.write_text("graph @g() {\n  return\n}\n")
+    assert main(["opt", "--reproduce", str(notrepro)]) == 1
+    assert "not a bevir reproducer" in one_line_error(capsys)
+
+
+def test_usage_errors_do_not_raise(capsys):
+    assert main([]) == 2
+    assert main(["--version"]) == 0
+    assert "bevir 0.1.0" in capsys.readouterr().out
+
+
+def _onnx_model(path: Path) -> None:
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(3)
+    w = numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "W")
+    b = numpy_helper.from_array(rng.standard_normal(4).astype(np.float32), "B")
+    s = numpy_helper.from_array(rng.standard_normal((1, 4, 1, 1)).astype(np.float32), "S")
+    nodes = [helper.make_node("Conv", ["X", "W", "B"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"], name="relu"),
+             helper.make_node("Add", ["r", "S"], ["Y"], name="add")]
+    graph = helper.make_graph(nodes, "tiny",
+                              [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, 4, 8, 8])],
+                              initializer=[w, b, s])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+
+
+@pytest.mark.skipif(not hasattr(bevir, "from_onnx"), reason="the ONNX frontend is not there yet")
+def test_import_onnx(tmp_path, capsys):
+    src = tmp_path / "tiny.onnx"
+    _onnx_model(src)
+    out = tmp_path / "tiny.bevir"
+    assert main(["import", str(src), "-o", str(out)]) == 0
+    assert "wrote" in capsys.readouterr().out
+    g = bevir.load(out)
+    bevir.verify(g)
+    assert {"conv2d", "relu", "add"} <= set(g.op_counts())
+    assert main(["show", str(out)]) == 0
+    assert "conv2d" in capsys.readouterr().out
+    x = np.random.default_rng(4).standard_normal((1, 3, 8, 8)).astype(np.float32)
+    y = next(iter(bevir.run(g, {next(v.name for v in g.inputs): x}).values()))
+    assert y.shape == (1, 4, 8, 8)
+
+    assert main(["import", str(tmp_path / "absent.onnx")]) == 1
+    assert "absent.onnx" in one_line_error(capsys)
+
+
+def test_entry_point_subprocess():
+    exe = Path(sys.executable).with_name("bevir")
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "bevir"]
+    r = subprocess.run(cmd + ["--help"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "opt" in r.stdout and "import" in r.stdout
