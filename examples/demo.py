@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,7 @@ from torch import nn
 
 import bevir
 from bevir.passes import PassManager, Timing
+from bevformer.backbone import randomize_bn
 
 
 class TinyNet(nn.Module):
@@ -30,11 +32,12 @@ class TinyNet(nn.Module):
     def forward(self, x):
         y = self.stem(x)
         y = torch.relu(y + self.block(y))
-        y = nn.functional.adaptive_avg_pool2d(y, 1).flatten(1)
+        y = y.flatten(2).mean(-1)                      # global pooling as reshape + mean
         return self.head(y)
 
 
 def main() -> None:
+    warnings.filterwarnings("ignore", category=DeprecationWarning)   # torch's legacy exporter
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("out/demo"))
     args = ap.parse_args()
@@ -42,10 +45,12 @@ def main() -> None:
 
     torch.manual_seed(0)
     model = TinyNet().eval()
+    randomize_bn(model, torch.Generator().manual_seed(0))
     x = np.random.default_rng(0).standard_normal((2, 3, 32, 32)).astype(np.float32)
     onnx_path = args.out / "tinynet.onnx"
     torch.onnx.export(model, (torch.from_numpy(x),), str(onnx_path), input_names=["image"],
-                      output_names=["logits"], opset_version=17, dynamo=False)
+                      output_names=["logits"], opset_version=17, dynamo=False,
+                      do_constant_folding=False)     # leave the folding to bevir
 
     graph = bevir.from_onnx(onnx_path)
     bevir.verify(graph)
