@@ -120,10 +120,18 @@ def test_verifier_checks_arity_and_attrs():
         bevir.verify(g)
 
 
-def test_networkx_view():
+def test_networkx_view_and_dominators():
     g = small_cnn()
     nxg = g.to_networkx()
     assert nxg.number_of_nodes() == 3 and nxg.number_of_edges() == 2
+    b = Builder()
+    x = b.input("x", TensorType((4,)))
+    a, c = b.relu(x), b.neg(x)
+    s = b.add(b.exp(a), c)
+    b.output("s", s)
+    idom = {n.op: (d.op if d else None) for n, d in b.graph.dominators().items()}
+    # add joins two branches: only the entry dominates it; exp is dominated by relu
+    assert idom == {"relu": None, "neg": None, "exp": "relu", "add": None}
 
 
 # ---- text format -------------------------------------------------------------------------

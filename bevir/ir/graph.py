@@ -264,6 +264,15 @@ class Graph:
                     g.add_edge(v.producer, n)
         return g
 
+    def dominators(self) -> dict[Node, Node | None]:
+        """The immediate dominator of each node (None: dominated only by the graph's inputs),
+        through networkx on the dependency graph with a virtual entry."""
+        g = self.to_networkx()
+        entry = object()
+        g.add_edges_from((entry, n) for n in self.nodes if g.in_degree(n) == 0)
+        idom = nx.immediate_dominators(g, entry) if self.nodes else {}
+        return {n: (None if idom[n] is entry else idom[n]) for n in self.nodes}
+
     def toposort(self) -> None:
         """Reorder ``nodes`` topologically (stable: keeps the current order where it can)."""
         order = {n: i for i, n in enumerate(self.nodes)}
