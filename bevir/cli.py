@@ -40,13 +40,7 @@ def _err(text: str) -> None:
 # ---- import ------------------------------------------------------------------------------
 def cmd_import(args) -> int:
     import bevir
-    from_onnx = getattr(bevir, "from_onnx", None)
-    if from_onnx is None:
-        try:
-            from .frontends.onnx import from_onnx
-        except ImportError as e:
-            raise CliError(f"the ONNX frontend is not available: {e}") from None
-    graph = from_onnx(args.model)
+    graph = bevir.from_onnx(args.model)
     bevir.verify(graph)
     out = Path(args.output) if args.output else Path(args.model).with_suffix(".bevir")
     bevir.save(graph, out)

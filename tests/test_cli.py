@@ -196,7 +196,6 @@ def _onnx_model(path: Path) -> None:
     onnx.save(model, str(path))
 
 
-@pytest.mark.skipif(not hasattr(bevir, "from_onnx"), reason="the ONNX frontend is not there yet")
 def test_import_onnx(tmp_path, capsys):
     src = tmp_path / "tiny.onnx"
     _onnx_model(src)
