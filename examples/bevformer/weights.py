@@ -1,0 +1,338 @@
+"""Deterministic synthetic BEVFormer weights with sane activation ranges, and checkpoint I/O.
+
+The synthetic weights are seeded (``torch.Generator``) and independent of the global RNG.
+Scales are chosen so activations stay O(1) through the backbone, the encoder and decoder:
+variance-preserving linears, BatchNorm eval statistics from ``backbone.randomize_bn``, small
+residual branches in the ResNet, sampling offsets of a few cells around mmcv's radial
+"grid init" (so sampling locations stay mostly inside the maps), near-uniform attention
+weights, reference points spread over the BEV range, box sizes around real object sizes
+and a focal-style classification bias so only a handful of queries score high. Two biases
+are set by one deterministic calibration forward on synthetic inputs (``_calibrate``): the
+FPN lateral conv is centred on C5's per-channel means, and the class biases are centred on
+the mean logits (the weights are still a pure function of (config, seed)).
+
+Checkpoints use the official key names (``img_backbone.*``, ``img_neck.*``,
+``pts_bbox_head.*``), including the BatchNorm ``num_batches_tracked`` buffers that the
+official ``bevformer_tiny_epoch_24.pth`` holds.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .backbone import randomize_bn
+from .config import BEVFormerConfig
+from .model import (FFN, BEVFormer, CustomMSDeformableAttention, MSDeformableAttention3D,
+                    SpatialCrossAttention, TemporalSelfAttention)
+
+# class logit bias on top of the focal prior log(0.01/0.99): cars most frequent, like nuScenes
+_CLS_PRIOR = (1.2, 0.2, -0.6, -0.2, -0.5, 0.5, -0.3, -0.3, 0.8, 0.2)
+
+
+# mean of ReLU(z), z ~ N(0, 2): the hidden units behind a sqrt(2)-gain linear on unit-rms input
+_RELU_MEAN_2 = math.sqrt(2.0) / math.sqrt(2.0 * math.pi)
+
+
+def _relu_mean(mu: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+    """E[ReLU(x)] for x ~ N(mu, sigma^2), elementwise."""
+    t = mu / sigma
+    pdf = torch.exp(-0.5 * t * t) / math.sqrt(2.0 * math.pi)
+    cdf = 0.5 * (1.0 + torch.erf(t / math.sqrt(2.0)))
+    return mu * cdf + sigma * pdf
+
+
+def _normal(shape, std, g):
+    return torch.randn(*shape, generator=g) * std
+
+
+def _linear(lin: nn.Linear, g, gain: float = 1.0, bias_std: float = 0.02):
+    fan_in = lin.weight.shape[1]
+    lin.weight.data = _normal(lin.weight.shape, gain / math.sqrt(fan_in), g)
+    if lin.bias is not None:
+        lin.bias.data = _normal(lin.bias.shape, bias_std, g)
+
+
+def _layernorm(ln: nn.LayerNorm, g):
+    ln.weight.data = 1.0 + _normal(ln.weight.shape, 0.05, g)
+    ln.bias.data = _normal(ln.bias.shape, 0.02, g)
+
+
+def _grid_init(num_heads: int, groups: int, num_points: int, step: float) -> torch.Tensor:
+    """mmcv's radial offset init: head h points along angle 2*pi*h/heads, point i at radius
+    (i+1)*step (square-normalized direction). Shape (heads, groups, points, 2)."""
+    thetas = torch.arange(num_heads, dtype=torch.float32) * (2.0 * math.pi / num_heads)
+    grid = torch.stack([thetas.cos(), thetas.sin()], -1)
+    grid = grid / grid.abs().max(-1, keepdim=True)[0]
+    grid = grid.view(num_heads, 1, 1, 2).repeat(1, groups, num_points, 1)
+    for i in range(num_points):
+        grid[:, :, i, :] *= (i + 1) * step
+    return grid
+
+
+def _deform_attn(m, g, groups: int, radius: float, weight_std: float):
+    """Sampling offsets (in cells of the sampled map) ~ radial init with max radius ``radius``
+    plus a query-dependent part of std ``weight_std``; near-uniform attention weights."""
+    fan_in = m.sampling_offsets.weight.shape[1]
+    npts = m.num_points
+    m.sampling_offsets.weight.data = _normal(m.sampling_offsets.weight.shape,
+                                             weight_std / math.sqrt(fan_in), g)
+    grid = _grid_init(m.num_heads, groups, npts, radius / npts)
+    if isinstance(m, TemporalSelfAttention):
+        # layout [head][queue][level][point][xy]; groups = queue * level
+        bias = grid.view(m.num_heads, m.num_bev_queue, m.num_levels, npts, 2)
+    else:
+        bias = grid.view(m.num_heads, m.num_levels, npts, 2)
+    m.sampling_offsets.bias.data = bias.reshape(-1) + _normal(bias.reshape(-1).shape, 0.05, g)
+    _linear(m.attention_weights, g, gain=0.5, bias_std=0.1)
+    _linear(m.value_proj, g)
+    if getattr(m, "output_proj", None) is not None:
+        _linear(m.output_proj, g, gain=0.8)
+
+
+def _round(x: torch.Tensor, step: float) -> torch.Tensor:
+    return torch.round(x / step) * step
+
+
+def _calibrate(model: BEVFormer, seed: int) -> None:
+    """Two data-dependent (but deterministic) fixes, on synthetic calibration inputs from
+    ``inputs.make_inputs`` (seed + 12345, all cameras, with and without prev_bev):
+
+    1. FPN lateral conv: post-ReLU C5 of a random ResNet is ~90% a per-channel constant;
+       uncentred, every image key would carry nearly the same vector and the cross attention
+       would see no image content. ``bias = -W @ mean(C5)`` and ``W /= rms`` make the lateral
+       output zero-mean with unit rms on the calibration views.
+    2. cls branches: the decoder output keeps an input-dependent component shared by all
+       queries, which would push whole classes above or below 0.5. Each branch's class bias
+       is shifted so that the mean logit over queries of class c (averaged with and without
+       prev_bev) is the focal prior log(0.01/0.99) + _CLS_PRIOR[c]; with ~1.3 logit std across
+       queries a handful of queries score > 0.5.
+    """
+    from .inputs import make_inputs
+    cfg = model.cfg
+    inp = make_inputs(cfg, seed + 12345, with_prev_bev=True)
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        c5 = model.img_backbone(inp["img"])
+        conv = model.img_neck.lateral_convs[0].conv
+        # statistics in float64 and rounded, so that float noise of the calibration forward
+        # (thread count, BLAS) does not reach the weights
+        mu = _round(c5.double().mean((0, 2, 3)), 1e-4)
+        w = conv.weight[:, :, 0, 0].double()
+        y = torch.einsum("oc,nchw->nohw", w, c5.double() - mu[None, :, None, None])
+        rms = float(f"{y.pow(2).mean().sqrt().clamp(min=1e-6).item():.4g}")
+        w = (w / rms).float()
+        conv.weight.data = w[:, :, None, None].contiguous()
+        conv.bias.data = conv.bias.data - _round(w.double() @ mu, 1e-5).float()
+
+        feats = model.img_neck(c5)
+        means = []
+        for prev in (None, inp["prev_bev"]):
+            cls, _, _ = model.pts_bbox_head(feats, inp["lidar2img"], inp["can_bus"], prev,
+                                            all_layers=True)
+            means.append(cls.mean(1))                                # (L, classes)
+        mean = torch.stack(means).mean(0)
+        prior = math.log(0.01 / 0.99)
+        target = torch.tensor([prior + p for p in _CLS_PRIOR[:cfg.num_classes]])
+        for lvl, br in enumerate(model.pts_bbox_head.cls_branches):
+            br[6].bias.data -= _round(mean[lvl].double() - target.double(), 1e-3).float()
+    model.train(was_training)
+
+
+def init_synthetic(model: BEVFormer, seed: int = 0) -> BEVFormer:
+    """Fill every parameter and buffer of ``model`` (may hold uninitialized memory)."""
+    cfg: BEVFormerConfig = model.cfg
+    g = torch.Generator().manual_seed(seed)
+    done: set[int] = set()
+
+    def mark(*ts):
+        for t in ts:
+            done.add(id(t))
+
+    # ---- backbone: He-normal convs, small last conv of each residual branch ----
+    for name, m in model.img_backbone.named_modules():
+        if isinstance(m, nn.Conv2d):
+            fan_in = m.weight[0].numel()
+            gain = math.sqrt(2.0)
+            if name.endswith("conv3"):
+                gain *= 0.4
+            m.weight.data = _normal(m.weight.shape, gain / math.sqrt(fan_in), g)
+            mark(m.weight)
+    randomize_bn(model.img_backbone, g)
+    for m in model.img_backbone.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.num_batches_tracked.data = torch.zeros((), dtype=torch.long)
+            mark(m.weight, m.bias, m.running_mean, m.running_var, m.num_batches_tracked)
+    # ---- neck ----
+    for m in model.img_neck.modules():
+        if isinstance(m, nn.Conv2d):
+            fan_in = m.weight[0].numel()
+            m.weight.data = _normal(m.weight.shape, 1.0 / math.sqrt(fan_in), g)
+            m.bias.data = _normal(m.bias.shape, 0.02, g)
+            mark(m.weight, m.bias)
+
+    head = model.pts_bbox_head
+    tr = head.transformer
+    c = cfg.embed_dims
+    # ---- embeddings ----
+    head.bev_embedding.weight.data = _normal(head.bev_embedding.weight.shape, 1.0, g)
+    head.query_embedding.weight.data = _normal(head.query_embedding.weight.shape, 1.0, g)
+    pe = head.positional_encoding
+    pe.row_embed.weight.data = torch.rand(pe.row_embed.weight.shape, generator=g)
+    pe.col_embed.weight.data = torch.rand(pe.col_embed.weight.shape, generator=g)
+    head.code_weights.data = torch.tensor(cfg.code_weights, dtype=torch.float32)
+    # small camera / level embeddings: they are shared by all keys of a camera, so large ones
+    # would swamp the image content in the values
+    tr.level_embeds.data = _normal(tr.level_embeds.shape, 0.2, g)
+    tr.cams_embeds.data = _normal(tr.cams_embeds.shape, 0.2, g)
+    mark(head.bev_embedding.weight, head.query_embedding.weight, pe.row_embed.weight,
+         pe.col_embed.weight, head.code_weights, tr.level_embeds, tr.cams_embeds)
+    # reference points: logits ~ N(0, 1.3^2) -> spread over the BEV range
+    _linear(tr.reference_points, g, gain=1.3, bias_std=0.1)
+    tr.reference_points.weight.data[2] *= 0.3      # z: stay near the middle of [-5, 3]
+    mark(tr.reference_points.weight, tr.reference_points.bias)
+    # can-bus MLP: inputs are O(1..10) (accel ~9.8 m/s^2), so damp the first layer
+    _linear(tr.can_bus_mlp[0], g, gain=0.3)
+    _linear(tr.can_bus_mlp[2], g, gain=math.sqrt(2.0))
+    _layernorm(tr.can_bus_mlp.norm, g)
+    tr.can_bus_mlp.norm.weight.data *= 0.25     # the can-bus vector is added to every BEV query
+    for m in (tr.can_bus_mlp[0], tr.can_bus_mlp[2], tr.can_bus_mlp.norm):
+        mark(m.weight, m.bias)
+
+    # ---- encoder / decoder ----
+    for mod in list(tr.encoder.modules()) + list(tr.decoder.modules()):
+        if isinstance(mod, TemporalSelfAttention):
+            _deform_attn(mod, g, mod.num_bev_queue * mod.num_levels, radius=2.0, weight_std=0.5)
+        elif isinstance(mod, MSDeformableAttention3D):
+            fh, fw = mod.spatial_shapes[0]
+            # 8 points = 2 per Z anchor; radius in feature pixels, smaller on tiny maps
+            _deform_attn(mod, g, mod.num_levels, radius=min(2.0, 0.5 * min(fh, fw)),
+                         weight_std=0.25)
+        elif isinstance(mod, CustomMSDeformableAttention):
+            _deform_attn(mod, g, mod.num_levels, radius=2.0, weight_std=0.5)
+        elif isinstance(mod, SpatialCrossAttention):
+            _linear(mod.output_proj, g, gain=0.8)
+            mark(mod.output_proj.weight, mod.output_proj.bias)
+            continue
+        elif isinstance(mod, nn.MultiheadAttention):
+            # q, k with gain 2: attention logits std ~4, so each query attends to a few others
+            # instead of averaging all of them into one shared vector
+            mod.in_proj_weight.data = _normal(mod.in_proj_weight.shape, 1.0 / math.sqrt(c), g)
+            mod.in_proj_weight.data[: 2 * c] *= 2.0
+            mod.in_proj_bias.data = _normal(mod.in_proj_bias.shape, 0.02, g)
+            _linear(mod.out_proj, g, gain=0.7)
+            mark(mod.in_proj_weight, mod.in_proj_bias, mod.out_proj.weight, mod.out_proj.bias)
+            continue
+        elif isinstance(mod, nn.LayerNorm):
+            _layernorm(mod, g)
+        else:
+            continue
+        mark(*mod.parameters())
+    for mod in list(tr.encoder.modules()) + list(tr.decoder.modules()):
+        if isinstance(mod, FFN):
+            _linear(mod.layers[0][0], g, gain=math.sqrt(2.0))
+            _linear(mod.layers[1], g, gain=0.7)
+            # centre the output: ReLU(N(0, 2)) has mean 2/sqrt(2*pi) ~ 0.56 for unit-rms inputs
+            # (post-norm), which W2 would otherwise turn into one vector shared by all tokens
+            mod.layers[1].bias.data -= mod.layers[1].weight.data.sum(1) * _RELU_MEAN_2
+            mark(*mod.parameters())
+
+    # ---- branches ----
+    prior = math.log(0.01 / 0.99)
+    for br in head.cls_branches:
+        _linear(br[0], g, gain=math.sqrt(2.0))
+        _layernorm(br[1], g)
+        _linear(br[3], g, gain=math.sqrt(2.0))
+        _layernorm(br[4], g)
+        # input = ReLU(LN(.)) with E[x^2] ~ 0.5 -> logit std ~ 2.2 (~1.3 across queries)
+        # around the prior: a handful of the num_query x 10 scores end up above 0.5
+        br[6].weight.data = _normal(br[6].weight.shape, 2.2 / math.sqrt(0.5 * c), g)
+        br[6].bias.data = torch.tensor([prior + p for p in _CLS_PRIOR[:cfg.num_classes]],
+                                       dtype=torch.float32)
+        # centre: E[ReLU(N(beta, gamma^2))] per input, so the prior sets the typical logit
+        br[6].bias.data -= br[6].weight.data @ _relu_mean(br[4].bias.data, br[4].weight.data.abs())
+        mark(*br.parameters())
+    # box code [dx, dy, log w, log l, dz, log h, sin, cos, vx, vy]: per-output scales
+    out_std = torch.tensor([0.3, 0.3, 0.25, 0.25, 0.3, 0.15, 1.0, 1.0, 1.0, 1.0])
+    out_bias = torch.tensor([0.0, 0.0, math.log(1.9), math.log(4.4), 0.0, math.log(1.6),
+                             0.0, 0.3, 0.0, 0.0])
+    for br in head.reg_branches:
+        _linear(br[0], g, gain=math.sqrt(2.0))
+        _linear(br[2], g, gain=math.sqrt(2.0))
+        br[2].bias.data -= br[2].weight.data.sum(1) * _RELU_MEAN_2
+        # input = ReLU(.) of ~unit pre-activations: E[x^2] ~ 1 -> output std ~ out_std
+        br[4].weight.data = _normal(br[4].weight.shape, 1.0, g) * (out_std[:, None] / math.sqrt(c))
+        br[4].bias.data = out_bias - br[4].weight.data.sum(1) * _RELU_MEAN_2
+        mark(*br.parameters())
+
+    _calibrate(model, seed)
+    missing = [n for n, t in list(model.named_parameters()) + list(model.named_buffers())
+               if id(t) not in done]
+    assert not missing, f"synthetic init missed {missing[:5]}"
+    return model
+
+
+def build_model(config: BEVFormerConfig, seed: int | None = 0, checkpoint: str | Path | None = None
+                ) -> BEVFormer:
+    """BEVFormer in eval mode with synthetic weights (seed) or a checkpoint file."""
+    with torch.device("meta"):
+        model = BEVFormer(config)
+    model = model.to_empty(device="cpu")
+    if checkpoint is not None:
+        model.load_state_dict(load_checkpoint(checkpoint), strict=True)
+    else:
+        init_synthetic(model, 0 if seed is None else seed)
+    return model.eval()
+
+
+def make_checkpoint(config: BEVFormerConfig, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Synthetic state_dict with the official key names (incl. num_batches_tracked)."""
+    model = build_model(config, seed)
+    return {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
+
+
+def save_checkpoint(path: str | Path, state_dict: dict[str, torch.Tensor],
+                    metadata: dict[str, str] | None = None) -> None:
+    """Write a state_dict as .safetensors (or, for a .pth/.pt path, torch.save({'state_dict': sd}))."""
+    path = Path(path)
+    sd = {k: v.detach().contiguous().clone() for k, v in state_dict.items()}
+    if path.suffix == ".safetensors":
+        from safetensors.torch import save_file
+        save_file(sd, str(path), metadata=metadata)
+    else:
+        torch.save({"state_dict": sd, "meta": dict(metadata or {})}, str(path))
+
+
+def _fix_num_batches_tracked(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Add missing BatchNorm ``num_batches_tracked`` (some exports drop them) as int64 zeros,
+    and make present ones int64 scalars; everything else float32."""
+    out = {}
+    for k, v in sd.items():
+        if k.endswith("num_batches_tracked"):
+            out[k] = v.reshape(()).to(torch.long)
+        else:
+            out[k] = v.to(torch.float32) if v.is_floating_point() else v
+    for k in sd:
+        if k.endswith(".running_mean"):
+            nbt = k[: -len("running_mean")] + "num_batches_tracked"
+            out.setdefault(nbt, torch.zeros((), dtype=torch.long))
+    return out
+
+
+def load_checkpoint(path: str | Path) -> dict[str, torch.Tensor]:
+    """Read ``.safetensors``, or an official-style ``.pth`` (``torch.load(weights_only=True)``,
+    taking its ``state_dict`` entry if present; a ``module.`` prefix is stripped). The result
+    loads with ``model.load_state_dict(sd, strict=True)``."""
+    path = Path(path)
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+        sd = load_file(str(path), device="cpu")
+    else:
+        obj = torch.load(str(path), map_location="cpu", weights_only=True)
+        sd = obj["state_dict"] if isinstance(obj, dict) and "state_dict" in obj else obj
+        if all(k.startswith("module.") for k in sd):
+            sd = {k[len("module."):]: v for k, v in sd.items()}
+    return _fix_num_batches_tracked(dict(sd))
