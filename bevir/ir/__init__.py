@@ -1,5 +1,6 @@
 """The IR: types, values, nodes, graphs, text format, verifier, save/load."""
 from .builder import Builder  # noqa: F401
+from .compose import compose  # noqa: F401
 from .graph import Graph, Node, Value  # noqa: F401
 from .parser import parse  # noqa: F401
 from .printer import print_graph  # noqa: F401

@@ -51,7 +51,19 @@ def unary(name: str, fn, doc: str = "") -> type[Unary]:
     return type(name.title(), (Unary,), {"name": name, "fn": staticmethod(fn), "doc": doc})
 
 
-Relu = unary("relu", lambda x: np.maximum(x, 0), "max(x, 0)")
+class Relu(Unary):
+    """max(x, 0); integer operands too (the type, quantization included, is kept)."""
+
+    name = "relu"
+
+    def infer(self, c, x):
+        require(x.dtype.is_float or x.dtype.is_int, f"expects a numeric operand, got {x.dtype}")
+        return x
+
+    def compute(self, c, x):
+        return np.maximum(x, x.dtype.type(0))
+
+
 Sigmoid = unary("sigmoid", _sigmoid, "1 / (1 + exp(-x))")
 Tanh = unary("tanh", np.tanh)
 Exp = unary("exp", np.exp)
@@ -61,6 +73,8 @@ Erf = unary("erf", _erf)
 Neg = unary("neg", np.negative)
 Abs = unary("abs", np.abs)
 Reciprocal = unary("reciprocal", np.reciprocal)
+Sin = unary("sin", np.sin)
+Cos = unary("cos", np.cos)
 
 
 class Gelu(Unary):
@@ -134,6 +148,7 @@ Div = binary("div", np.divide, _int_div)
 Max = binary("max", np.maximum, commutative=True)
 Min = binary("min", np.minimum, commutative=True)
 Pow = binary("pow", np.power)
+Atan2 = binary("atan2", np.arctan2)     # atan2(a, b) = angle of the point (b, a)
 
 
 class Where(OpDef):
