@@ -253,7 +253,10 @@ class _Importer:
     def placeholder(self, node, spec, values, user_names) -> None:
         from torch.export.graph_signature import InputKind
         if spec.kind is InputKind.USER_INPUT:
-            meta = node.meta["val"]
+            meta = node.meta.get("val")
+            if meta is None:                      # an input given as None
+                self.env[node.name] = None
+                return
             t = TensorType(tuple(int(d) for d in meta.shape), _dtype(meta.dtype, node.name))
             self.env[node.name] = self.graph.add_input(next(user_names, node.name), t)
         elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
@@ -358,8 +361,9 @@ def from_torch(module: nn.Module, example_inputs: Sequence[Any], *,
     ``output_names`` (default ``output_0``, ...). Unsupported ATen ops raise
     ``bevir.UnsupportedError`` naming the module path.
     """
-    module = module.eval()
     args = tuple(example_inputs)
+    modes = {m: m.training for m in module.modules()}
+    module.eval()
     with _boundaries(module, dict(custom_ops or {})) as boundaries:
         try:
             ep = torch.export.export(module, args)
@@ -370,6 +374,9 @@ def from_torch(module: nn.Module, example_inputs: Sequence[Any], *,
             if isinstance(cause, BevirError):
                 raise cause from None
             raise UnsupportedError(f"torch.export failed: {type(e).__name__}: {e}") from e
+        finally:
+            for m, training in modes.items():     # the caller's module is left as it was
+                m.training = training
     if input_names is None:
         params = list(inspect.signature(module.forward).parameters)
         input_names = [p for p, a in zip(params, args) if a is not None]

@@ -603,5 +603,7 @@ class BEVFormerHeadOnly(nn.Module):
 
 
 def split_model(model: BEVFormer, with_prev_bev: bool = True, return_bev: bool = False):
-    """(backbone module, head module) sharing the model's parameters."""
-    return BEVFormerBackbone(model), BEVFormerHeadOnly(model, with_prev_bev, return_bev)
+    """(backbone module, head module) sharing the model's parameters, in the model's mode
+    (an exporter that restores the wrapper's mode must not switch the model to training)."""
+    return (BEVFormerBackbone(model).train(model.training),
+            BEVFormerHeadOnly(model, with_prev_bev, return_bev).train(model.training))

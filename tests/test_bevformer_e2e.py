@@ -1,0 +1,61 @@
+"""The whole BEVFormer (test config) as one bevir graph reproduces the PyTorch model."""
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import bevir
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from examples.bevformer import e2e  # noqa: E402
+from examples.bevformer.config import CONFIGS  # noqa: E402
+from examples.bevformer.decode import compare_detections, decode  # noqa: E402
+from examples.bevformer.inputs import make_inputs  # noqa: E402
+from examples.bevformer.weights import build_model  # noqa: E402
+
+CFG = CONFIGS["test"]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return build_model(CFG, seed=0).eval()
+
+
+@pytest.mark.parametrize("decompose", [False, True], ids=["custom-ops", "decomposed"])
+@pytest.mark.parametrize("with_prev", [True, False], ids=["prev_bev", "first-frame"])
+def test_one_graph_matches_pytorch(model, tmp_path, decompose, with_prev):
+    inputs = make_inputs(CFG, 0, with_prev_bev=with_prev)
+    graph = e2e.build_graph(model, inputs, tmp_path, decompose=decompose)
+    assert [v.name for v in graph.inputs] == ["img", "lidar2img", "can_bus"] + ["prev_bev"] * with_prev
+    golden = bevir.run(graph, e2e.golden_inputs(graph, inputs))
+    with torch.no_grad():
+        cls, bbox = model(inputs["img"], inputs["lidar2img"], inputs["can_bus"], inputs.get("prev_bev"))
+    assert np.abs(golden["cls_scores"] - cls.numpy()).max() <= 1e-3
+    assert np.abs(golden["bbox_preds"] - bbox.numpy()).max() <= 1e-3
+    cmp = compare_detections(decode(golden["cls_scores"], golden["bbox_preds"], CFG), decode(cls, bbox, CFG))
+    assert cmp["bev_iou_match"] == 10 and cmp["top10_label_match"] == 10
+    counts = graph.op_counts()
+    if decompose:
+        assert "temporal_self_attention" not in counts and counts["grid_sample"] > 0
+    else:
+        assert counts["temporal_self_attention"] == counts["spatial_cross_attention"] == CFG.encoder_layers
+        assert counts["deformable_cross_attention"] == counts["multihead_attention"] == CFG.decoder_layers
+        assert counts["ffn"] == CFG.encoder_layers + CFG.decoder_layers
+        tsa = next(n for n in graph.nodes if n.op == "temporal_self_attention")
+        assert tsa.loc == "pts_bbox_head.transformer.encoder.layers.0.attentions.0"
+        assert tsa.inputs[-1].name == "pts_bbox_head.transformer.encoder.layers.0.attentions.0.output_proj.bias"
+    # backbone nodes carry ONNX node names, head nodes module paths
+    assert any(n.loc.startswith("/img_backbone/") for n in graph.nodes)
+
+
+def test_e2e_script_writes_its_artifacts(tmp_path):
+    report = e2e.run(CFG, tmp_path, seed=0)
+    for name in ("checkpoint.safetensors", "test_vectors.safetensors", "config.json", "model.bevir",
+                 "model.safetensors", "golden_outputs.safetensors", "report.json"):
+        assert (tmp_path / name).exists(), name
+    assert report["comparison"]["bev_iou_match"] == 10
+    g = bevir.load(tmp_path / "model.bevir")
+    bevir.verify(g)
+    assert len(g.nodes) == report["nodes"]
