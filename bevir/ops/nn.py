@@ -223,6 +223,13 @@ class LayerNorm(OpDef):
         return y.astype(x.dtype, copy=False)
 
 
+def softmax_np(x: np.ndarray, axis: int) -> np.ndarray:
+    """exp(x - max) / sum, along ``axis``, accumulated as _acc says."""
+    e = np.exp(x.astype(_acc(x.dtype), copy=False) - x.max(axis=axis, keepdims=True))
+    e /= e.sum(axis=axis, keepdims=True)
+    return e.astype(x.dtype, copy=False)
+
+
 class Softmax(OpDef):
     name = "softmax"
     operands = ("x",)
@@ -234,9 +241,7 @@ class Softmax(OpDef):
         return x
 
     def compute(self, c, x):
-        e = np.exp(x.astype(_acc(x.dtype), copy=False) - x.max(axis=c.axis, keepdims=True))
-        e /= e.sum(axis=c.axis, keepdims=True)
-        return e.astype(x.dtype, copy=False)
+        return softmax_np(x, c.axis)
 
 
 # ---- resampling ------------------------------------------------------------------------
