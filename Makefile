@@ -17,6 +17,7 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(PY) examples/demo.py
+	$(PY) examples/bevformer/e2e.py --config test --out out/bevformer_test
 
 test: $(STAMP)
 	$(PY) -m pytest
