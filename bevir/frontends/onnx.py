@@ -71,16 +71,23 @@ class _Entry:
 
 
 _CONVERTERS: dict[str, _Entry] = {}
+#: converters of ops in other domains (com.microsoft contrib ops), by (domain, op_type)
+_DOMAIN_CONVERTERS: dict[tuple[str, str], _Entry] = {}
 
 
-def converts(*op_types: str, attrs: Sequence[str] = ()) -> Callable[[Converter], Converter]:
-    """Register a converter for ONNX ``op_types``; ``attrs`` are the attributes it reads
-    (any other attribute on a node is rejected with UnsupportedError)."""
+def converts(*op_types: str, attrs: Sequence[str] = (),
+             domain: str = "") -> Callable[[Converter], Converter]:
+    """Register a converter for ONNX ``op_types`` of ``domain`` (default: ai.onnx);
+    ``attrs`` are the attributes it reads (any other attribute on a node is rejected with
+    UnsupportedError)."""
+    table = _CONVERTERS if domain in _DEFAULT_DOMAINS else _DOMAIN_CONVERTERS
+
     def register(fn: Converter) -> Converter:
         for t in op_types:
-            if t in _CONVERTERS:
+            key = t if table is _CONVERTERS else (domain, t)
+            if key in table:
                 raise ValueError(f"ONNX op '{t}' has two converters")
-            _CONVERTERS[t] = _Entry(fn, frozenset(attrs))
+            table[key] = _Entry(fn, frozenset(attrs))
         return fn
     return register
 
@@ -301,10 +308,13 @@ class _Importer:
     def convert(self, node: onnx.NodeProto, index: int) -> None:
         loc = node.name or f"{node.op_type}_{index}"
         if node.domain not in _DEFAULT_DOMAINS:
-            raise UnsupportedError(f"unsupported ONNX op '{node.op_type}' of domain "
-                                   f"'{node.domain}' (default-domain opset {self.opset})",
-                                   op=node.op_type, node=loc)
-        entry = _CONVERTERS.get(node.op_type)
+            entry = _DOMAIN_CONVERTERS.get((node.domain, node.op_type))
+            if entry is None:
+                raise UnsupportedError(f"unsupported ONNX op '{node.op_type}' of domain "
+                                       f"'{node.domain}' (default-domain opset {self.opset})",
+                                       op=node.op_type, node=loc)
+        else:
+            entry = _CONVERTERS.get(node.op_type)
         if entry is None:
             raise UnsupportedError(f"unsupported ONNX op '{node.op_type}' (opset {self.opset})",
                                    op=node.op_type, node=loc)
@@ -516,10 +526,7 @@ def _unary(c: NodeCtx):
 
 @converts("Relu")
 def _relu(c: NodeCtx):
-    x = c.input(0)
-    if x.type.dtype.is_float:
-        return c.emit("relu", [x])
-    return c.emit("max", [x, _scalar(c, 0, x)])
+    return c.emit("relu", [c.input(0)])
 
 
 @converts("Neg")
@@ -1327,3 +1334,6 @@ def _range(c: NodeCtx):
         raise c.unsupported("delta of 0")
     n = max(int(math.ceil((l - s) / d)), 0)
     return c.constant((s + np.arange(n) * d).astype(dtype))
+
+
+from . import onnx_quant  # noqa: E402,F401  (registers the quantized-op converters)

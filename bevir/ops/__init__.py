@@ -1,3 +1,3 @@
 """The op registry. Importing this package registers every op definition."""
 from .registry import Attr, Ctx, OpDef, all_ops, get_op  # noqa: F401
-from . import attention, elementwise, linalg, nn, reduce, shape  # noqa: F401  (registers the ops)
+from . import attention, elementwise, linalg, nn, quant, reduce, shape  # noqa: F401  (registers the ops)

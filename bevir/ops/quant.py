@@ -1,0 +1,532 @@
+"""Integer (quantized) ops with onnxruntime's CPU semantics, bit for bit.
+
+Quantization parameters live in the types: an operand's scale and zero point are read from
+its ``TensorType.quant`` (an :class:`AffineQuant`, per tensor or per channel along
+``axis``); a result's parameters are attributes (``out_dtype``, ``out_scale``,
+``out_zero_point``) from which ``infer`` builds the result type. docs/numerics.md gives
+each op's exact integer definition and the onnxruntime (MLAS) routine it reproduces.
+
+Integer accumulations run through BLAS in float64: every partial sum of 8-bit products is
+an integer far below 2**53, so the float64 result is the exact int32 accumulator.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..ir.types import AffineQuant, DType, Layout, TensorType
+from .common import broadcast_types, norm_axis, require
+from .linalg import (NCHW_CHANNEL_LIMIT, _nchw_dims, conv2d_nchw, conv2d_nhwc, conv_out_size,
+                     from_nhwc, to_nhwc)
+from .registry import Bool, Float, Floats, Int, Ints, OpDef, Str
+
+F32, F64 = np.float32, np.float64
+_Q8 = ("i8", "u8")
+
+
+# ---- helpers -----------------------------------------------------------------------------
+def affine(t: TensorType, what: str, per_channel_axis: int | None = None,
+           allow_none: bool = False) -> AffineQuant | None:
+    """The operand's affine quantization: per tensor, or (where ``per_channel_axis`` is
+    given) per channel along exactly that axis."""
+    q = t.quant
+    if q is None and allow_none:
+        return None
+    require(isinstance(q, AffineQuant), f"{what} must carry affine quantization, got {t}")
+    if q.axis is not None:
+        require(per_channel_axis is not None and q.axis == per_channel_axis,
+                f"{what} must be quantized per tensor"
+                + ("" if per_channel_axis is None else f" or per channel on axis "
+                                                      f"{per_channel_axis}") + f", got {t}")
+    return q
+
+
+def _q8(t: TensorType, what: str) -> None:
+    require(t.dtype in (DType.i8, DType.u8), f"{what} must be i8 or u8, got {t.dtype}")
+
+
+def _out_type(c, shape, layout=Layout.plain, dtype: str | None = None) -> TensorType:
+    dtype = DType(dtype or c.out_dtype)
+    info = np.iinfo(dtype.np)
+    require(info.min <= c.out_zero_point <= info.max,
+            f"output zero point {c.out_zero_point} outside the {dtype} range")
+    require(c.out_scale > 0 and np.isfinite(c.out_scale), "output scale must be positive")
+    shape = tuple(shape)
+    return TensorType(shape, dtype, layout if len(shape) == 4 else Layout.plain,
+                      AffineQuant((c.out_scale,), (c.out_zero_point,)))
+
+
+def _params(q: AffineQuant, rank: int, axis: int | None = None):
+    """(scale as float32, zero point as int32) arrays broadcastable to a rank-``rank``
+    tensor quantized by ``q`` (per-channel parameters along ``q.axis`` or ``axis``)."""
+    s, z = np.asarray(q.scale, F32), np.asarray(q.zero_point, np.int32)
+    ax = q.axis if axis is None else axis
+    if q.axis is None:
+        return s.reshape(()), z.reshape(())
+    shape = [1] * rank
+    shape[ax] = len(q.scale)
+    return s.reshape(shape), z.reshape(shape)
+
+
+def saturate_round(v: np.ndarray, zero_point, dtype) -> np.ndarray:
+    """saturate(round_half_even(v) + zero_point) as MLAS does it: v (float32) clamped to
+    [min - zp, max - zp] in float, rounded to nearest even, zero point added."""
+    info = np.iinfo(dtype)
+    zp = np.asarray(zero_point, np.int32)
+    lo, hi = (info.min - zp).astype(F32), (info.max - zp).astype(F32)
+    v = np.rint(np.minimum(np.maximum(v, lo), hi))
+    return (v.astype(np.int32) + zp).astype(dtype)
+
+
+def requantize(acc: np.ndarray, multiplier, zero_point, dtype) -> np.ndarray:
+    """MlasRequantizeOutput: the int32 accumulator (given exact, in any numeric dtype)
+    converted to float32, times the float32 multiplier, then saturate_round."""
+    v = np.asarray(acc).astype(F32) * np.asarray(multiplier, F32)
+    return saturate_round(v, zero_point, dtype)
+
+
+def fma32(a, b, c) -> np.ndarray:
+    """Fused multiply-add a*b + c of float32 values with one rounding (as the FMA3
+    instruction): the float64 product is exact; the float64 sum is rounded to odd (its
+    error recovered by TwoSum), which makes the final rounding to float32 correct."""
+    p = np.asarray(a, F64) * np.asarray(b, F64)
+    c = np.asarray(c, F64)
+    p, c = np.broadcast_arrays(p, c)
+    s = p + c
+    bb = s - p
+    err = (p - (s - bb)) + (c - bb)
+    even = (s.view(np.int64) & 1) == 0
+    fix = (err != 0) & even
+    if fix.any():
+        s = np.where(fix, np.nextafter(s, np.where(err > 0, np.inf, -np.inf)), s)
+    return s.astype(F32)
+
+
+def _centered(x: np.ndarray, zp) -> np.ndarray:
+    """x - zero_point, exactly, as float64 (for BLAS)."""
+    return x.astype(F64) - np.asarray(zp, F64)
+
+
+# ---- quantize / dequantize ---------------------------------------------------------------
+class Quantize(OpDef):
+    """ONNX QuantizeLinear to i8/u8/i16: saturate(round_half_even(x / scale) + zero_point),
+    the division in float32; per tensor (axis unset) or per channel along ``axis``."""
+
+    name = "quantize"
+    operands = ("x",)
+    attrs = {"dtype": Str(choices=_Q8 + ("i16",)), "scale": Floats(), "zero_point": Ints(),
+             "axis": Int(None)}
+
+    def infer(self, c, x):
+        require(x.dtype is DType.f32, f"quantize takes f32, got {x.dtype}")
+        axis = None if c.axis is None else norm_axis(c.axis, x.rank)
+        q = AffineQuant(c.scale, c.zero_point, axis)
+        return TensorType(x.shape, DType(c.dtype), x.layout, q)
+
+    def compute(self, c, x):
+        t = c.out_types[0]
+        s, z = _params(t.quant, x.ndim)
+        return saturate_round(x / s, z, t.dtype.np)
+
+
+class Dequantize(OpDef):
+    """ONNX DequantizeLinear: float32(int32(q) - zero_point) * scale (one float32
+    multiply), with the scale and zero point of q's type."""
+
+    name = "dequantize"
+    operands = ("x",)
+
+    def infer(self, c, x):
+        require(x.dtype.is_int, f"dequantize takes an integer operand, got {x.dtype}")
+        affine(x, "the operand", per_channel_axis=x.quant.axis if x.quant else None)
+        return TensorType(x.shape, DType.f32, x.layout)
+
+    def compute(self, c, x):
+        s, z = _params(c.in_types[0].quant, x.ndim)
+        return (x.astype(np.int32) - z).astype(F32) * s
+
+
+# ---- integer convolution and matrix products --------------------------------------------
+_CONV_ATTRS = {"strides": Ints((1, 1)), "pads": Ints((0, 0, 0, 0)), "dilations": Ints((1, 1)),
+               "groups": Int(1)}
+_OUT_ATTRS = {"out_dtype": Str(choices=_Q8), "out_scale": Float(), "out_zero_point": Int(0)}
+
+
+def _conv_shape(c, x: TensorType, w: TensorType) -> tuple:
+    require(x.rank == 4 and w.rank == 4, f"expects 4-D input and weight, got {x} and {w}")
+    require(len(c.strides) == 2 and len(c.dilations) == 2 and len(c.pads) == 4,
+            "strides and dilations take 2 values, pads 4")
+    n, ch, h, wd = _nchw_dims(x)
+    o, cg, kh, kw = w.shape
+    require(c.groups >= 1 and ch % c.groups == 0 and o % c.groups == 0
+            and cg == ch // c.groups,
+            f"weight {list(w.shape)} does not fit {ch} input channels in {c.groups} groups")
+    oh = conv_out_size(h, kh, c.strides[0], c.pads[0] + c.pads[2], c.dilations[0])
+    ow = conv_out_size(wd, kw, c.strides[1], c.pads[1] + c.pads[3], c.dilations[1])
+    require(oh > 0 and ow > 0, "output would be empty")
+    return (n, oh, ow, o) if x.layout is Layout.nhwc else (n, o, oh, ow)
+
+
+def _zero_points(c) -> tuple:
+    """x's zero point (scalar) and w's (per tensor, or per output channel as [O])."""
+    xq, wq = c.in_types[0].quant, c.in_types[1].quant
+    xz = 0 if xq is None else xq.zero_point[0]
+    wz = 0 if wq is None else np.asarray(wq.zero_point, F64).reshape(-1, 1, 1, 1)
+    return xz, wz
+
+
+def _int_conv(c, x, w, bias=None) -> np.ndarray:
+    """The exact int32 accumulator of (x - x_zp) * (w - w_zp) (+ bias), as float64, in
+    NCHW or NHWC as x's layout."""
+    xz, wz = _zero_points(c)
+    layout = c.in_types[0].layout
+    xc, wc = _centered(x, xz), np.asarray(w, F64) - wz
+    if layout is not Layout.nhwc and c.groups == 1 and x.shape[1] < NCHW_CHANNEL_LIMIT:
+        y = conv2d_nchw(xc, wc, c.strides, c.pads, c.dilations, acc_dtype=F64)
+        return y if bias is None else y + bias.astype(F64)[:, None, None]
+    y = conv2d_nhwc(to_nhwc(xc, layout), wc, c.strides, c.pads, c.dilations, c.groups,
+                    acc_dtype=F64)
+    if bias is not None:
+        y += bias.astype(F64)
+    return from_nhwc(y, layout)
+
+
+class QLinearConv(OpDef):
+    """ONNX QLinearConv: x (i8/u8, per-tensor quant), w (i8/u8, per tensor or per output
+    channel, axis 0), b (i32, optional); the int32 accumulator of (x - x_zp)(w - w_zp) + b
+    is requantized by MlasRequantizeOutput with the float32 multiplier
+    (x_scale * w_scale) / y_scale. Attributes as conv2d, plus the output quantization."""
+
+    name = "qlinear_conv"
+    operands = ("x", "w", "b?")
+    attrs = {**_CONV_ATTRS, **_OUT_ATTRS}
+
+    def infer(self, c, x, w, b=None):
+        _q8(x, "x")
+        _q8(w, "w")
+        affine(x, "x")
+        wq = affine(w, "w", per_channel_axis=0)
+        require(b is None or (b.dtype is DType.i32 and b.shape == (w.shape[0],)),
+                f"bias must be i32 [{w.shape[0]}], got {b}")
+        require(wq.axis is None or wq.channels == w.shape[0], "w per-channel size mismatch")
+        return _out_type(c, _conv_shape(c, x, w), x.layout)
+
+    def compute(self, c, x, w, b=None):
+        xt, wt, yt = c.in_types[0], c.in_types[1], c.out_types[0]
+        acc = _int_conv(c, x, w, b)
+        mult = conv_multiplier(xt.quant, wt.quant, yt.quant)
+        ch = 3 if yt.layout is Layout.nhwc else 1
+        shape = [1] * 4
+        shape[ch] = -1
+        return requantize(acc, mult.reshape(shape), yt.quant.zero_point[0], yt.dtype.np)
+
+    def macs(self, c):
+        out, w = c.out_types[0], c.in_types[1]
+        return out.numel * w.shape[1] * w.shape[2] * w.shape[3]
+
+
+def conv_multiplier(xq: AffineQuant, wq: AffineQuant, yq: AffineQuant) -> np.ndarray:
+    """onnxruntime's requantization multiplier, per output channel: float32 x_scale *
+    w_scale, then divided by y_scale (float32 all along)."""
+    return (F32(xq.scale[0]) * np.asarray(wq.scale, F32)) / F32(yq.scale[0])
+
+
+class ConvInteger(OpDef):
+    """ONNX ConvInteger: the exact int32 sum of (x - x_zp)(w - w_zp), zero points from the
+    operand types (none: 0); w's per tensor or per output channel (axis 0)."""
+
+    name = "conv_integer"
+    operands = ("x", "w")
+    attrs = dict(_CONV_ATTRS)
+
+    def infer(self, c, x, w):
+        _q8(x, "x")
+        _q8(w, "w")
+        affine(x, "x", allow_none=True)
+        affine(w, "w", per_channel_axis=0, allow_none=True)
+        shape = _conv_shape(c, x, w)
+        return TensorType(shape, DType.i32, x.layout)
+
+    def compute(self, c, x, w):
+        return _int_conv(c, x, w).astype(np.int32)
+
+    def macs(self, c):
+        out, w = c.out_types[0], c.in_types[1]
+        return out.numel * w.shape[1] * w.shape[2] * w.shape[3]
+
+
+def _matmul_shape(a: TensorType, b: TensorType) -> tuple:
+    require(a.rank >= 1 and b.rank >= 1, "matmul operands must have rank >= 1")
+    sa = a.shape if a.rank > 1 else (1,) + a.shape
+    sb = b.shape if b.rank > 1 else b.shape + (1,)
+    require(sa[-1] == sb[-2], f"inner dimensions differ: {list(a.shape)} @ {list(b.shape)}")
+    batch = np.broadcast_shapes(sa[:-2], sb[:-2])
+    return batch + (sa[-2],) * (a.rank > 1) + (sb[-1],) * (b.rank > 1)
+
+
+def _b_axis(b: TensorType) -> int | None:
+    """The axis along which b may be quantized per channel: its columns (N)."""
+    return b.rank - 1 if b.rank >= 2 else None
+
+
+def _int_matmul(c, a, b) -> np.ndarray:
+    at, bt = c.in_types
+    az = 0 if at.quant is None else at.quant.zero_point[0]
+    bz = 0 if bt.quant is None else np.asarray(bt.quant.zero_point, F64)
+    return np.matmul(_centered(a, az), np.asarray(b, F64) - bz)
+
+
+class QLinearMatMul(OpDef):
+    """ONNX QLinearMatMul: a per tensor, b per tensor or per column (axis rank-1); the
+    exact int32 product of (a - a_zp)(b - b_zp) requantized with the float32 multiplier
+    (a_scale * b_scale) / y_scale, as QLinearConv."""
+
+    name = "qlinear_matmul"
+    operands = ("a", "b")
+    attrs = dict(_OUT_ATTRS)
+
+    def infer(self, c, a, b):
+        _q8(a, "a")
+        _q8(b, "b")
+        affine(a, "a")
+        affine(b, "b", per_channel_axis=_b_axis(b))
+        return _out_type(c, _matmul_shape(a, b))
+
+    def compute(self, c, a, b):
+        at, bt, yt = c.in_types[0], c.in_types[1], c.out_types[0]
+        acc = _int_matmul(c, a, b)
+        mult = conv_multiplier(at.quant, bt.quant, yt.quant)
+        return requantize(acc, mult, yt.quant.zero_point[0], yt.dtype.np)
+
+    def macs(self, c):
+        return c.out_types[0].numel * c.in_types[0].shape[-1]
+
+
+class MatMulInteger(OpDef):
+    """ONNX MatMulInteger: the exact int32 product of (a - a_zp)(b - b_zp), zero points
+    from the types (none: 0), b's per tensor or per column."""
+
+    name = "matmul_integer"
+    operands = ("a", "b")
+
+    def infer(self, c, a, b):
+        _q8(a, "a")
+        _q8(b, "b")
+        affine(a, "a", allow_none=True)
+        affine(b, "b", per_channel_axis=_b_axis(b), allow_none=True)
+        return TensorType(_matmul_shape(a, b), DType.i32)
+
+    def compute(self, c, a, b):
+        return _int_matmul(c, a, b).astype(np.int32)
+
+    def macs(self, c):
+        return c.out_types[0].numel * c.in_types[0].shape[-1]
+
+
+# ---- elementwise (com.microsoft) ---------------------------------------------------------
+def _vector_kind(ta: TensorType, tb: TensorType, out: tuple) -> str:
+    """Which MLAS kernel variant onnxruntime's broadcast loop runs: 'a' (a is a scalar in
+    each span), 'b' (b is) or 'ab' (both are vectors), from the innermost output axis
+    that is not 1."""
+    r = len(out)
+    sa = (1,) * (r - ta.rank) + ta.shape
+    sb = (1,) * (r - tb.rank) + tb.shape
+    for da, db, do in zip(reversed(sa), reversed(sb), reversed(out)):
+        if do == 1:
+            continue
+        if da == 1:
+            return "a"
+        if db == 1:
+            return "b"
+        return "ab"
+    return "a"
+
+
+class _QBinary(OpDef):
+    operands = ("a", "b")
+    attrs = dict(_OUT_ATTRS)
+
+    def infer(self, c, a, b):
+        _q8(a, "a")
+        require(a.dtype == b.dtype, f"operand dtypes differ: {a.dtype} and {b.dtype}")
+        require(c.out_dtype == str(a.dtype), f"result dtype must be the operands' {a.dtype}")
+        affine(a, "a")
+        affine(b, "b")
+        t = broadcast_types(a.with_(quant=None), b.with_(quant=None))
+        return _out_type(c, t.shape, t.layout)
+
+
+class QLinearAdd(_QBinary):
+    """com.microsoft QLinearAdd, as MLAS's AVX2 kernel (MlasQLinearAddKernelAvx2Helper):
+    ra = sa/sc, rb = sb/sc and the fixed part zc - (ra*za + rb*zb) in float32; per element
+    fma(a, ra, fma(b, rb, fixed)) when both vary, (fixed + a*ra) then fma(b, rb, .) when a
+    is the scalar of each span (likewise for b); round half to even, saturate."""
+
+    name = "qlinear_add"
+
+    def compute(self, c, a, b):
+        ta, tb, tc = c.in_types[0], c.in_types[1], c.out_types[0]
+        (sa,), (za,) = ta.quant.scale, ta.quant.zero_point
+        (sb,), (zb,) = tb.quant.scale, tb.quant.zero_point
+        (sc,), (zc,) = tc.quant.scale, tc.quant.zero_point
+        ra, rb = F32(sa) / F32(sc), F32(sb) / F32(sc)
+        fixed = F32(zc) - (ra * F32(za) + rb * F32(zb))
+        fa = np.broadcast_to(a, tc.shape).astype(F32)
+        fb = np.broadcast_to(b, tc.shape).astype(F32)
+        kind = _vector_kind(ta, tb, tc.shape)
+        if kind == "ab":
+            v = fma32(fa, ra, fma32(fb, rb, fixed))
+        elif kind == "a":
+            v = fma32(fb, rb, fixed + fa * ra)
+        else:
+            v = fma32(fa, ra, fixed + fb * rb)
+        return saturate_round(v, 0, tc.dtype.np)
+
+
+class QLinearMul(_QBinary):
+    """com.microsoft QLinearMul, as MLAS's SSE2 kernel: the exact int32 product
+    (a - za)(b - zb), converted to float32, times (sa * sb) / sc, plus float32(zc); round
+    half to even, saturate."""
+
+    name = "qlinear_mul"
+
+    def compute(self, c, a, b):
+        ta, tb, tc = c.in_types[0], c.in_types[1], c.out_types[0]
+        (sa,), (za,) = ta.quant.scale, ta.quant.zero_point
+        (sb,), (zb,) = tb.quant.scale, tb.quant.zero_point
+        (sc,), (zc,) = tc.quant.scale, tc.quant.zero_point
+        ratio = F32(sa) * F32(sb) / F32(sc)
+        prod = (a.astype(np.int32) - za) * (b.astype(np.int32) - zb)
+        v = prod.astype(F32) * ratio + F32(zc)
+        return saturate_round(v, 0, tc.dtype.np)
+
+
+# ---- pooling, concat and lookup tables ---------------------------------------------------
+class QLinearGlobalAvgPool(OpDef):
+    """com.microsoft QLinearGlobalAveragePool (MlasQLinearGlobalAveragePoolNchw/Nhwc): the
+    int32 sum over the image minus x_zp * image_size, requantized with the float32
+    multiplier x_scale / (y_scale * float(image_size))."""
+
+    name = "qlinear_global_avgpool"
+    operands = ("x",)
+    attrs = {"out_scale": Float(), "out_zero_point": Int(0), "channels_last": Bool(False)}
+
+    def _axes(self, c, x: TensorType) -> tuple[int, ...]:
+        if c.channels_last or x.layout is Layout.nhwc:
+            return tuple(range(1, x.rank - 1))
+        return tuple(range(2, x.rank))
+
+    def infer(self, c, x):
+        _q8(x, "x")
+        affine(x, "x")
+        require(x.rank >= 3, f"expects an [N, C, spatial...] input, got {x}")
+        axes = self._axes(c, x)
+        shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
+        return _out_type(c, shape, x.layout, str(x.dtype))
+
+    def compute(self, c, x):
+        xt, yt = c.in_types[0], c.out_types[0]
+        axes = self._axes(c, xt)
+        size = int(np.prod([xt.shape[a] for a in axes]))
+        require(size < 0x1000000, "image too large")
+        acc = x.sum(axis=axes, keepdims=True, dtype=np.int64) - xt.quant.zero_point[0] * size
+        mult = F32(xt.quant.scale[0]) / (F32(yt.quant.scale[0]) * F32(size))
+        return requantize(acc, mult, yt.quant.zero_point[0], yt.dtype.np)
+
+
+def lookup_table(xq: AffineQuant, yq: AffineQuant, dtype: np.dtype, fn) -> np.ndarray:
+    """onnxruntime's QlinearBuildLookupTable: each of the 256 codes dequantized in float32
+    ((code - zp) * scale), mapped by ``fn`` (float32 in, float32 out) and quantized
+    (MlasQuantizeLinear: divide by y_scale, round half to even, add zp, saturate). Indexed
+    by the code's byte (uint8 view)."""
+    codes = np.arange(256, dtype=np.uint8).view(dtype)
+    real = (codes.astype(np.int32) - xq.zero_point[0]).astype(F32) * F32(xq.scale[0])
+    y = np.asarray(fn(real), F32)
+    return saturate_round(y / F32(yq.scale[0]), yq.zero_point[0], dtype)
+
+
+class _QLookup(OpDef):
+    operands = ("x",)
+
+    def infer(self, c, x):
+        _q8(x, "x")
+        affine(x, "x")
+        return _out_type(c, x.shape, x.layout, str(x.dtype))
+
+    def compute(self, c, x):
+        xt, yt = c.in_types[0], c.out_types[0]
+        table = lookup_table(xt.quant, yt.quant, x.dtype, lambda v: self.fn(c, v))
+        return table[x.view(np.uint8)]
+
+
+def mlas_logistic(x: np.ndarray) -> np.ndarray:
+    """MlasComputeLogistic (logistic.cpp): clamp to [-18, 18], odd rational polynomial
+    p(x)/q(x) in float32 (p in x**2 times x, q in x**2), + 0.5, clamped to [0, 1]."""
+    x = np.minimum(np.maximum(np.asarray(x, F32), F32(-18.0)), F32(18.0))
+    x2 = x * x
+    p = x2 * F32(4.37031012579801e-11) + F32(1.15627324459942e-07)
+    p = p * x2 + F32(6.08574864600143e-05)
+    p = p * x2 + F32(8.51377133304701e-03)
+    p = p * x2 + F32(2.48287947061529e-01)
+    p = p * x
+    q = x2 * F32(6.10247389755681e-13) + F32(5.76102136993427e-09)
+    q = q * x2 + F32(6.29106785017040e-06)
+    q = q * x2 + F32(1.70198817374094e-03)
+    q = q * x2 + F32(1.16817656904453e-01)
+    q = q * x2 + F32(9.93151921023180e-01)
+    y = p / q + F32(0.5)
+    return np.minimum(np.maximum(y, F32(0.0)), F32(1.0))
+
+
+class QLinearSigmoid(_QLookup):
+    """com.microsoft QLinearSigmoid: a 256-entry table of MlasComputeLogistic (see
+    lookup_table and mlas_logistic)."""
+
+    name = "qlinear_sigmoid"
+    attrs = {"out_scale": Float(), "out_zero_point": Int(0)}
+
+    def fn(self, c, v):
+        return mlas_logistic(v)
+
+
+class QLinearLeakyRelu(_QLookup):
+    """com.microsoft QLinearLeakyRelu: a 256-entry table of v >= 0 ? v : v * alpha
+    (float32)."""
+
+    name = "qlinear_leaky_relu"
+    attrs = {"alpha": Float(0.01), "out_scale": Float(), "out_zero_point": Int(0)}
+
+    def fn(self, c, v):
+        return np.where(v >= 0, v, v * F32(c.alpha))
+
+
+class QLinearConcat(OpDef):
+    """com.microsoft QLinearConcat: an input quantized as the output is copied; any other
+    goes through a 256-entry requantization table (lookup_table with the identity)."""
+
+    name = "qlinear_concat"
+    operands = ("*xs",)
+    attrs = {"axis": Int(), **_OUT_ATTRS}
+
+    def infer(self, c, *xs):
+        require(len(xs) >= 1, "takes at least one operand")
+        x = xs[0]
+        _q8(x, "x")
+        require(c.out_dtype == str(x.dtype), f"result dtype must be the operands' {x.dtype}")
+        for t in xs:
+            require(t.dtype == x.dtype, "operand dtypes differ")
+            affine(t, "each operand")
+        plain = [t.with_(quant=None) for t in xs]
+        from .shape import Concat
+        t = Concat.infer(self, c, *plain)
+        return _out_type(c, t.shape, t.layout)
+
+    def compute(self, c, *xs):
+        yt = c.out_types[0]
+        parts = []
+        for x, t in zip(xs, c.in_types):
+            if t.quant.scale == yt.quant.scale and t.quant.zero_point == yt.quant.zero_point:
+                parts.append(x)
+            else:
+                table = lookup_table(t.quant, yt.quant, x.dtype, lambda v: v)
+                parts.append(table[x.view(np.uint8)])
+        return np.concatenate(parts, axis=norm_axis(c.axis, xs[0].ndim))
