@@ -1,8 +1,9 @@
 """BEVFormer's attention modules as ops: multi-scale deformable attention and the modules
 built on it (temporal self-attention, spatial cross-attention, decoder cross-attention),
 mmcv's multi-head attention and FFN. Float semantics are those of the PyTorch modules in
-examples/bevformer/model.py (mmcv 1.4 / BEVFormer); see docs/numerics.md later for the
-integer versions.
+examples/bevformer/model.py (mmcv 1.4 / BEVFormer). Each module op also defines
+``decompose``: the same computation in primitive ops (linear layers as gemm, softmax,
+one ms_deform_attn), which the ``decompose`` pass uses before quantization.
 """
 from __future__ import annotations
 
@@ -21,6 +22,54 @@ def _linear(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def _levels(shapes) -> list[tuple[int, int]]:
     return [(int(shapes[i]), int(shapes[i + 1])) for i in range(0, len(shapes), 2)]
+
+
+# ---- decompositions into primitive ops (the decompose pass; see bevir/passes/decompose.py)
+def _part(b, node, part: str):
+    """Builder context giving a part of a decomposed module its own provenance."""
+    return b.loc(f"{node.loc}/{part}" if node.loc else part)
+
+
+def _linear_ir(b, x, w, bias):
+    """x @ w.T + bias over the last axis, as gemm on the flattened tokens (what _linear
+    computes)."""
+    shape = x.type.shape
+    flat = x if len(shape) == 2 else b.reshape(x, shape=(int(np.prod(shape[:-1])), shape[-1]))
+    y = b.gemm(flat, w, bias, trans_b=True)
+    return y if len(shape) == 2 else b.reshape(y, shape=(*shape[:-1], w.type.shape[0]))
+
+
+def _rows(b, w, start: int, stop: int):
+    """Rows start:stop of a weight (a slice; canonicalize folds it on constants)."""
+    return b.slice(w, starts=(start,), ends=(stop,), axes=(0,), steps=(1,))
+
+
+def _deform_sample_ir(b, node, c, query, value, place, so_w, so_b, aw_w, aw_b, vp_w, vp_b,
+                      groups: int = 1):
+    """_deform_sample in primitive ops: projections, softmaxed weights, placed locations,
+    one ms_deform_attn."""
+    heads, levels, points = c.num_heads, c.num_levels, c.num_points
+    bs, nq = query.type.shape[:2]
+    with _part(b, node, "value_proj"):
+        v = _linear_ir(b, value, vp_w, vp_b)
+        v = b.reshape(v, shape=(*value.type.shape[:2], heads, value.type.shape[2] // heads))
+    with _part(b, node, "sampling_offsets"):
+        off = b.reshape(_linear_ir(b, query, so_w, so_b),
+                        shape=(bs, nq, heads, groups, levels, points, 2))
+        sizes = np.array([[w, h] for h, w in _levels(c.spatial_shapes)], np.float32)
+        off = b.div(off, b.const(sizes[:, None, :], "level_sizes"))
+    with _part(b, node, "attention_weights"):
+        aw = b.reshape(_linear_ir(b, query, aw_w, aw_b),
+                       shape=(bs, nq, heads, groups, levels * points))
+        aw = b.reshape(b.softmax(aw, axis=-1), shape=(bs, nq, heads, groups, levels, points))
+    with _part(b, node, "sampling"):
+        loc, aw = place(off, aw)
+        return b.ms_deform_attn(v, loc, aw, spatial_shapes=c.spatial_shapes)
+
+
+def _project_out(b, node, x, op_w, op_b, residual):
+    with _part(b, node, "output_proj"):
+        return b.add(_linear_ir(b, x, op_w, op_b), residual)
 
 
 def ms_deform_attn_np(value: np.ndarray, shapes, loc: np.ndarray, aw: np.ndarray) -> np.ndarray:
@@ -125,6 +174,30 @@ class TemporalSelfAttention(_DeformOp):
         out = out.transpose(1, 2, 0).reshape(nq, ch, bs, nbq).mean(-1).transpose(2, 0, 1)
         return (_linear(out, op_w, op_b) + query).astype(query.dtype)
 
+    def decompose(self, b, node):
+        c = self.ctx(node)
+        query, value, pos, ref, *params = node.inputs
+        nbq, (bs, nq, ch) = c.num_bev_queue, query.type.shape
+        heads, levels, points = c.num_heads, c.num_levels, c.num_points
+        with _part(b, node, "queue"):
+            if value is None:
+                value = b.reshape(b.concat(*[b.unsqueeze(query, axes=(1,))] * nbq, axis=1),
+                                  shape=(bs * nbq, nq, ch))
+            first = b.slice(value, starts=(0,), ends=(bs,), axes=(0,), steps=(1,))
+            qcat = b.concat(first, b.add(query, pos), axis=-1)
+
+        def place(off, aw):
+            off = b.reshape(b.transpose(off, perm=(0, 3, 1, 2, 4, 5, 6)),
+                            shape=(bs * nbq, nq, heads, levels, points, 2))
+            aw = b.reshape(b.transpose(aw, perm=(0, 3, 1, 2, 4, 5)),
+                           shape=(bs * nbq, nq, heads, levels, points))
+            return b.add(b.reshape(ref, shape=(bs * nbq, nq, 1, levels, 1, 2)), off), aw
+        out = _deform_sample_ir(b, node, c, qcat, value, place, *params[:6], groups=nbq)
+        with _part(b, node, "queue_mean"):
+            out = b.reshape(b.transpose(out, perm=(1, 2, 0)), shape=(nq, ch, bs, nbq))
+            out = b.transpose(b.reduce_mean(out, axes=(-1,), keepdims=False), perm=(2, 0, 1))
+        return [_project_out(b, node, out, *params[6:], query)]
+
 
 class SpatialCrossAttention(_DeformOp):
     """BEVFormer SpatialCrossAttention (dense form) with MSDeformableAttention3D: every
@@ -164,6 +237,27 @@ class SpatialCrossAttention(_DeformOp):
         slots = (slots / count[:, None])[None]
         return (_linear(slots, op_w, op_b) + query).astype(query.dtype)
 
+    def decompose(self, b, node):
+        c = self.ctx(node)
+        query, value, ref, mask, *params = node.inputs
+        n, nq, d = ref.type.shape[:3]
+        heads, levels, points = c.num_heads, c.num_levels, c.num_points
+
+        def place(off, aw):
+            off = b.reshape(off, shape=(1, nq, heads, levels, points // d, d, 2))
+            loc = b.add(b.reshape(ref, shape=(n, nq, 1, 1, 1, d, 2)), off)
+            aw = b.expand(b.reshape(aw, shape=(1, nq, heads, levels, points)),
+                          shape=(n, nq, heads, levels, points))
+            return b.reshape(loc, shape=(n, nq, heads, levels, points, 2)), aw
+        out = _deform_sample_ir(b, node, c, query, value, place, *params[:6])
+        with _part(b, node, "camera_mean"):
+            visible = b.reduce_max(b.cast(mask, to="f32"), axes=(-1,), keepdims=True)
+            slots = b.reduce_sum(b.mul(out, visible), axes=(0,), keepdims=True)
+            count = b.max(b.reduce_sum(visible, axes=(0,), keepdims=True),
+                          b.const(np.ones((1, 1, 1), np.float32), "one"))
+            slots = b.div(slots, count)
+        return [_project_out(b, node, slots, *params[6:], query)]
+
 
 class DeformableCrossAttention(_DeformOp):
     """BEVFormer CustomMSDeformableAttention (the decoder's cross-attention into the BEV):
@@ -184,6 +278,21 @@ class DeformableCrossAttention(_DeformOp):
             return ref[:, :, None, :, None, :] + off[:, :, :, 0], aw[:, :, :, 0]
         out = _deform_sample(c, query + pos, value, place, so_w, so_b, aw_w, aw_b, vp_w, vp_b)
         return (_linear(out, op_w, op_b) + query).astype(query.dtype)
+
+    def decompose(self, b, node):
+        c = self.ctx(node)
+        query, value, pos, ref, *params = node.inputs
+        bs, nq = query.type.shape[:2]
+        shape = (bs, nq, c.num_heads, c.num_levels, c.num_points)
+
+        def place(off, aw):
+            loc = b.add(b.reshape(ref, shape=(bs, nq, 1, c.num_levels, 1, 2)),
+                        b.reshape(off, shape=shape + (2,)))
+            return loc, b.reshape(aw, shape=shape)
+        with _part(b, node, "query_pos"):
+            q = b.add(query, pos)
+        out = _deform_sample_ir(b, node, c, q, value, place, *params[:6])
+        return [_project_out(b, node, out, *params[6:], query)]
 
 
 class MsDeformAttn(OpDef):
@@ -239,6 +348,27 @@ class MultiheadAttention(OpDef):
         out = (attn @ v).transpose(1, 0, 2).reshape(nq, bs, ch)
         return (query + _linear(out, out_w, out_b)).astype(query.dtype)
 
+    def decompose(self, b, node):
+        query, pos, in_w, in_b, out_w, out_b = node.inputs
+        nq, bs, ch = query.type.shape
+        h = self.ctx(node).num_heads
+        hd = ch // h
+
+        def proj(x, i, part):
+            with _part(b, node, part):
+                y = _linear_ir(b, x, _rows(b, in_w, i * ch, (i + 1) * ch),
+                               _rows(b, in_b, i * ch, (i + 1) * ch))
+                return b.transpose(b.reshape(y, shape=(nq, bs * h, hd)), perm=(1, 0, 2))
+        with _part(b, node, "query_pos"):
+            qk = b.add(query, pos)
+        q, k, v = proj(qk, 0, "q_proj"), proj(qk, 1, "k_proj"), proj(query, 2, "v_proj")
+        with _part(b, node, "attention"):
+            q = b.mul(q, b.const(np.float32(1 / np.sqrt(hd)), "scale"))
+            attn = b.softmax(b.matmul(q, b.transpose(k, perm=(0, 2, 1))), axis=-1)
+            out = b.reshape(b.transpose(b.matmul(attn, v), perm=(1, 0, 2)), shape=(nq, bs, ch))
+        with _part(b, node, "out_proj"):
+            return [b.add(query, _linear_ir(b, out, out_w, out_b))]
+
     def macs(self, c):
         nq, bs, ch = c.in_types[0].shape
         return nq * bs * ch * ch * 4 + 2 * bs * nq * nq * ch
@@ -259,6 +389,13 @@ class FFN(OpDef):
 
     def compute(self, c, x, w1, b1, w2, b2):
         return (x + _linear(np.maximum(_linear(x, w1, b1), 0), w2, b2)).astype(x.dtype)
+
+    def decompose(self, b, node):
+        x, w1, b1, w2, b2 = node.inputs
+        with _part(b, node, "layers.0"):
+            hidden = b.relu(_linear_ir(b, x, w1, b1))
+        with _part(b, node, "layers.1"):
+            return [b.add(x, _linear_ir(b, hidden, w2, b2))]
 
     def macs(self, c):
         x, w1 = c.in_types[0], c.in_types[1]

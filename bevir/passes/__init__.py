@@ -12,7 +12,7 @@ from .analysis import AnalysisManager, CostSummary, Liveness  # noqa: F401
 from .manager import (Instrument, Pass, PassManager, all_passes, get_pass, make_pass,  # noqa: F401
                       optimize, parse_pipeline, pipeline_text, replay)
 from .instruments import DumpIR, Reproducer, Statistics, Timing, VerifyEach  # noqa: F401
-from . import canonicalize, cse, dce  # noqa: F401  (registers the passes)
+from . import canonicalize, cse, dce, decompose  # noqa: F401  (registers the passes)
 from .canonicalize import Canonicalize, canonicalization  # noqa: F401
 from .cse import CSE  # noqa: F401
 from .dce import DCE  # noqa: F401
