@@ -6,6 +6,7 @@ from .ir import (AffineQuant, Builder, DType, FixedPointQuant, Graph, Layout, No
 from . import ops  # noqa: F401  (registers the ops)
 from .sim import Interpreter, run  # noqa: F401
 from .passes import optimize  # noqa: F401
+from .passes.calibrate import calibrate  # noqa: F401
 from .frontends.onnx import from_onnx  # noqa: F401
 
 __version__ = "0.1.0"

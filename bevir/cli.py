@@ -83,6 +83,17 @@ def cmd_show(args) -> int:
 
 
 # ---- opt ---------------------------------------------------------------------------------
+def _numerics(args, graph):
+    """The VerifyNumerics instrument that opt's numerics flags ask for, or None."""
+    from .passes.instruments import VerifyNumerics, read_probe_inputs
+    if not (args.verify_numerics or args.probe_inputs or args.numerics_atol is not None
+            or args.numerics_reproducer):
+        return None
+    inputs = read_probe_inputs(args.probe_inputs, graph) if args.probe_inputs else None
+    return VerifyNumerics(inputs, atol=args.numerics_atol or 0.0,
+                          reproducer_dir=args.numerics_reproducer)
+
+
 def cmd_opt(args) -> int:
     from .ir import load, print_graph, save
     from .passes import (DumpIR, PassManager, Reproducer, Statistics, Timing, parse_pipeline,
@@ -111,6 +122,9 @@ def cmd_opt(args) -> int:
         instruments.append(DumpIR(args.dump_ir, only_changed=args.dump_ir_after_change))
     if reproducer is not None:
         instruments.append(reproducer)
+    numerics = _numerics(args, graph)
+    if numerics is not None:
+        instruments.append(numerics)
     pm = PassManager(passes, instruments=instruments, verify_each=not args.no_verify_each)
     try:
         pm.run(graph)
@@ -122,6 +136,8 @@ def cmd_opt(args) -> int:
         _err(timing.report())
     if stats is not None:
         _err(stats.report())
+    if numerics is not None:
+        _err(numerics.summary())
     if args.output:
         save(graph, args.output)
         _err(f"wrote {args.output}: {len(graph.nodes)} nodes")
@@ -217,6 +233,15 @@ def build_parser() -> argparse.ArgumentParser:
                    "reproducer (default: <output>.reproducer.bevir)")
     s.add_argument("--reproduce", metavar="FILE",
                    help="replay a reproducer: run its pipeline on its IR")
+    s.add_argument("--verify-numerics", action="store_true",
+                   help="check each semantics-preserving pass against the golden interpreter")
+    s.add_argument("--probe-inputs", metavar="FILE", help="a safetensors file of the graph "
+                   "inputs to verify with (default: seeded random inputs); implies "
+                   "--verify-numerics, as do the next two")
+    s.add_argument("--numerics-atol", metavar="X", type=float,
+                   help="absolute difference allowed on float outputs (default 0)")
+    s.add_argument("--numerics-reproducer", metavar="DIR", help="where a numeric mismatch "
+                   "leaves its reproducer (default: a new temporary directory)")
     s.set_defaults(fn=cmd_opt)
 
     s = sub.add_parser("run", help="run a model with the golden interpreter")

@@ -208,8 +208,9 @@ class NodeCtx:
 # ---- the importer --------------------------------------------------------------------------
 
 class _Importer:
-    def __init__(self, model: onnx.ModelProto):
+    def __init__(self, model: onnx.ModelProto, keep_dequantize: bool = False):
         self.model = model
+        self.keep_dequantize = keep_dequantize   # fold-qdq reads the dequantized constants
         self.graph = Graph(model.graph.name or "main")
         self.values: dict[str, Value] = {}
         self.opset = _default_opset(model)
@@ -243,7 +244,8 @@ class _Importer:
 
     def emit(self, op: str, inputs: list[Value | None], attrs: dict, c: NodeCtx) -> list[Value]:
         opdef = get_op(op)
-        if opdef.pure and all(v is None or v.is_const for v in inputs):
+        if opdef.pure and all(v is None or v.is_const for v in inputs) \
+                and not (self.keep_dequantize and op == "dequantize"):
             return self._fold(opdef, inputs, attrs, c)
         node = self.graph.create_node(op, inputs, attrs, loc=c.loc)
         # rename the auto-named results to fresh, reservation-free names
@@ -432,8 +434,13 @@ def _load(model) -> onnx.ModelProto:
     return m
 
 
-def from_onnx(model: str | os.PathLike | onnx.ModelProto) -> Graph:
+def from_onnx(model: str | os.PathLike | onnx.ModelProto, fold_qdq: bool = True) -> Graph:
     """Import an ONNX model (a path or a ModelProto) as a bevir Graph.
+
+    In a model with QuantizeLinear/DequantizeLinear nodes (QDQ format) dequantized
+    constants stay ``dequantize`` nodes, and the ``fold-qdq`` pass folds the groups into
+    integer ops as onnxruntime does (``fold_qdq=False``: leave them as imported, e.g. to run
+    ``fold-qdq{int8_allowed=true}`` instead).
 
     Raises OnnxLoadError for a file that cannot be read and UnsupportedError for an op,
     attribute, dtype, dynamic shape or opset bevir does not support.
@@ -442,7 +449,13 @@ def from_onnx(model: str | os.PathLike | onnx.ModelProto) -> Graph:
     _default_opset(m)
     if m.functions:
         m = onnx.inliner.inline_local_functions(m)
-    return _Importer(m).run()
+    qdq = any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in m.graph.node)
+    graph = _Importer(m, keep_dequantize=qdq).run()
+    if qdq and fold_qdq:
+        from ..passes.analysis import AnalysisManager
+        from ..passes.fold_qdq import FoldQDQ
+        FoldQDQ().run(graph, AnalysisManager(graph))   # its errors name the ONNX node
+    return graph
 
 
 # ---- helpers shared by converters -----------------------------------------------------------

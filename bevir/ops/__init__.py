@@ -1,3 +1,4 @@
 """The op registry. Importing this package registers every op definition."""
 from .registry import Attr, Ctx, OpDef, all_ops, get_op  # noqa: F401
 from . import attention, elementwise, linalg, nn, quant, reduce, shape  # noqa: F401  (registers the ops)
+from . import fixed  # noqa: F401  (the fixed-point integer ops)

@@ -127,9 +127,12 @@ class Conv2d(OpDef):
 
     def compute(self, c, x, w, b=None):
         layout = c.in_types[0].layout
-        if layout is not Layout.nhwc and c.groups == 1 and x.shape[1] < NCHW_CHANNEL_LIMIT:
-            y = conv2d_nchw(x, w, c.strides, c.pads, c.dilations)
-            return y if b is None else y + b[:, None, None]
+        if c.groups == 1 and w.shape[1] < NCHW_CHANNEL_LIMIT:
+            # the same algorithm (and float sums) in either layout: results never depend on it
+            nhwc = layout is Layout.nhwc
+            y = conv2d_nchw(x.transpose(0, 3, 1, 2) if nhwc else x, w, c.strides, c.pads, c.dilations)
+            y = y if b is None else y + b[:, None, None]
+            return y.transpose(0, 2, 3, 1) if nhwc else y
         y = conv2d_nhwc(to_nhwc(x, layout), w, c.strides, c.pads, c.dilations, c.groups)
         if b is not None:
             y += b

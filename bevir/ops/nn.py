@@ -152,8 +152,13 @@ class GlobalAvgPool(OpDef):
         return moved(x, (1 if i in _global_axes(x) else d for i, d in enumerate(x.shape)))
 
     def compute(self, c, x):
-        y = x.mean(axis=_global_axes(c.in_types[0]), keepdims=True, dtype=_acc(x.dtype))
-        return y.astype(x.dtype, copy=False)
+        # a contiguous [N, C, spatial] copy fixes the summation order: the result does not
+        # depend on the layout or on the memory order of x
+        t = c.in_types[0]
+        nchw = x.transpose(0, 3, 1, 2) if t.layout is Layout.nhwc else x
+        flat = np.ascontiguousarray(nchw).reshape(x.shape[0], nchw.shape[1], -1)
+        y = flat.mean(axis=2, dtype=_acc(x.dtype)).astype(x.dtype, copy=False)
+        return y.reshape(c.out_types[0].shape)
 
 
 def _global_axes(t: TensorType) -> tuple[int, ...]:

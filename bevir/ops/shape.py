@@ -1,4 +1,5 @@
-"""Data movement: concat, split, slice, reshape, transpose, gather, expand, pad, topk, constant.
+"""Data movement: concat, split, slice, reshape, transpose, layout_transform, gather, expand,
+pad, topk, constant.
 
 Results are ``plain`` unless the op keeps a 4-D tensor's axes meaning what they meant
 (concat, split, slice, pad, a rank-keeping gather or expand). Per-tensor quantization
@@ -6,6 +7,7 @@ passes through data movement; per-channel quantization does not (its axis may mo
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from math import prod
 
 import numpy as np
@@ -140,6 +142,50 @@ class Transpose(OpDef):
 
     def compute(self, c, x):
         return x.transpose(c.perm)
+
+
+#: NHWC axis i holds NCHW axis NCHW_TO_NHWC[i]; NHWC_TO_NCHW is its inverse
+NCHW_TO_NHWC = (0, 2, 3, 1)
+NHWC_TO_NCHW = (0, 3, 1, 2)
+
+
+def layout_perm(src: Layout, dst: Layout) -> tuple[int, ...]:
+    """The transpose permutation that moves a 4-D tensor from layout ``src`` to ``dst``.
+    A ``plain`` 4-D tensor is read as NCHW (as conv2d reads it), so plain <-> nchw moves
+    nothing and only changes the tag."""
+    if (src is Layout.nhwc) == (dst is Layout.nhwc):
+        return (0, 1, 2, 3)
+    return NCHW_TO_NHWC if dst is Layout.nhwc else NHWC_TO_NCHW
+
+
+def permute_quant(quant, perm: tuple[int, ...]):
+    """``quant`` of a tensor after ``transpose(perm)``: a per-channel axis follows its axis."""
+    if quant is None or quant.axis is None:
+        return quant
+    return replace(quant, axis=perm.index(quant.axis))
+
+
+class LayoutTransform(OpDef):
+    """Move a 4-D tensor to layout ``to``: the data moves as ``transpose(layout_perm(x's
+    layout, to))`` and the result carries the tag ``to`` (plain reads as NCHW, so plain <->
+    nchw only retags). dtype and quantization are kept; a per-channel axis follows the
+    channel (axis 1 of nchw is axis 3 of nhwc)."""
+
+    name = "layout_transform"
+    operands = ("x",)
+    attrs = {"to": Str(choices=tuple(layout.value for layout in Layout))}
+
+    def infer(self, c, x):
+        require(x.rank == 4, f"layout_transform takes a 4-D tensor, got {x}")
+        to = Layout(c.to)
+        require(to is not x.layout, f"layout_transform to {to} of a tensor already {to}: {x}")
+        perm = layout_perm(x.layout, to)
+        return TensorType(tuple(x.shape[p] for p in perm), x.dtype, to,
+                          permute_quant(x.quant, perm))
+
+    def compute(self, c, x):
+        perm = layout_perm(c.in_types[0].layout, Layout(c.to))
+        return np.ascontiguousarray(x.transpose(perm))
 
 
 class Squeeze(OpDef):

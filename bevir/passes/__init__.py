@@ -11,8 +11,13 @@
 from .analysis import AnalysisManager, CostSummary, Liveness  # noqa: F401
 from .manager import (Instrument, Pass, PassManager, all_passes, get_pass, make_pass,  # noqa: F401
                       optimize, parse_pipeline, pipeline_text, replay)
-from .instruments import DumpIR, Reproducer, Statistics, Timing, VerifyEach  # noqa: F401
+from .instruments import (DumpIR, Reproducer, Statistics, Timing, VerifyEach,  # noqa: F401
+                          VerifyNumerics, probe_inputs)
+from .rewrites import RewriteLog, RewriteRecord, limit_rewrites, rewrite_permitted  # noqa: F401
 from . import canonicalize, cse, dce, decompose  # noqa: F401  (registers the passes)
+from . import fold_qdq  # noqa: F401  (registers fold-qdq)
+from .layout import ToNHWC, count_layout_transforms  # noqa: F401  (registers to-nhwc)
 from .canonicalize import Canonicalize, canonicalization  # noqa: F401
 from .cse import CSE  # noqa: F401
 from .dce import DCE  # noqa: F401
+from .calibrate import Calibrate, Calibration, CalibrationError, Ranges  # noqa: F401

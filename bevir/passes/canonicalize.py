@@ -5,6 +5,11 @@ the pass (for its helpers and statistics), the graph and a node, and returns Tru
 rewrote the node. A rewrite replaces a node only by one with exactly the same result
 types (layout and quantization included), keeps the replaced node's ``loc`` and its
 result name, and erases what it made dead.
+
+Every fold and every rewrite asks the rewrite budget (:mod:`bevir.passes.rewrites`) first,
+as ``canonicalize:fold`` or ``canonicalize:<rewrite function name>``: the helpers
+:meth:`Canonicalize.forward` and :meth:`Canonicalize.replace_with` do it; a rewrite that
+mutates the graph itself calls :meth:`Canonicalize.permitted` first. A refusal ends the pass.
 """
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ from ..ir.graph import Graph, Node, Value
 from ..ops import get_op
 from .analysis import AnalysisManager
 from .manager import Pass
+from .rewrites import rewrite_permitted
 
 Rewrite = Callable[["Canonicalize", Graph, Node], bool]
 _REWRITES: dict[str, list[Rewrite]] = {}
@@ -42,21 +48,40 @@ class Canonicalize(Pass):
     fold_limit: int = 1 << 22     # largest folded result, in elements
     max_iterations: int = 10
 
+    _rewrite = "canonicalize"     # what the budget is told (not an option)
+    _refused = False
+
     def run(self, graph: Graph, am: AnalysisManager) -> None:
+        self._refused = False
         for _ in range(self.max_iterations):
             changed = False
             for node in list(graph.nodes):
                 if node.graph is not graph:        # erased earlier in this sweep
                     continue
-                if self.fold(graph, node):
+                if self.fold(graph, node) or self._apply_rewrites(graph, node):
                     changed = True
-                    continue
-                for rewrite in _REWRITES.get(node.op, ()):
-                    if rewrite(self, graph, node):
-                        changed = True
-                        break
+                if self._refused:
+                    return
             if not changed:
                 return
+
+    def _apply_rewrites(self, graph: Graph, node: Node) -> bool:
+        """Apply the first registered rewrite of ``node``'s op that fires."""
+        for rewrite in _REWRITES.get(node.op, ()):
+            if self._refused:
+                return False
+            self._rewrite = "canonicalize:" + rewrite.__name__.lstrip("_")
+            if rewrite(self, graph, node):
+                return True
+        return False
+
+    def permitted(self, node: Node, what: str | None = None) -> bool:
+        """Ask the rewrite budget before rewriting ``node`` (as ``what``, default the running
+        rewrite); a refusal stops the pass after the current node."""
+        if rewrite_permitted(what or self._rewrite, node):
+            return True
+        self._refused = True
+        return False
 
     # ---- constant folding --------------------------------------------------------------
     def fold(self, graph: Graph, node: Node) -> bool:
@@ -80,6 +105,8 @@ class Canonicalize(Pass):
             got = ", ".join(f"{r.dtype}{list(r.shape)}" for r in results)
             raise PassError(f"constant folding computed {got}, declared "
                             + ", ".join(str(v.type) for v in node.outputs), **where)
+        if not self.permitted(node, "canonicalize:fold"):
+            return False
         names = [v.name for v in node.outputs]
         consts = [graph.add_const(r if r.flags.c_contiguous else np.ascontiguousarray(r),
                                   graph.unique_name(v.name), v.type)
@@ -91,7 +118,7 @@ class Canonicalize(Pass):
     # ---- helpers for rewrites ----------------------------------------------------------
     def forward(self, graph: Graph, node: Node, value: Value) -> bool:
         """Remove a one-result node whose result equals ``value`` (same type required)."""
-        if value.type != node.output.type:
+        if value.type != node.output.type or not self.permitted(node):
             return False
         self._replace(graph, node, [value], None)
         self.stat("removed")
@@ -107,7 +134,7 @@ class Canonicalize(Pass):
             types = opdef.infer_node(Node(op, inputs, attrs, node.loc))
         except BevirError:
             return False
-        if types != [v.type for v in node.outputs]:
+        if types != [v.type for v in node.outputs] or not self.permitted(node):
             return False
         names = [v.name for v in node.outputs]
         new = graph.create_node(op, inputs, attrs, out_types=types, loc=node.loc, before=node)

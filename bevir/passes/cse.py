@@ -9,6 +9,7 @@ import numpy as np
 from ..ir.graph import Graph, Node, Value
 from .analysis import AnalysisManager
 from .manager import Pass
+from .rewrites import rewrite_permitted
 
 
 def attr_key(v: Any) -> Any:
@@ -33,13 +34,15 @@ def node_key(node: Node) -> tuple:
 class CSE(Pass):
     """Common subexpression elimination: a pure node with the same op, equal attributes,
     the same operands and result types as an earlier one is replaced by it; constants with
-    the same type and bytes are merged into the first."""
+    the same type and bytes are merged into the first. Each merge asks the rewrite budget
+    (``cse:merge-constant``, ``cse:merge``); a refusal ends the pass."""
 
     name = "cse"
     description = "merge identical pure nodes and identical constants"
 
     def run(self, graph: Graph, am: AnalysisManager) -> None:
-        self._constants(graph)
+        if not self._constants(graph):
+            return
         seen: dict[tuple, Node] = {}
         for node in list(graph.nodes):
             if not node.opdef.pure:
@@ -47,10 +50,13 @@ class CSE(Pass):
             key = node_key(node)
             first = seen.setdefault(key, node)
             if first is not node:
+                if not rewrite_permitted("cse:merge", node):
+                    return
                 graph.replace_node(node, first.outputs)
                 self.stat("merged")
 
-    def _constants(self, graph: Graph) -> None:
+    def _constants(self, graph: Graph) -> bool:
+        """Merge identical constants; False if the rewrite budget stopped it."""
         seen: dict[tuple, list[Value]] = {}
         for v in list(graph.constants.values()):
             data = _bytes(v.const)
@@ -60,9 +66,12 @@ class CSE(Pass):
             if same is None:
                 group.append(v)
                 continue
+            if not rewrite_permitted("cse:merge-constant", v):
+                return False
             graph.replace_all_uses(v, same)
             graph.erase_const(v)
             self.stat("merged")
+        return True
 
 
 def _bytes(a: np.ndarray) -> np.ndarray:

@@ -4,11 +4,13 @@ from __future__ import annotations
 from ..ir.graph import Graph
 from .analysis import AnalysisManager, Liveness
 from .manager import Pass
+from .rewrites import rewrite_permitted
 
 
 class DCE(Pass):
     """Dead code elimination: erase pure nodes whose results reach no graph output and no
-    node with effects (transitively), then unused constants. Graph inputs stay."""
+    node with effects (transitively), then unused constants. Graph inputs stay. Each
+    erase asks the rewrite budget (``dce:erase``); a refusal ends the pass."""
 
     name = "dce"
     description = "remove pure nodes and constants that reach no output"
@@ -16,8 +18,12 @@ class DCE(Pass):
     def run(self, graph: Graph, am: AnalysisManager) -> None:
         live = am.get(Liveness)
         for node in reversed(live.dead_nodes):
+            if not rewrite_permitted("dce:erase", node):
+                return
             graph.erase(node)
             self.stat("removed")
         for v in live.dead_constants:
+            if not rewrite_permitted("dce:erase", v):
+                return
             graph.erase_const(v)
             self.stat("removed")

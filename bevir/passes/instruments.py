@@ -1,15 +1,29 @@
-"""Built-in pass instruments: timing, IR dumps, verification, statistics, reproducers."""
+"""Built-in pass instruments: timing, IR dumps, verification, statistics, reproducers,
+numeric verification against the golden interpreter."""
 from __future__ import annotations
 
+import dataclasses
 import os
+import tempfile
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
+from safetensors import SafetensorError
+from safetensors.numpy import load_file, save_file
 
 from ..errors import BevirError, PassError, VerifyError
 from ..ir.graph import Graph
 from ..ir.printer import print_graph
+from ..ir.serialize import save
+from ..ir.types import DType, TensorType
 from ..ir.verifier import verify
+from ..sim import run
+from .analysis import AnalysisManager
 from .manager import Instrument, Pass, reproducer_text
+from .rewrites import RewriteLog, RewriteRecord, limit_rewrites
 
 
 class Timing(Instrument):
@@ -152,3 +166,278 @@ class Reproducer(Instrument):
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.write_text(reproducer_text(pass_, graph_before_text, error))
         self.written = self.path
+
+
+# ---- numeric verification against the golden interpreter -------------------------------
+def probe_inputs(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
+    """Deterministic random inputs for every graph input, from ``seed``: floats standard
+    normal; 8- and 16-bit integers uniform over their dtype's range, wider integers over
+    the int16 range (so that sums and products of a few stay far from overflow); bools
+    fair coin flips."""
+    rng = np.random.default_rng(seed)
+    return {v.name: _random_tensor(rng, v.type) for v in graph.inputs}
+
+
+def _random_tensor(rng: np.random.Generator, t: TensorType) -> np.ndarray:
+    if t.dtype is DType.bool:
+        return rng.integers(0, 2, t.shape).astype(bool)
+    if t.dtype.is_int:
+        info = np.iinfo(t.dtype.np)
+        lo, hi = max(int(info.min), -2 ** 15), min(int(info.max), 2 ** 15 - 1)
+        return rng.integers(lo, hi + 1, t.shape, dtype=np.int64).astype(t.dtype.np)
+    return rng.standard_normal(t.shape).astype(t.dtype.np)
+
+
+def read_probe_inputs(path: str | os.PathLike, graph: Graph) -> dict[str, np.ndarray]:
+    """Probe inputs from a safetensors file keyed by input name (scalars stored as [1]
+    are reshaped to the input's type)."""
+    try:
+        arrays = load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise PassError(f"cannot read probe inputs {path}: {e}") from None
+    for v in graph.inputs:
+        if v.name in arrays and v.type.rank == 0 and arrays[v.name].size == 1:
+            arrays[v.name] = arrays[v.name].reshape(())
+    return arrays
+
+
+def max_abs_diff(expected: np.ndarray, actual: np.ndarray) -> float:
+    """The largest elementwise ``|expected - actual|``; inf when shapes or dtypes differ,
+    or where exactly one side is NaN (NaN against NaN counts as equal). Integer and bool
+    mismatches are at least 1, so that no difference rounds away."""
+    e, a = np.asarray(expected), np.asarray(actual)
+    if e.shape != a.shape or e.dtype != a.dtype:
+        return float("inf")
+    if e.dtype.kind in "biu":
+        if np.array_equal(e, a):
+            return 0.0
+        return max(1.0, float(np.max(np.abs(e.astype(np.float64) - a.astype(np.float64)))))
+    e64, a64 = e.astype(np.float64), a.astype(np.float64)
+    same = (e64 == a64) | (np.isnan(e64) & np.isnan(a64))
+    if same.all():
+        return 0.0
+    return float(np.nan_to_num(np.abs(e64 - a64)[~same], nan=np.inf).max())
+
+
+def _magnitude(a: np.ndarray) -> float:
+    finite = np.abs(a[np.isfinite(a)]) if a.dtype.kind == "f" else np.zeros(0)
+    return float(finite.max()) if finite.size else 0.0
+
+
+@dataclass
+class NumericsCheck:
+    """One pass's comparison: per output the max abs difference and the allowed bound."""
+    index: int                  # 1-based position in the pipeline
+    pass_text: str
+    changed: bool               # False: the graph did not change, nothing was run
+    diffs: dict[str, float]
+    bounds: dict[str, float]
+
+    @property
+    def failing(self) -> list[str]:
+        """The outputs outside their bound."""
+        return [k for k, d in self.diffs.items() if not d <= self.bounds[k]]
+
+    @property
+    def ok(self) -> bool:
+        return not self.failing
+
+
+class VerifyNumerics(Instrument):
+    """Checks every semantics-preserving pass against the golden interpreter.
+
+    ``inputs``: probe inputs (name -> array); default :func:`probe_inputs` of the graph
+    with ``seed``. The graph runs on them before the pipeline and after each
+    semantics-preserving pass that changed it (unchanged passes cost nothing), and each
+    output is compared with the results before that pass: integer and bool outputs, and
+    every output of a quantized graph, must be bit-identical; float outputs may differ by
+    ``max(pass.tolerance * max|output|, atol)``. Passes with ``semantics_preserving =
+    False`` are not checked; the next check starts from their result.
+
+    On a mismatch it re-runs the pass on a copy of its input under
+    :func:`~bevir.passes.rewrites.limit_rewrites`, bisecting on the budget for the first
+    rewrite after which the results differ, writes a reproducer directory
+    (``reproducer_dir``, default a new temporary directory) and raises a PassError naming
+    the pass, the outputs, the rewrite and the directory. ``checks`` holds each pass's
+    :class:`NumericsCheck`; :meth:`report` prints them, :meth:`summary` in one line.
+    """
+
+    def __init__(self, inputs: Mapping[str, np.ndarray] | None = None, *, atol: float = 0.0,
+                 seed: int = 0, reproducer_dir: str | os.PathLike | None = None,
+                 bisect: bool = True):
+        self.inputs = None if inputs is None else dict(inputs)
+        self.atol, self.seed, self.bisect = float(atol), seed, bisect
+        self.reproducer_dir = None if reproducer_dir is None else Path(reproducer_dir)
+        self.checks: list[NumericsCheck] = []
+        self.reproducer: Path | None = None       # the directory written on a mismatch
+        self.probe: dict[str, np.ndarray] = {}
+        self._reference: dict[str, np.ndarray] | None = None
+        self._before: Graph | None = None       # a copy of the graph before the pass
+        self._quantized = False                 # whether that graph is quantized
+        self._index = 0
+
+    # ---- hooks -------------------------------------------------------------------------
+    def before_pipeline(self, graph: Graph) -> None:
+        self.checks, self.reproducer, self._index = [], None, 0
+        self.probe = self._make_probe(graph)
+        self._reference = self._golden(graph, "the input graph")
+
+    def before_pass(self, pass_: Pass, graph: Graph) -> None:
+        self._index += 1
+        self._before = None
+        if not pass_.semantics_preserving:
+            return
+        if self._reference is None:         # a non-preserving pass changed the graph
+            self._reference = self._golden(graph, f"the graph before pass '{pass_.name}'")
+        self._before = graph.clone()
+        self._quantized = _is_quantized(graph)
+
+    def after_pass(self, pass_: Pass, graph: Graph, changed: bool) -> None:
+        if not pass_.semantics_preserving:
+            if changed:
+                self._reference = None
+            return
+        if not changed:
+            zeros = dict.fromkeys(self._reference, 0.0)
+            self.checks.append(NumericsCheck(self._index, str(pass_), False, zeros,
+                                             self._bounds(pass_)))
+            return
+        actual = self._golden(graph, f"the graph after pass '{pass_.name}'", pass_)
+        check = self._compare(pass_, actual)
+        self.checks.append(check)
+        if not check.ok:
+            raise self._mismatch(pass_, check, actual)
+        self._reference = actual
+
+    # ---- reports -----------------------------------------------------------------------
+    def report(self) -> str:
+        """Per checked pass, each output's max abs difference and its bound."""
+        lines = ["===- Numeric verification (max abs diff / allowed) -===", ""]
+        for c in self.checks:
+            lines.append(f"{c.index:2d} {c.pass_text}" + ("" if c.changed else " (unchanged)"))
+            for k, d in c.diffs.items():
+                lines.append(f"    {k}: {d:.3g} / {c.bounds[k]:.3g}"
+                             + ("" if d <= c.bounds[k] else "  MISMATCH"))
+        return "\n".join(lines) + "\n"
+
+    def summary(self) -> str:
+        """One line: how many passes were checked and the largest difference per output."""
+        worst: dict[str, float] = {}
+        for c in self.checks:
+            for k, d in c.diffs.items():
+                worst[k] = max(worst.get(k, 0.0), d)
+        diffs = ", ".join(f"{k} {d:.3g}" for k, d in worst.items()) or "-"
+        ran = sum(c.changed for c in self.checks)
+        return (f"numerics: {len(self.checks)} pass(es) checked against the golden model "
+                f"({ran} changed the graph); max abs diff per output: {diffs}")
+
+    # ---- helpers -----------------------------------------------------------------------
+    def _make_probe(self, graph: Graph) -> dict[str, np.ndarray]:
+        if self.inputs is None:
+            return probe_inputs(graph, self.seed)
+        missing = [v.name for v in graph.inputs if v.name not in self.inputs]
+        if missing:
+            raise PassError(f"numeric verification: probe inputs lack graph input(s) {missing}")
+        return {v.name: np.asarray(self.inputs[v.name]) for v in graph.inputs}
+
+    def _golden(self, graph: Graph, what: str, pass_: Pass | None = None) -> dict[str, np.ndarray]:
+        try:
+            return run(graph, self.probe)
+        except BevirError as e:
+            err = PassError(f"numeric verification: the golden interpreter failed on {what}: {e}")
+            err.pass_name = pass_.name if pass_ is not None else None
+            raise err from e
+
+    def _exact(self, ref: np.ndarray) -> bool:
+        """Whether an output must stay bit-identical: not float, or a quantized graph."""
+        return ref.dtype.kind != "f" or self._quantized
+
+    def _bounds(self, pass_: Pass) -> dict[str, float]:
+        return {k: 0.0 if self._exact(ref) else max(pass_.tolerance * _magnitude(ref), self.atol)
+                for k, ref in self._reference.items()}
+
+    def _compare(self, pass_: Pass, actual: Mapping[str, np.ndarray]) -> NumericsCheck:
+        diffs = {k: max_abs_diff(ref, actual[k]) if k in actual else float("inf")
+                 for k, ref in self._reference.items()}
+        return NumericsCheck(self._index, str(pass_), True, diffs, self._bounds(pass_))
+
+    def _mismatch(self, pass_: Pass, check: NumericsCheck,
+                  actual: dict[str, np.ndarray]) -> PassError:
+        culprit, how = self._find_rewrite(pass_) if self.bisect else (None, "bisection is off")
+        outputs = "; ".join(self._describe(k, check, actual) for k in check.failing)
+        found = f"first differing {culprit} ({how})" if culprit else how
+        message = f"pass '{pass_.name}' changed the results: {outputs}; {found}"
+        path = self._write_reproducer(pass_, actual, message)
+        err = PassError(f"{message}; reproducer: {path}")
+        err.pass_name, err.output, err.rewrite = pass_.name, check.failing[0], culprit
+        if culprit is not None:
+            err.node, err.op, err.loc = culprit.node, culprit.op, culprit.loc
+        return err
+
+    def _describe(self, name: str, check: NumericsCheck, actual: dict[str, np.ndarray]) -> str:
+        ref, bound = self._reference[name], check.bounds[name]
+        got = actual.get(name)
+        if got is None:
+            return f"output '{name}' is gone"
+        if got.shape != ref.shape or got.dtype != ref.dtype:
+            return (f"output '{name}' is {got.dtype}{list(got.shape)}, "
+                    f"was {ref.dtype}{list(ref.shape)}")
+        need = "must be bit-identical" if self._exact(ref) else f"allowed {bound:.3g}"
+        return f"output '{name}' max abs diff {check.diffs[name]:.3g} ({need})"
+
+    # ---- bisection ---------------------------------------------------------------------
+    def _trial(self, pass_: Pass, limit: int | None) -> tuple[bool, RewriteLog]:
+        """Re-run a fresh copy of the pass on a copy of its input under ``limit_rewrites
+        (limit)``: (whether the results differ, the rewrite log)."""
+        g = self._before.clone()
+        with limit_rewrites(limit) as log:
+            try:
+                dataclasses.replace(pass_).run(g, AnalysisManager(g))
+                actual = run(g, self.probe)
+            except Exception:               # a partial rewrite that breaks counts as wrong
+                return True, log
+        return not self._compare(pass_, actual).ok, log
+
+    def _find_rewrite(self, pass_: Pass) -> tuple[RewriteRecord | None, str]:
+        """The first rewrite after which the results differ, or why none can be named."""
+        bad, full = self._trial(pass_, None)
+        if not bad:
+            return None, ("cannot narrow down: re-running the pass on a copy of its input "
+                          "does not reproduce the mismatch")
+        if full.count == 0:
+            return None, ("cannot narrow down: the pass made no rewrite through the rewrite "
+                          "budget (bevir.passes.rewrites.rewrite_permitted)")
+        if self._trial(pass_, 0)[0]:
+            return None, ("cannot narrow down: the results differ even with no rewrite "
+                          "permitted (the pass changes the graph outside rewrite_permitted)")
+        good, bad_at = 0, full.count
+        while bad_at - good > 1:
+            mid = (good + bad_at) // 2
+            if self._trial(pass_, mid)[0]:
+                bad_at = mid
+            else:
+                good = mid
+        return full.entries[bad_at - 1], f"bisected over {full.count} rewrites"
+
+    # ---- reproducer --------------------------------------------------------------------
+    def _write_reproducer(self, pass_: Pass, actual: dict[str, np.ndarray], message: str) -> Path:
+        """graph.bevir (+ graph.safetensors: the graph before the pass), inputs-,
+        expected- and actual.safetensors, pipeline.txt and rewrite.txt."""
+        path = self.reproducer_dir or Path(tempfile.mkdtemp(prefix="bevir-numerics-"))
+        path.mkdir(parents=True, exist_ok=True)
+        save(self._before, path / "graph.bevir")
+        for name, arrays in (("inputs", self.probe), ("expected", self._reference),
+                             ("actual", actual)):
+            save_file({k: np.ascontiguousarray(v) for k, v in arrays.items()},
+                      str(path / f"{name}.safetensors"))
+        (path / "pipeline.txt").write_text(f"{pass_}\n")
+        (path / "rewrite.txt").write_text(
+            f"{message}\n\nreplay: bevir opt {path / 'graph.bevir'} -p '{pass_}' "
+            f"--verify-numerics --probe-inputs {path / 'inputs.safetensors'}\n")
+        self.reproducer = path
+        return path
+
+
+def _is_quantized(graph: Graph) -> bool:
+    """Whether any value of the graph carries quantization (an integer graph)."""
+    return any(v.type.quant is not None for v in graph.values())

@@ -25,9 +25,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
+
+import numpy as np
 
 from ..errors import BevirError, PassError
 from ..ir.graph import Graph
@@ -48,11 +50,22 @@ class Pass:
     ``description`` (one line) and ``preserves`` (analysis classes that stay valid when the
     pass changes the graph; every other cached analysis is dropped). Dataclass fields are
     the options: ``int``, ``float``, ``bool`` or ``str``, with defaults.
+
+    Numerics, as :class:`~bevir.passes.instruments.VerifyNumerics` checks them against the
+    golden interpreter: ``semantics_preserving`` (default True) says the graph computes
+    the same after the pass; a pass that means to change results (quantization) sets it
+    False and is not checked. ``tolerance`` (default 0.0) bounds the change a preserving
+    pass may make to a float output, relative to that output's magnitude: at most
+    ``tolerance * max|output|`` per element (e.g. a reassociating fusion). Integer and
+    boolean outputs, and every output of a quantized graph, must stay bit-identical
+    whatever the tolerance.
     """
 
     name: ClassVar[str]
     description: ClassVar[str] = ""
     preserves: ClassVar[tuple[type, ...]] = ()
+    semantics_preserving: ClassVar[bool] = True
+    tolerance: ClassVar[float] = 0.0
 
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)
@@ -290,19 +303,29 @@ class PassManager:
     ``passes``: pass instances or pipeline text. ``instruments``: :class:`Instrument`
     objects, called in order. ``verify_each``: verify the input and the graph after every
     pass (adds a :class:`~bevir.passes.instruments.VerifyEach` unless one is given).
+    ``verify_numerics``: True, or probe inputs (name -> array), checks every
+    semantics-preserving pass against the golden interpreter (adds a
+    :class:`~bevir.passes.instruments.VerifyNumerics` unless one is given; give one
+    yourself for its other options). Verification runs before numeric verification.
     A pass that raises, or leaves invalid IR, stops the pipeline with a PassError naming it.
     """
 
     def __init__(self, passes: str | Sequence[Pass] = (), instruments: Sequence[Instrument] = (),
-                 verify_each: bool = True):
-        from .instruments import VerifyEach
+                 verify_each: bool = True,
+                 verify_numerics: bool | Mapping[str, np.ndarray] = False):
+        from .instruments import VerifyEach, VerifyNumerics
         self.passes: list[Pass] = parse_pipeline(passes) if isinstance(passes, str) else list(passes)
         for p in self.passes:
             if not isinstance(p, Pass):
                 raise PassError(f"not a pass: {p!r}")
         self.instruments = list(instruments)
-        if verify_each and not any(isinstance(i, VerifyEach) for i in self.instruments):
-            self.instruments.append(VerifyEach())
+        if verify_numerics is not False and not _has(self.instruments, VerifyNumerics):
+            probe = None if verify_numerics is True else verify_numerics
+            self.instruments.append(VerifyNumerics(probe))
+        if verify_each and not _has(self.instruments, VerifyEach):
+            first = next((k for k, i in enumerate(self.instruments)
+                          if isinstance(i, VerifyNumerics)), len(self.instruments))
+            self.instruments.insert(first, VerifyEach())
 
     def add(self, pass_: Pass | str) -> PassManager:
         self.passes += parse_pipeline(pass_) if isinstance(pass_, str) else [pass_]
@@ -351,9 +374,14 @@ class PassManager:
             inst.on_failure(p, text, error)
 
 
+def _has(instruments: Sequence[Instrument], cls: type) -> bool:
+    return any(isinstance(i, cls) for i in instruments)
+
+
 def optimize(graph: Graph, pipeline: str | Sequence[Pass] = "canonicalize,cse,dce",
              **pm_kwargs) -> Graph:
-    """Run ``pipeline`` on ``graph`` in place (see :class:`PassManager`) and return it."""
+    """Run ``pipeline`` on ``graph`` in place (see :class:`PassManager`) and return it;
+    e.g. ``optimize(graph, "canonicalize,cse", verify_numerics=True)``."""
     return PassManager(pipeline, **pm_kwargs).run(graph)
 
 

@@ -1,0 +1,778 @@
+"""bevir's own fixed-point integer ops: the INT8 scheme of the BEVFormer encoder, decoder
+and heads.
+
+Activations are ``i8`` with a per-tensor power-of-two scale, ``FixedPointQuant((f,))`` in
+the type: real = q * 2**-f. Weights are ``i8`` per tensor or per output channel, either
+``FixedPointQuant`` or symmetric ``AffineQuant`` (zero point 0) where a scale is not a
+power of two. Biases and accumulators are ``i32``. Every op takes its result's frac bits as
+the attribute ``out_frac_bits`` and builds the result type from it.
+
+Integer conventions, shared by every op here and by the code generator:
+
+- rounding is *round half up*: ``rshift_round(v, s) = (v + (1 << (s - 1))) >> s``
+  (arithmetic shift, so ties go toward +inf: 2.5 -> 3, -2.5 -> -2); a shift s <= 0 is an
+  exact left shift;
+- requantization (:class:`Rescale`) is ``saturate((acc * m + (1 << (n - 1))) >> n)`` in
+  64-bit integers: m = 1, n = the frac-bit difference for power-of-two scales; otherwise
+  m is an int32 in [2**30, 2**31) and n in [1, 62] (:func:`quantize_multiplier`);
+- saturation clamps to the result dtype's range (int8: [-128, 127]);
+- nonlinear functions are tables or exact integer formulas defined by the functions
+  :func:`lut_table`, :func:`softmax_exp_table`, :func:`div_table` and
+  :func:`rsqrt_fixed`, which the golden model and a code generator share.
+
+docs/numerics.md ("bevir fixed-point ops") gives each op's formulas and error bounds. Matrix products go through
+BLAS in float32 with the reduction split into blocks of 1024 (every partial sum of int8
+products stays within 2**24, so it is exact); convolutions through linalg's im2col GEMMs
+in float64 (exact below 2**53). No integer numpy matmul.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import InterpreterError
+from ..ir.types import AffineQuant, DType, FixedPointQuant, Layout, Quant, TensorType
+from .attention import _levels
+from .common import broadcast_types, norm_axis, require
+from .linalg import NCHW_CHANNEL_LIMIT, conv2d_nchw, conv2d_nhwc, from_nhwc, to_nhwc
+from .quant import _CONV_ATTRS, _b_axis, _conv_shape, _matmul_shape
+from .registry import Float, Int, Ints, OpDef, Str, get_op
+
+I8, I16, I32 = DType.i8, DType.i16, DType.i32
+INT_TYPES = (DType.i8, DType.i16, DType.i32, DType.i64, DType.u8)
+#: K block of the float32 matmul: 1024 * 128 * 128 = 2**24, the largest exact float32 integer run
+F32_EXACT_K = 1 << 10
+#: the longest reduction of an int8 product op (|sum| <= 2**16 * 2**14 = 2**30 fits int32)
+MAX_REDUCTION = 1 << 16
+#: frac bits of the normalized value inside fx_layer_norm
+NORM_FRAC = 16
+#: fx_softmax: frac bits of the exp table and the power of two of the reciprocal
+EXP_FRAC, RECIP_BITS = 15, 46
+
+
+# ---- integer primitives ------------------------------------------------------------------
+def saturate(v: np.ndarray, dtype=np.int8) -> np.ndarray:
+    """Clamp to the range of the integer ``dtype`` and convert."""
+    info = np.iinfo(dtype)
+    return np.clip(v, info.min, info.max).astype(dtype)
+
+
+def rshift_round(v, shift) -> np.ndarray:
+    """round_half_up(v / 2**shift) for int64 ``v``: ``(v + (1 << (shift-1))) >> shift``;
+    a shift <= 0 is the exact left shift ``v << -shift``. ``shift`` broadcasts (per
+    channel, per row)."""
+    v = np.asarray(v, np.int64)
+    s = np.asarray(shift, np.int64)
+    right = np.maximum(s, 0)
+    half = np.where(right > 0, np.left_shift(np.int64(1), np.maximum(right - 1, 0)), 0)
+    return np.left_shift(np.right_shift(v + half, right), np.maximum(-s, 0))
+
+
+def quantize_multiplier(ratio: float) -> tuple[int, int]:
+    """(m, n) with ratio ~= m * 2**-n, m an int32 in [2**30, 2**31): frexp of the float64
+    ratio, mantissa * 2**31 rounded half up (a carry to 2**31 renormalizes)."""
+    require(ratio > 0 and math.isfinite(ratio), f"requantization ratio {ratio} must be positive")
+    f, e = math.frexp(ratio)
+    m = math.floor(f * 2.0 ** 31 + 0.5)
+    if m == 1 << 31:
+        m, e = 1 << 30, e + 1
+    return m, 31 - e
+
+
+@dataclass(frozen=True)
+class Rescale:
+    """Requantization of an accumulator: ``saturate((acc * m + (1 << (n-1))) >> n)``, one
+    (m, n) per tensor or per channel. m = 1 for power-of-two ratios (n may then be <= 0)."""
+
+    multiplier: tuple[int, ...]
+    shift: tuple[int, ...]
+
+    @staticmethod
+    def of(acc: Quant, out_frac: int) -> Rescale:
+        """From the accumulator's quantization to frac bits ``out_frac`` (raises VerifyError
+        for shifts or ratios out of range, or an affine zero point)."""
+        if isinstance(acc, FixedPointQuant):
+            shifts = tuple(f - out_frac for f in acc.frac_bits)
+            require(all(-31 <= s <= 62 for s in shifts),
+                    f"requantization shift {shifts} from frac bits {list(acc.frac_bits)} to "
+                    f"{out_frac} is outside [-31, 62]")
+            return Rescale((1,) * len(shifts), shifts)
+        require(all(z == 0 for z in acc.zero_point), "affine quantization must be symmetric "
+                f"(zero point 0), got zero points {list(acc.zero_point)}")
+        pairs = [quantize_multiplier(math.ldexp(s, out_frac)) for s in acc.scale]
+        require(all(1 <= n <= 62 for _, n in pairs), f"requantization ratio of scale "
+                f"{list(acc.scale)} to frac bits {out_frac} is out of range")
+        return Rescale(tuple(m for m, _ in pairs), tuple(n for _, n in pairs))
+
+    def apply(self, acc: np.ndarray, axis: int | None = None, dtype=np.int8) -> np.ndarray:
+        """Requantize ``acc`` (|acc| < 2**31), per channel along ``axis`` when per channel."""
+        m, n = np.asarray(self.multiplier, np.int64), np.asarray(self.shift, np.int64)
+        if m.size > 1:
+            shape = [1] * acc.ndim
+            shape[axis] = -1
+            m, n = m.reshape(shape), n.reshape(shape)
+        else:
+            m, n = m.reshape(()), n.reshape(())
+        return saturate(rshift_round(np.asarray(acc, np.int64) * m, n), dtype)
+
+
+def int_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The exact int64 ``a @ b`` (numpy matmul rules) of int8 operands through float32 BLAS,
+    the reduction split into blocks of F32_EXACT_K so every partial sum is exact."""
+    a2 = a[None, :] if a.ndim == 1 else a
+    b2 = b[:, None] if b.ndim == 1 else b
+    af, bf = a2.astype(np.float32), b2.astype(np.float32)
+    acc = None
+    for i in range(0, a2.shape[-1], F32_EXACT_K):
+        part = np.matmul(af[..., i:i + F32_EXACT_K], bf[..., i:i + F32_EXACT_K, :]).astype(np.int64)
+        acc = part if acc is None else acc + part
+    if a.ndim == 1:
+        acc = acc[..., 0, :]
+    return acc[..., 0] if b.ndim == 1 else acc
+
+
+def rsqrt_fixed(n: np.ndarray, c: int) -> tuple[np.ndarray, np.ndarray]:
+    """(R, k) per element of the positive int64 ``n``: R = floor(2**k * sqrt(c / n)) exactly,
+    k = (61 + bitlen(n) - bitlen(c)) // 2, so that R lies in [2**29, 2**31)."""
+    uniq, inverse = np.unique(n, return_inverse=True)
+    r, k = np.empty(uniq.shape, np.int64), np.empty(uniq.shape, np.int64)
+    for i, v in enumerate(uniq.tolist()):
+        k[i] = (61 + v.bit_length() - c.bit_length()) // 2
+        r[i] = math.isqrt((c << (2 * int(k[i]))) // v)
+    return r[inverse].reshape(n.shape), k[inverse].reshape(n.shape)
+
+
+# ---- type helpers ------------------------------------------------------------------------
+def fixed_quant(t: TensorType, what: str, dtypes=(I8,), axis: int | None = None) -> FixedPointQuant:
+    """The operand's fixed-point quantization, per tensor (or per channel along ``axis``
+    where given); raises VerifyError for another dtype or quantization."""
+    require(t is not None and t.dtype in dtypes,
+            f"{what} must be {'/'.join(str(d) for d in dtypes)}, got {t}")
+    q = t.quant
+    require(isinstance(q, FixedPointQuant),
+            f"{what} must carry fixed-point quantization (fixed<frac_bits=...>), got {t}")
+    require(q.axis is None or (axis is not None and q.axis == axis),
+            f"{what} must be quantized per tensor" +
+            ("" if axis is None else f" or per channel on axis {axis}") + f", got {t}")
+    return q
+
+
+def frac_of(t: TensorType, what: str, dtypes=(I8,)) -> int:
+    """The frac bits of a per-tensor fixed-point operand."""
+    return fixed_quant(t, what, dtypes).frac_bits[0]
+
+
+def weight_quant(t: TensorType, what: str, axis: int | None) -> Quant:
+    """An i8 weight's quantization: fixed point or symmetric affine, per tensor or per
+    channel along ``axis``."""
+    require(t.dtype is I8, f"{what} must be i8, got {t}")
+    q = t.quant
+    if isinstance(q, AffineQuant):
+        require(all(z == 0 for z in q.zero_point),
+                f"{what} must be symmetric (zero point 0), got {t}")
+        require(q.axis is None or q.axis == axis, f"{what} must be quantized per tensor or per "
+                f"channel on axis {axis}, got {t}")
+        return q
+    return fixed_quant(t, what, (I8,), axis)
+
+
+def fixed_type(shape, frac: int, layout: Layout = Layout.plain, dtype: DType = I8) -> TensorType:
+    """A per-tensor fixed-point type (the layout kept only on rank-4 shapes)."""
+    shape = tuple(shape)
+    return TensorType(shape, dtype, layout if len(shape) == 4 else Layout.plain,
+                      FixedPointQuant((frac,)))
+
+
+def acc_quant(x_frac: int, wq: Quant) -> Quant:
+    """The quantization of the int32 accumulator of an x (frac ``x_frac``) by w product,
+    one parameter per tensor or per output channel."""
+    if isinstance(wq, FixedPointQuant):
+        return FixedPointQuant(tuple(x_frac + f for f in wq.frac_bits))
+    return AffineQuant(tuple(math.ldexp(s, -x_frac) for s in wq.scale), (0,) * wq.channels)
+
+
+def _params(q: Quant, n: int) -> tuple:
+    """A quantization's parameters as a tuple of n per-channel entries (for comparison)."""
+    if isinstance(q, FixedPointQuant):
+        vals = tuple(("fixed", f) for f in q.frac_bits)
+    else:
+        vals = tuple(("affine", s, z) for s, z in zip(q.scale, q.zero_point))
+    return vals * n if len(vals) == 1 else vals
+
+
+def check_bias(b: TensorType | None, n: int, acc: Quant) -> None:
+    """A bias is i32 [n], in the accumulator's units: unquantized, or quantized exactly as
+    the accumulator (per tensor or per channel on axis 0)."""
+    if b is None:
+        return
+    require(b.dtype is I32 and b.shape == (n,), f"bias must be i32 [{n}], got {b}")
+    require(b.quant is None or _params(b.quant, n) == _params(acc, n),
+            f"bias quantization {b.quant} differs from the accumulator's {acc}")
+
+
+def _require_out_frac(frac: int, lo: int = -31, hi: int = 31) -> None:
+    require(lo <= frac <= hi, f"out_frac_bits {frac} outside [{lo}, {hi}]")
+
+
+_OUT = {"out_frac_bits": Int()}
+
+
+# ---- requantization ----------------------------------------------------------------------
+class FxRequantize(OpDef):
+    """x (i8/i16/i32; fixed point or symmetric affine, per tensor or per channel) -> i8
+    fixed<out_frac_bits>: Rescale.of(x's quantization, out_frac_bits)."""
+
+    name = "fx_requantize"
+    operands = ("x",)
+    attrs = dict(_OUT)
+
+    def infer(self, c, x):
+        require(x.dtype in (I8, I16, I32), f"x must be i8/i16/i32, got {x}")
+        require(x.quant is not None, f"x must carry quantization, got {x}")
+        _require_out_frac(c.out_frac_bits)
+        Rescale.of(x.quant, c.out_frac_bits)
+        return fixed_type(x.shape, c.out_frac_bits, x.layout)
+
+    def compute(self, c, x):
+        q = c.in_types[0].quant
+        return Rescale.of(q, c.out_frac_bits).apply(x, q.axis)
+
+
+# ---- matrix products ---------------------------------------------------------------------
+class _FxProduct(OpDef):
+    """Shared by the int8 product ops: acc = exact sum of int8 products, + bias, saturated
+    to int32, requantized per tensor or per output channel by Rescale."""
+
+    attrs = dict(_OUT)
+
+    def weight_axis(self, w: TensorType) -> int | None:
+        """The axis of w along which it may be quantized per output channel."""
+        raise NotImplementedError
+
+    def out_shape(self, c, x: TensorType, w: TensorType) -> tuple:
+        raise NotImplementedError
+
+    def reduction(self, c, x: TensorType, w: TensorType) -> int:
+        return x.shape[-1]
+
+    def accumulate(self, c, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def _acc_quant(self, c) -> Quant:
+        x, w = c.in_types[0], c.in_types[1]
+        return acc_quant(x.quant.frac_bits[0], w.quant)
+
+    def infer(self, c, x, w, b=None):
+        xf = frac_of(x, "x")
+        wq = weight_quant(w, "w", self.weight_axis(w))
+        shape = self.out_shape(c, x, w)
+        k = self.reduction(c, x, w)
+        require(1 <= k <= MAX_REDUCTION, f"reduction length {k} outside [1, {MAX_REDUCTION}]")
+        acc = acc_quant(xf, wq)
+        channels = shape[self.channel_axis(shape, x)] if shape else 1
+        require(acc.channels in (1, channels), "per-channel weight parameters do not fit")
+        check_bias(b, channels, acc)
+        _require_out_frac(c.out_frac_bits)
+        Rescale.of(acc, c.out_frac_bits)
+        return fixed_type(shape, c.out_frac_bits, x.layout)
+
+    def channel_axis(self, shape: tuple, x: TensorType) -> int:
+        """The result axis of the output channels (per-channel parameters run along it)."""
+        return len(shape) - 1
+
+    def compute(self, c, x, w, b=None):
+        acc = self.accumulate(c, x, w)
+        axis = self.channel_axis(c.out_types[0].shape, c.in_types[0])
+        if b is not None:
+            shape = [1] * acc.ndim
+            shape[axis] = -1
+            acc = acc + b.astype(np.int64).reshape(shape)
+        acc = saturate(acc, np.int32)
+        return Rescale.of(self._acc_quant(c), c.out_frac_bits).apply(acc, axis)
+
+    def macs(self, c):
+        return c.out_types[0].numel * self.reduction(c, *c.in_types[:2])
+
+
+class FxMatMul(_FxProduct):
+    """a (i8 fixed, per tensor) @ b (i8 weight: fixed or symmetric affine, per tensor or per
+    column) + bias (i32 [N], optional) -> i8 fixed<out_frac_bits>; numpy matmul shapes."""
+
+    name = "fx_matmul"
+    operands = ("a", "b", "bias?")
+
+    def weight_axis(self, w):
+        return _b_axis(w)
+
+    def out_shape(self, c, a, b):
+        return _matmul_shape(a, b)
+
+    def infer(self, c, a, b, bias=None):
+        require(bias is None or b.rank >= 2, "a bias needs a 2-D (or batched) b")
+        return super().infer(c, a, b, bias)
+
+    def accumulate(self, c, a, b):
+        return int_matmul(a, b)
+
+
+class FxLinear(_FxProduct):
+    """x (i8 fixed, per tensor, [..., K]) by w (i8 [N, K], torch layout; fixed or symmetric
+    affine, per tensor or per output channel on axis 0) + b (i32 [N], optional) -> i8
+    fixed<out_frac_bits> [..., N]."""
+
+    name = "fx_linear"
+    operands = ("x", "w", "b?")
+
+    def weight_axis(self, w):
+        return 0
+
+    def out_shape(self, c, x, w):
+        require(x.rank >= 1 and w.rank == 2 and w.shape[1] == x.shape[-1],
+                f"w must be [N, {x.shape[-1] if x.rank else '?'}], got {w} for x {x}")
+        return x.shape[:-1] + (w.shape[0],)
+
+    def accumulate(self, c, x, w):
+        k = x.shape[-1]
+        return int_matmul(x.reshape(-1, k), w.T).reshape(*x.shape[:-1], w.shape[0])
+
+
+class FxConv2d(_FxProduct):
+    """2-D convolution as conv2d (NCHW or NHWC x; w [O, C/groups, KH, KW] fixed or symmetric
+    affine, per tensor or per output channel on axis 0; b i32 [O]) -> i8 fixed<out_frac_bits>."""
+
+    name = "fx_conv2d"
+    operands = ("x", "w", "b?")
+    attrs = {**_CONV_ATTRS, **_OUT}
+
+    def weight_axis(self, w):
+        return 0
+
+    def out_shape(self, c, x, w):
+        return _conv_shape(c, x, w)
+
+    def channel_axis(self, shape, x):
+        return 3 if x.layout is Layout.nhwc else 1
+
+    def reduction(self, c, x, w):
+        return w.shape[1] * w.shape[2] * w.shape[3]
+
+    def accumulate(self, c, x, w):
+        layout = c.in_types[0].layout
+        if layout is not Layout.nhwc and c.groups == 1 and x.shape[1] < NCHW_CHANNEL_LIMIT:
+            y = conv2d_nchw(x, w, c.strides, c.pads, c.dilations, acc_dtype=np.float64)
+        else:
+            y = from_nhwc(conv2d_nhwc(to_nhwc(x, layout), w, c.strides, c.pads, c.dilations,
+                                      c.groups, acc_dtype=np.float64), layout)
+        return y.astype(np.int64)
+
+
+# ---- elementwise arithmetic --------------------------------------------------------------
+def _broadcast(a: TensorType, b: TensorType) -> TensorType:
+    return broadcast_types(a.with_(quant=None, dtype=I8), b.with_(quant=None, dtype=I8))
+
+
+class _FxAddSub(OpDef):
+    """a +/- b for i8 fixed operands: both shifted left to the larger frac bits F (exact),
+    summed, then rshift_round by F - out_frac_bits and saturated; broadcasting."""
+
+    operands = ("a", "b")
+    attrs = dict(_OUT)
+    sign = 1
+
+    def infer(self, c, a, b):
+        fa, fb = frac_of(a, "a"), frac_of(b, "b")
+        require(abs(fa - fb) <= 31, f"frac bits {fa} and {fb} differ by more than 31")
+        _require_out_frac(c.out_frac_bits)
+        Rescale.of(FixedPointQuant((max(fa, fb),)), c.out_frac_bits)
+        t = _broadcast(a, b)
+        return fixed_type(t.shape, c.out_frac_bits, t.layout)
+
+    def compute(self, c, a, b):
+        fa, fb = (t.quant.frac_bits[0] for t in c.in_types)
+        f = max(fa, fb)
+        s = (a.astype(np.int64) << (f - fa)) + self.sign * (b.astype(np.int64) << (f - fb))
+        return saturate(rshift_round(s, f - c.out_frac_bits))
+
+
+class FxAdd(_FxAddSub):
+    """a + b (see _FxAddSub)."""
+
+    name = "fx_add"
+
+
+class FxSub(_FxAddSub):
+    """a - b (see _FxAddSub)."""
+
+    name = "fx_sub"
+    sign = -1
+
+
+class FxMul(OpDef):
+    """a (i8 fixed) * b (i8/i16 fixed; e.g. a constant): the exact product (frac fa + fb),
+    rshift_round by fa + fb - out_frac_bits, saturated; broadcasting."""
+
+    name = "fx_mul"
+    operands = ("a", "b")
+    attrs = dict(_OUT)
+
+    def infer(self, c, a, b):
+        fa, fb = frac_of(a, "a"), frac_of(b, "b", (I8, I16))
+        _require_out_frac(c.out_frac_bits)
+        Rescale.of(FixedPointQuant((fa + fb,)), c.out_frac_bits)
+        t = _broadcast(a, b)
+        return fixed_type(t.shape, c.out_frac_bits, t.layout)
+
+    def compute(self, c, a, b):
+        f = sum(t.quant.frac_bits[0] for t in c.in_types)
+        return saturate(rshift_round(a.astype(np.int64) * b, f - c.out_frac_bits))
+
+
+@functools.lru_cache(maxsize=None)
+def div_table(max_count: int, den_shift: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """fx_div's reciprocals: for d = 1..max_count and den = d << den_shift,
+    m_pos[d] = ceil(2**S / den), m_neg[d] = floor(2**S / den), S = bitlen(258 * den_max**2)
+    (index 0 unused). Read-only arrays; the same for golden model and code generator."""
+    s = (258 * (max_count << den_shift) ** 2).bit_length()
+    den = [d << den_shift for d in range(1, max_count + 1)]
+    m_pos = np.array([0] + [-((-1 << s) // v) for v in den], np.int64)
+    m_neg = np.array([0] + [(1 << s) // v for v in den], np.int64)
+    for t in (m_pos, m_neg):
+        t.setflags(write=False)
+    return m_pos, m_neg, s
+
+
+class FxDiv(OpDef):
+    """x (i8/i16/i32 fixed) / count (an integer tensor, e.g. the cameras that see a query;
+    broadcast to x; divisor max(count, 1) <= max_count) -> i8 fixed<out_frac_bits>: the
+    exactly rounded (half up) quotient through a reciprocal multiplier (div_table)."""
+
+    name = "fx_div"
+    operands = ("x", "count")
+    attrs = {**_OUT, "max_count": Int(255)}
+
+    def _shifts(self, c, fx: int) -> tuple[int, int]:
+        """(left shift of x, left shift of the divisor) from the frac-bit change."""
+        t = c.out_frac_bits - fx
+        return max(t, 0), max(-t, 0)
+
+    def infer(self, c, x, count):
+        fx = frac_of(x, "x", (I8, I16, I32))
+        require(count.dtype in INT_TYPES and count.quant is None,
+                f"count must be an unquantized integer tensor, got {count}")
+        require(np.broadcast_shapes(x.shape, count.shape) == x.shape,
+                f"count {list(count.shape)} does not broadcast to x {list(x.shape)}")
+        require(1 <= c.max_count <= 1 << 16, f"max_count {c.max_count} outside [1, 65536]")
+        _require_out_frac(c.out_frac_bits)
+        xs, ds = self._shifts(c, fx)
+        require(xs <= 31 and div_table(c.max_count, ds)[2] <= 54,
+                f"frac bits {fx} -> {c.out_frac_bits} with max_count {c.max_count}: "
+                "shift out of range")
+        return fixed_type(x.shape, c.out_frac_bits, x.layout)
+
+    def compute(self, c, x, count):
+        xs, ds = self._shifts(c, c.in_types[0].quant.frac_bits[0])
+        d = np.broadcast_to(np.maximum(count.astype(np.int64), 1), x.shape)
+        if d.max(initial=1) > c.max_count:
+            raise InterpreterError(f"count {int(d.max())} exceeds max_count {c.max_count}")
+        m_pos, m_neg, s = div_table(c.max_count, ds)
+        den = d << ds
+        num = np.clip(x.astype(np.int64) << xs, -129 * den, 129 * den)
+        m = np.where(num >= 0, m_pos[d], m_neg[d])
+        return saturate((num * m + (1 << (s - 1))) >> s)
+
+
+class FxRelu(OpDef):
+    """max(x, 0) of i8 fixed x, requantized to out_frac_bits (default: x's frac bits)."""
+
+    name = "fx_relu"
+    operands = ("x",)
+    attrs = {"out_frac_bits": Int(None)}
+
+    def _out_frac(self, c, fx: int) -> int:
+        return fx if c.out_frac_bits is None else c.out_frac_bits
+
+    def infer(self, c, x):
+        fx = frac_of(x, "x")
+        fy = self._out_frac(c, fx)
+        _require_out_frac(fy)
+        Rescale.of(FixedPointQuant((fx,)), fy)
+        return fixed_type(x.shape, fy, x.layout)
+
+    def compute(self, c, x):
+        fx = c.in_types[0].quant.frac_bits[0]
+        return saturate(rshift_round(np.maximum(x, 0), fx - self._out_frac(c, fx)))
+
+
+# ---- lookup tables -----------------------------------------------------------------------
+def _table_from_real(y: np.ndarray, out_frac: int) -> np.ndarray:
+    """round_half_up(y * 2**out_frac) saturated to int8 (NaN -> -128), read-only."""
+    v = np.nan_to_num(np.ldexp(np.asarray(y, np.float64), out_frac), nan=-np.inf)
+    t = saturate(np.floor(np.clip(v, -129.0, 128.0) + 0.5))
+    t.setflags(write=False)
+    return t
+
+
+@functools.lru_cache(maxsize=None)
+def _cached_table(op: str, in_frac: int, out_frac: int, attrs: tuple) -> np.ndarray:
+    codes = np.ldexp(np.arange(-128, 128, dtype=np.float64), -in_frac)
+    with np.errstate(all="ignore"):
+        return _table_from_real(get_op(op).real(codes, **dict(attrs)), out_frac)
+
+
+def lut_table(op: str, in_frac_bits: int, out_frac_bits: int, **attrs) -> np.ndarray:
+    """The 256-entry int8 table of LUT op ``op``: entry i is the result for the input code
+    i - 128, round_half_up(f((i - 128) * 2**-in_frac_bits) * 2**out_frac_bits) in float64,
+    saturated. Attributes as the op takes them (defaults filled in). Cached, read-only."""
+    full = get_op(op).check_attrs({**attrs, "out_frac_bits": out_frac_bits})
+    rest = tuple(sorted((k, v) for k, v in full.items() if k != "out_frac_bits"))
+    return _cached_table(op, int(in_frac_bits), int(out_frac_bits), rest)
+
+
+class _FxLookup(OpDef):
+    """An elementwise function of i8 fixed x as a 256-entry table (lut_table)."""
+
+    operands = ("x",)
+    attrs = dict(_OUT)
+
+    def real(self, v: np.ndarray, **attrs) -> np.ndarray:
+        """The function in float64."""
+        raise NotImplementedError
+
+    def infer(self, c, x):
+        frac_of(x, "x")
+        _require_out_frac(c.out_frac_bits)
+        return fixed_type(x.shape, c.out_frac_bits, x.layout)
+
+    def compute(self, c, x):
+        attrs = {k: v for k, v in c.attrs.items() if k != "out_frac_bits"}
+        table = lut_table(self.name, c.in_types[0].quant.frac_bits[0], c.out_frac_bits, **attrs)
+        return table[x.astype(np.intp) + 128]
+
+
+class FxSigmoid(_FxLookup):
+    """1 / (1 + exp(-x)) as a table."""
+
+    name = "fx_sigmoid"
+
+    def real(self, v):
+        return 0.5 * (1.0 + np.tanh(0.5 * v))
+
+
+class FxExp(_FxLookup):
+    """exp(x) as a table (saturating)."""
+
+    name = "fx_exp"
+
+    def real(self, v):
+        return np.exp(v)
+
+
+class FxLog(_FxLookup):
+    """log(x) as a table; x <= 0 gives -128."""
+
+    name = "fx_log"
+
+    def real(self, v):
+        return np.log(v)
+
+
+class FxInverseSigmoid(_FxLookup):
+    """BEVFormer's inverse_sigmoid: x clamped to [0, 1], log(max(x, eps) / max(1 - x, eps)),
+    as a table."""
+
+    name = "fx_inverse_sigmoid"
+    attrs = {**_OUT, "eps": Float(1e-5)}
+
+    def real(self, v, eps):
+        x = np.clip(v, 0.0, 1.0)
+        return np.log(np.maximum(x, eps) / np.maximum(1.0 - x, eps))
+
+
+class FxGelu(_FxLookup):
+    """GELU (erf, or the tanh approximation) as a table."""
+
+    name = "fx_gelu"
+    attrs = {**_OUT, "approximate": Str("none", ("none", "tanh"))}
+
+    def real(self, v, approximate):
+        if approximate == "tanh":
+            return 0.5 * v * (1 + np.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v ** 3)))
+        return 0.5 * v * (1 + np.array([math.erf(t / math.sqrt(2)) for t in v]))
+
+
+# ---- softmax -----------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def softmax_exp_table(in_frac: int) -> np.ndarray:
+    """fx_softmax's exp table: entry k = round_half_up(exp(-k * 2**-in_frac) * 2**15) for
+    k = max - x in 0..255 (int64, read-only)."""
+    k = np.arange(256, dtype=np.float64)
+    t = np.floor(np.ldexp(np.exp(-np.ldexp(k, -in_frac)), EXP_FRAC) + 0.5).astype(np.int64)
+    t.setflags(write=False)
+    return t
+
+
+class FxSoftmax(OpDef):
+    """Softmax along ``axis`` of i8 fixed x -> i8 fixed<out_frac_bits> (1..7, default 7):
+    e = softmax_exp_table[max - x], S = sum e, R = floor(2**46 / S),
+    y = min(127, rshift_round(e * R, 46 - out_frac_bits))."""
+
+    name = "fx_softmax"
+    operands = ("x",)
+    attrs = {"axis": Int(-1), "out_frac_bits": Int(7)}
+
+    def infer(self, c, x):
+        frac_of(x, "x")
+        axis = norm_axis(c.axis, x.rank)
+        require(1 <= x.shape[axis] < 1 << 16, f"softmax length {x.shape[axis]} outside [1, 65535]")
+        _require_out_frac(c.out_frac_bits, 1, 7)
+        return fixed_type(x.shape, c.out_frac_bits, x.layout)
+
+    def compute(self, c, x):
+        axis = norm_axis(c.axis, x.ndim)
+        xi = x.astype(np.intp)
+        e = softmax_exp_table(c.in_types[0].quant.frac_bits[0])[xi.max(axis, keepdims=True) - xi]
+        r = (1 << RECIP_BITS) // e.sum(axis, keepdims=True)
+        return saturate(rshift_round(e * r, RECIP_BITS - c.out_frac_bits))
+
+
+# ---- layer norm --------------------------------------------------------------------------
+def _ln_eps(epsilon: float, fx: int, ch: int) -> int:
+    """fx_layer_norm's epsilon in the units of V = sum(d**2): max(1, round(eps * 4**fx * C**3))."""
+    return max(1, math.floor(epsilon * 4.0 ** fx * ch ** 3 + 0.5))
+
+
+class FxLayerNorm(OpDef):
+    """Layer norm over the last axis (C <= 4096) of i8 fixed x, then * scale (i8/i16 fixed
+    [C]) + bias (i8/i16/i32 fixed [C]) -> i8 fixed<out_frac_bits>. Exact integer mean and
+    variance (d = C*x - sum x, V = sum d**2), E = max(1, round(eps * 4**fx * C**3)),
+    (R, k) = rsqrt_fixed(V + E, C), z = rshift_round(d * R, k - 16) (the normalized value
+    in Q16), y = rshift_round(z * g + (b << (16 + fg - fb)), 16 + fg - out_frac_bits)."""
+
+    name = "fx_layer_norm"
+    operands = ("x", "scale?", "bias?")
+    attrs = {"epsilon": Float(1e-5), **_OUT}
+
+    def infer(self, c, x, scale=None, bias=None):
+        frac_of(x, "x")
+        ch = x.shape[-1] if x.rank else 0
+        require(1 <= ch <= 4096, f"normalized length {ch} outside [1, 4096]")
+        fg = 0 if scale is None else frac_of(scale, "scale", (I8, I16))
+        for p, what in ((scale, "scale"), (bias, "bias")):
+            require(p is None or p.shape == (ch,), f"{what} must be [{ch}], got {p}")
+        if bias is not None:
+            fb = frac_of(bias, "bias", (I8, I16, I32))
+            require(0 <= NORM_FRAC + fg - fb <= 31,
+                    f"bias frac bits {fb} cannot be aligned to {NORM_FRAC + fg}")
+        require(0 < c.epsilon and _ln_eps(c.epsilon, frac_of(x, "x"), ch) < 1 << 60,
+                f"epsilon {c.epsilon} must be positive and below 2**60 in x's squared units")
+        _require_out_frac(c.out_frac_bits)
+        Rescale.of(FixedPointQuant((NORM_FRAC + fg,)), c.out_frac_bits)
+        return fixed_type(x.shape, c.out_frac_bits, x.layout)
+
+    def normalized(self, c, x: np.ndarray) -> np.ndarray:
+        """z: (x - mean) / sqrt(var + eps) in Q16 (int64)."""
+        ch, fx = x.shape[-1], c.in_types[0].quant.frac_bits[0]
+        xi = x.astype(np.int64)
+        d = ch * xi - xi.sum(-1, keepdims=True)
+        n = (d * d).sum(-1, keepdims=True) + _ln_eps(c.epsilon, fx, ch)
+        r, k = rsqrt_fixed(n, ch)
+        return rshift_round(d * r, k - NORM_FRAC)
+
+    def compute(self, c, x, scale=None, bias=None):
+        z = self.normalized(c, x)
+        _, st, bt = c.in_types + [None] * (3 - len(c.in_types))
+        fg = 0 if scale is None else st.quant.frac_bits[0]
+        acc = z if scale is None else z * scale.astype(np.int64)
+        if bias is not None:
+            acc = acc + (bias.astype(np.int64) << (NORM_FRAC + fg - bt.quant.frac_bits[0]))
+        return saturate(rshift_round(acc, NORM_FRAC + fg - c.out_frac_bits))
+
+
+# ---- deformable attention ----------------------------------------------------------------
+def _corners(px: np.ndarray, py: np.ndarray, bits: int):
+    """The 4 bilinear taps of Q(bits) pixel coordinates: (x index, y index, weight in
+    Q(2*bits)); the weights of a sample sum to 2**(2*bits) exactly."""
+    one = 1 << bits
+    x0, ux = px >> bits, px & (one - 1)
+    y0, uy = py >> bits, py & (one - 1)
+    for xi, wx in ((x0, one - ux), (x0 + 1, ux)):
+        for yi, wy in ((y0, one - uy), (y0 + 1, uy)):
+            yield xi, yi, wx * wy
+
+
+class FxMsDeformAttn(OpDef):
+    """Integer multi-scale deformable attention (ms_deform_attn): value (i8 fixed, (bs, V,
+    H, d)), sampling_locations (i16/i32 fixed<F>, (bs, Nq, H, L, P, 2) as (x, y): normalized
+    [0, 1] or pixel coordinates, per ``coordinates``), attention_weights (i8 fixed, (bs, Nq,
+    H, L, P)) -> i8 fixed<out_frac_bits> (bs, Nq, H*d). Pixel coordinates (pixel k's centre
+    at k) are rounded to ``weight_bits`` B fraction bits; corner weights are products of
+    the fractional parts (Q2B), times the attention weight, rshift_round by B; int32
+    accumulation over levels, points and corners (out-of-range corners are zero), then
+    rshift_round by fv + fa + B - out_frac_bits and saturation."""
+
+    name = "fx_ms_deform_attn"
+    operands = ("value", "sampling_locations", "attention_weights")
+    attrs = {"spatial_shapes": Ints(), **_OUT, "weight_bits": Int(8),
+             "coordinates": Str("normalized", ("normalized", "pixel"))}
+
+    def infer(self, c, value, loc, aw):
+        fv, fa = frac_of(value, "value"), frac_of(aw, "attention_weights")
+        fl = frac_of(loc, "sampling_locations", (I16, I32))
+        require(value.rank == 4 and loc.rank == 6 and aw.rank == 5 and loc.shape[-1] == 2
+                and loc.shape[:5] == aw.shape and value.shape[0] == loc.shape[0]
+                and value.shape[2] == loc.shape[2], f"shapes do not fit: {value}, {loc}, {aw}")
+        levels = _levels(c.spatial_shapes)
+        require(len(c.spatial_shapes) == 2 * loc.shape[3] and
+                value.shape[1] == sum(h * w for h, w in levels),
+                f"spatial_shapes {list(c.spatial_shapes)} do not fit value {value} and "
+                f"{loc.shape[3]} levels")
+        require(1 <= c.weight_bits <= 12, f"weight_bits {c.weight_bits} outside [1, 12]")
+        require(c.coordinates == "pixel" or fl >= 1, "normalized locations need frac bits >= 1")
+        samples = loc.shape[3] * loc.shape[4]
+        require(128 * samples * (128 * (1 << c.weight_bits) + 2) < 1 << 31,
+                f"{samples} samples per output could overflow the int32 accumulator")
+        _require_out_frac(c.out_frac_bits)
+        Rescale.of(FixedPointQuant((fv + fa + c.weight_bits,)), c.out_frac_bits)
+        return fixed_type((loc.shape[0], loc.shape[1], value.shape[2] * value.shape[3]),
+                          c.out_frac_bits)
+
+    def pixel(self, c, coord: np.ndarray, size: int) -> np.ndarray:
+        """Q(weight_bits) pixel coordinates from the locations along one axis."""
+        f = c.in_types[1].quant.frac_bits[0]
+        v = coord.astype(np.int64)
+        if c.coordinates == "normalized":
+            v = v * size - (1 << (f - 1))
+        return rshift_round(v, f - c.weight_bits)
+
+    def compute(self, c, value, loc, aw):
+        bs, _, heads, d = value.shape
+        acc = np.zeros((bs, loc.shape[1], heads, d), np.int32)
+        start = 0
+        for lvl, (h, w) in enumerate(_levels(c.spatial_shapes)):
+            v = value[:, start:start + h * w].transpose(0, 2, 1, 3).reshape(-1, d)
+            start += h * w
+            self._sample_level(c, acc, v, (h, w), loc[:, :, :, lvl], aw[:, :, :, lvl])
+        fv, _, fa = (t.quant.frac_bits[0] for t in c.in_types)
+        out = Rescale.of(FixedPointQuant((fv + fa + c.weight_bits,)), c.out_frac_bits).apply(acc)
+        return out.reshape(bs, loc.shape[1], heads * d)
+
+    def _sample_level(self, c, acc, v, size, loc, aw) -> None:
+        """Accumulate one level's samples into acc (bs, Nq, H, d)."""
+        (h, w), bits = size, c.weight_bits
+        bs, _, heads, points = aw.shape
+        base = (np.arange(bs)[:, None, None, None] * heads
+                + np.arange(heads)[None, None, :, None]) * (h * w)
+        a = aw.astype(np.int64)
+        px, py = self.pixel(c, loc[..., 0], w), self.pixel(c, loc[..., 1], h)
+        for xi, yi, wt in _corners(px, py, bits):
+            ok = (xi >= 0) & (xi < w) & (yi >= 0) & (yi < h)
+            cw = np.where(ok, rshift_round(a * wt, bits), 0).astype(np.int32)
+            idx = np.where(ok, yi * w + xi, 0) + base
+            for p in range(points):
+                acc += v[idx[..., p]].astype(np.int32) * cw[..., p, None]
+
+    def macs(self, c):
+        return c.in_types[2].numel * c.in_types[0].shape[3] * 4

@@ -1,0 +1,64 @@
+"""Per-layer error reports between a reference and a quantized candidate graph."""
+import json
+import math
+
+import numpy as np
+
+from bevir import Builder, DType, FixedPointQuant, TensorType
+from bevir.sim.compare import compare_graphs, dequantize, layer_error
+
+X = TensorType((4, 16), DType.f32)
+
+
+def _reference():
+    b = Builder("ref")
+    x = b.input("x", X)
+    with b.loc("block.scale"):
+        h = b.mul(x, b.const(np.float32(2.0)), name="h")
+    with b.loc("block.act"):
+        b.output("y", b.relu(h, name="y"))
+    return b.graph
+
+
+def _candidate(scale=0.25):
+    b = Builder("cand")
+    x = b.input("x", X)
+    with b.loc("block.scale"):
+        h = b.quantize(b.mul(x, b.const(np.float32(2.0))), scale=(scale,), zero_point=(0,),
+                       dtype="i8", name="h")
+    with b.loc("block.act"):
+        b.output("y", b.relu(b.dequantize(h), name="y"))
+    return b.graph
+
+
+def test_errors_per_layer():
+    x = np.random.default_rng(0).uniform(-4, 4, X.shape).astype(np.float32)
+    report = compare_graphs(_reference(), _candidate(), {"x": x})
+    assert [e.value for e in report.layers] == ["h", "y"]
+    h = report["h"]
+    assert h.layer == "block.scale" and h.op == "quantize"
+    assert 0 < h.max_abs <= 0.125 + 1e-6 and 20 < h.sqnr_db < 60 and h.cosine > 0.99
+    assert report.worst(1)[0].value in ("h", "y")
+    assert "block.scale" in report.table()
+    finer = compare_graphs(_reference(), _candidate(0.0625), {"x": x})
+    assert finer["h"].sqnr_db > h.sqnr_db + 6          # 2 bits more, ~12 dB better
+    only = compare_graphs(_reference(), _candidate(), {"x": x}, select=["block.act"])
+    assert [e.value for e in only.layers] == ["y"]
+
+
+def test_equal_values_and_files(tmp_path):
+    x = np.ones(X.shape, np.float32)
+    report = compare_graphs(_reference(), _reference(), {"x": x})
+    assert all(math.isinf(e.sqnr_db) and e.max_abs == 0 and e.cosine == 1 for e in report.layers)
+    report.save_json(tmp_path / "e.json")
+    data = json.loads((tmp_path / "e.json").read_text())
+    assert data["format"] == "bevir-layer-errors" and data["layers"][0]["sqnr_db"] is None
+    report.plot(tmp_path / "e.png")
+    assert (tmp_path / "e.png").stat().st_size > 1000
+
+
+def test_dequantize_fixed_point_per_channel():
+    t = TensorType((2, 3), DType.i8, quant=FixedPointQuant((1, 2, 3), axis=1))
+    got = dequantize(np.full((2, 3), 8, np.int8), t)
+    assert np.array_equal(got, np.tile([4.0, 2.0, 1.0], (2, 1)))
+    assert layer_error(np.ones(4), np.ones(4))[0] == math.inf
