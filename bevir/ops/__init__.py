@@ -2,3 +2,4 @@
 from .registry import Attr, Ctx, OpDef, all_ops, get_op  # noqa: F401
 from . import attention, elementwise, linalg, nn, quant, reduce, shape  # noqa: F401  (registers the ops)
 from . import fixed  # noqa: F401  (the fixed-point integer ops)
+from . import fused  # noqa: F401  (the fused ops of the fuse pass)

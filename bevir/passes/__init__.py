@@ -15,6 +15,7 @@ from .instruments import (DumpIR, Reproducer, Statistics, Timing, VerifyEach,  #
                           VerifyNumerics, probe_inputs)
 from .rewrites import RewriteLog, RewriteRecord, limit_rewrites, rewrite_permitted  # noqa: F401
 from . import canonicalize, cse, dce, decompose  # noqa: F401  (registers the passes)
+from . import fuse  # noqa: F401  (registers fuse)
 from . import fold_qdq  # noqa: F401  (registers fold-qdq)
 from .layout import ToNHWC, count_layout_transforms  # noqa: F401  (registers to-nhwc)
 from .canonicalize import Canonicalize, canonicalization  # noqa: F401

@@ -4,8 +4,8 @@ its boundaries.
 Two phases:
 
 1. **Region assignment** (a plain propagation). Nodes that compute in NHWC themselves
-   (conv2d, qlinear_conv, conv_integer, the pools, batch_norm, the global average pools)
-   seed regions; a region grows through the 4-D values it reads and writes into every
+   (conv2d, conv2d_act, qlinear_conv, conv_integer, the pools, batch_norm, the global
+   average pools) seed regions; a region grows through the 4-D values it reads and writes into every
    producer and consumer that can work in NHWC: elementwise ops (constant operands such as
    a ``[1,C,1,1]`` bias are permuted to ``[1,1,1,C]``), the quantization ops (a per-channel
    axis 1 becomes 3), concat, split, slice, pad and resize (axes remapped). A 4-D value
@@ -158,13 +158,14 @@ class LayoutRule:
 _NATIVE = LayoutRule(native=True, data=(0,))
 _ELEMENTWISE = LayoutRule()
 RULES: dict[str, LayoutRule] = {
-    **{name: _NATIVE for name in ("conv2d", "qlinear_conv", "conv_integer", "maxpool2d",
+    **{name: _NATIVE for name in ("conv2d", "conv2d_act", "qlinear_conv", "conv_integer", "maxpool2d",
                                   "avgpool2d", "global_avgpool", "batch_norm")},
     "qlinear_global_avgpool": LayoutRule(native=True, data=(0,), check=_not_channels_last),
     **{name: _ELEMENTWISE for name in (
         "relu", "sigmoid", "tanh", "exp", "log", "sqrt", "erf", "neg", "abs", "reciprocal",
         "sin", "cos", "gelu", "identity", "clip", "cast", "not", "add", "sub", "mul", "div",
-        "max", "min", "pow", "atan2", "equal", "less", "greater", "where", "dequantize",
+        "max", "min", "pow", "atan2", "equal", "less", "greater", "where", "add_relu",
+        "dequantize",
         "qlinear_mul", "qlinear_sigmoid", "qlinear_leaky_relu")},
     "quantize": LayoutRule(attrs=_axis_attr),
     "qlinear_add": LayoutRule(check=_qlinear_add_ok),

@@ -1,0 +1,121 @@
+"""Fused ops: one node for a sequence the ``fuse`` pass recognizes.
+
+Each fused op computes exactly what its unfused sequence computes, by calling the same
+op definitions in the same order (conv2d then the activation; matmul, the bias add, then
+the activation; add then relu), so the result is bit-identical to the sequence. Types
+(layout included) and MACs are those of the op that carries the products.
+
+The activation of a fused op is an attribute: ``activation`` (``none``, ``relu``,
+``clip`` with ``clip_min`` / ``clip_max``, ``gelu`` with ``approximate``).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..ir.graph import Node
+from ..ir.types import TensorType
+from .common import broadcast_types, float_operands, require
+from .linalg import Conv2d
+from .registry import Attr, Bool, Ctx, Float, OpDef, Str, get_op
+
+#: activation name -> (the op that computes it, {op attribute: fused-op attribute})
+ACTIVATION_OPS: dict[str, tuple[str, dict[str, str]]] = {
+    "relu": ("relu", {}),
+    "clip": ("clip", {"min": "clip_min", "max": "clip_max"}),
+    "gelu": ("gelu", {"approximate": "approximate"}),
+}
+
+
+def activation_attrs(choices: tuple[str, ...]) -> dict[str, Attr]:
+    """The attribute schema of a fused activation taking one of ``choices``."""
+    attrs = {"activation": Str("none", ("none",) + choices)}
+    for name in choices:
+        for fused in ACTIVATION_OPS[name][1].values():
+            attrs[fused] = Str("none", ("none", "tanh")) if fused == "approximate" else Float(None)
+    return attrs
+
+
+def activation_of(node: Node) -> dict[str, Any]:
+    """The fused-op attributes that stand for the activation node ``node``."""
+    op, mapping = ACTIVATION_OPS[node.op]
+    return {"activation": op, **{fused: node.attrs[a] for a, fused in mapping.items()}}
+
+
+def apply_activation(c: Ctx, y: np.ndarray) -> np.ndarray:
+    """Apply the fused activation with the activation op's own definition."""
+    if c.activation == "none":
+        return y
+    op, mapping = ACTIVATION_OPS[c.activation]
+    return get_op(op).compute(Ctx({a: c.attrs[f] for a, f in mapping.items()}), y)
+
+
+def _activation_infer(c: Ctx, t: TensorType) -> TensorType:
+    if c.activation != "none":
+        op, mapping = ACTIVATION_OPS[c.activation]
+        t = get_op(op).infer(Ctx({a: c.attrs[f] for a, f in mapping.items()}, [t]), t)
+    return t
+
+
+class Conv2dAct(OpDef):
+    """conv2d (with its bias) followed by an activation (none, relu or clip). Operands and
+    attributes as conv2d's, plus the activation; layout and MACs are conv2d's."""
+
+    name = "conv2d_act"
+    operands = ("x", "w", "b?")
+    attrs = {**Conv2d.attrs, **activation_attrs(("relu", "clip"))}
+
+    def infer(self, c, x, w, b=None):
+        return _activation_infer(c, get_op("conv2d").infer(c, x, w, b))
+
+    def compute(self, c, x, w, b=None):
+        return apply_activation(c, get_op("conv2d").compute(c, x, w, b))
+
+    def macs(self, c):
+        return get_op("conv2d").macs(c)
+
+
+class Linear(OpDef):
+    """a @ b (b transposed with ``trans_b``, which needs a 2-D b), plus ``bias``
+    (broadcast to the product's shape, not beyond), then an activation (none, relu, clip,
+    gelu): matmul, add and the activation op in that order; gemm without alpha, beta or
+    trans_a is the same computation."""
+
+    name = "linear"
+    operands = ("a", "b", "bias?")
+    attrs = {"trans_b": Bool(False), **activation_attrs(("relu", "clip", "gelu"))}
+
+    def infer(self, c, a, b, bias=None):
+        if c.trans_b:
+            require(b.rank == 2, f"trans_b needs a 2-D b, got {b}")
+            b = TensorType(b.shape[::-1], b.dtype)
+        y = get_op("matmul").infer(c, a, b)
+        if bias is not None:
+            float_operands(y, bias)
+            require(broadcast_types(y, bias).shape == y.shape,
+                    f"bias {bias} broadcasts beyond the product {y}")
+        return _activation_infer(c, y)
+
+    def compute(self, c, a, b, bias=None):
+        y = get_op("matmul").compute(c, a, b.T if c.trans_b else b)
+        if bias is not None:
+            y = get_op("add").compute(c, y, bias)
+        return apply_activation(c, y)
+
+    def macs(self, c):
+        return get_op("matmul").macs(c)
+
+
+class AddRelu(OpDef):
+    """relu(a + b), broadcasting as add."""
+
+    name = "add_relu"
+    operands = ("a", "b")
+
+    def infer(self, c, a, b):
+        return get_op("relu").infer(c, get_op("add").infer(c, a, b))
+
+    def compute(self, c, a, b):
+        return get_op("relu").compute(c, get_op("add").compute(c, a, b))
+
