@@ -5,15 +5,16 @@ Two phases:
 
 1. **Region assignment** (a plain propagation). Nodes that compute in NHWC themselves
    (conv2d, conv2d_act, qlinear_conv, conv_integer, the pools, batch_norm, the global
-   average pools) seed regions; a region grows through the 4-D values it reads and writes into every
-   producer and consumer that can work in NHWC: elementwise ops (constant operands such as
-   a ``[1,C,1,1]`` bias are permuted to ``[1,1,1,C]``), the quantization ops (a per-channel
-   axis 1 becomes 3), concat, split, slice, pad and resize (axes remapped). A 4-D value
-   tagged ``nchw``, or ``plain`` (read as NCHW, as conv2d reads it), in a region becomes
-   ``nhwc`` with the permuted shape. ``layout_transform`` ops are inserted only where a
-   region meets the rest of the graph: after a value it reads from outside (a graph input
-   keeps its declared type: one transform follows it), and before each outside consumer of
-   a value it writes; graph outputs keep their declared types unless ``convert_outputs``.
+   average pools) seed regions; a region grows through the 4-D values it reads and writes
+   into every producer and consumer that can work in NHWC: elementwise ops (constant
+   operands such as a ``[1,C,1,1]`` bias are permuted to ``[1,1,1,C]``), the quantization
+   ops (a per-channel axis 1 becomes 3), concat, split, slice, pad and resize (axes
+   remapped). A 4-D value tagged ``nchw``, or ``plain`` (read as NCHW, as conv2d reads it),
+   in a region becomes ``nhwc`` with the permuted shape. ``layout_transform`` ops are
+   inserted only where a region meets the rest of the graph: after a value it reads from
+   outside (a graph input keeps its declared type: one transform follows it), and before
+   each outside consumer of a value it writes; graph outputs keep their declared types
+   unless ``convert_outputs``.
 
 2. **Sinking and cancelling** (patterns, with statistics per pattern):
    ``cancel-layout-transforms`` (a pair of transforms is one transform, or nothing),
