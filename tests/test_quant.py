@@ -230,6 +230,47 @@ def test_quantize_dequantize_bit_exact(dt):
 
 
 @pytest.mark.parametrize("dt", [np.uint8, np.int8])
+def test_quantize_non_finite_values_as_onnxruntime(dt):
+    """NaN saturates to the type's minimum (MLAS's MAXPS keeps the bound), +-inf to the
+    bounds, whatever the zero point."""
+    x = np.array([np.nan, -np.nan, np.inf, -np.inf, 1.5, -2.5, 0.0], np.float32)
+    for z in (0, np.iinfo(dt).min // 2 + 7, np.iinfo(dt).max - 3):
+        q = oh.make_node("QuantizeLinear", ["x", "s", "z"], ["q"])
+        m = _model([q], [_vi("x", TP.FLOAT, [7])], [_vi("q", _ET[dt], None)],
+                   [_c("s", np.float32(0.1)), _c("z", z, dt)])
+        _assert_bit_exact(m, {"x": x})
+        assert bevir.run(bevir.from_onnx(m), {"x": x})["q"][0] == np.iinfo(dt).min
+
+
+@pytest.mark.parametrize("op", ["QLinearConv", "QLinearMatMul"])
+def test_i8_activations_with_u8_weights_are_rejected_as_by_onnxruntime(op):
+    conv = op == "QLinearConv"
+    w = np.ones((4, 3, 1, 1) if conv else (5, 4), np.uint8)
+    x_shape = [1, 3, 4, 4] if conv else [3, 5]
+    inits = [_c("sx", np.float32(0.1)), _c("zx", 0, np.int8), _c("w", w), _c("sw", np.float32(0.1)),
+             _c("zw", 0, np.uint8), _c("sy", np.float32(0.2)), _c("zy", 0, np.int8)]
+    node = oh.make_node(op, ["x", "sx", "zx", "w", "sw", "zw", "sy", "zy"], ["y"], name="bad_pair")
+    m = _model([node], [_vi("x", TP.INT8, x_shape)], [_vi("y", TP.INT8, None)], inits)
+    with pytest.raises(Exception, match="NOT_IMPLEMENTED"):
+        _ort(m, {"x": np.ones(x_shape, np.int8)})
+    with pytest.raises(BevirError, match="bad_pair.*onnxruntime has no kernel"):
+        bevir.from_onnx(m)
+
+
+def test_global_avgpool_multiplier_out_of_range_is_an_error_as_in_onnxruntime():
+    inits = [_c("sx", np.float32(1.0)), _c("zx", 0, np.uint8), _c("sy", np.float32(1e-3)),
+             _c("zy", 0, np.uint8)]
+    node = oh.make_node("QLinearGlobalAveragePool", ["x", "sx", "zx", "sy", "zy"], ["y"],
+                        domain="com.microsoft", name="gap")
+    m = _model([node], [_vi("x", TP.UINT8, [1, 4, 1, 1])], [_vi("y", TP.UINT8, None)], inits,
+               ms=True)
+    with pytest.raises(Exception, match="out of computation range"):
+        _ort(m, {"x": np.ones((1, 4, 1, 1), np.uint8)})
+    with pytest.raises(BevirError, match=r"gap.*outside onnxruntime's range \[2\*\*-32, 256\)"):
+        bevir.from_onnx(m)
+
+
+@pytest.mark.parametrize("dt", [np.uint8, np.int8])
 @pytest.mark.parametrize("op,attrs", [("QLinearGlobalAveragePool", {}),
                                       ("QLinearGlobalAveragePool", {"channels_last": 1}),
                                       ("QLinearSigmoid", {}), ("QLinearLeakyRelu", {"alpha": 0.1})])
@@ -291,6 +332,38 @@ def test_sigmoid_table_matches_onnxruntime_over_many_scales():
         m = _model([node], [_vi("x", TP.UINT8, [1, 1, 16, 16])], [_vi("y", TP.UINT8, None)],
                    inits, ms=True)
         _assert_bit_exact(m, {"x": x})
+
+
+@pytest.mark.parametrize("dt", [np.uint8, np.int8])
+@pytest.mark.parametrize("kind", ["ab", "a", "b"])
+def test_qlinear_add_every_code_pair(dt, kind):
+    """All 65536 code pairs, for each MLAS kernel variant (both vary; a or b the single value
+    of its spans), over random scales and zero points: the FMA steps of the AVX2 kernel."""
+    rng = np.random.default_rng({"ab": 11, "a": 12, "b": 13}[kind])
+    codes = np.arange(256, dtype=np.uint8).view(dt)
+    a, b = {"ab": (np.repeat(codes, 256), np.tile(codes, 256)),
+            "a": (codes.reshape(256, 1), codes.reshape(1, 256)),
+            "b": (codes.reshape(1, 256), codes.reshape(256, 1))}[kind]
+    node = oh.make_node("QLinearAdd", ["a", "sa", "za", "b", "sb", "zb", "sc", "zc"], ["y"],
+                        domain="com.microsoft")
+    for _ in range(16):
+        inits = [_c(n, np.float32(rng.uniform(0.002, 0.3))) for n in ("sa", "sb", "sc")]
+        inits += [_c(n, _zp(rng, dt)) for n in ("za", "zb", "zc")]
+        m = _model([node], [_vi("a", _ET[dt], a.shape), _vi("b", _ET[dt], b.shape)],
+                   [_vi("y", _ET[dt], None)], inits, ms=True)
+        _assert_bit_exact(m, {"a": a, "b": b})
+
+
+def test_mlas_logistic_equals_onnxruntime_sigmoid_bit_for_bit():
+    """onnxruntime's float Sigmoid runs the same MLAS logistic kernel the QLinearSigmoid
+    table is built from: a million values over and beyond the clamp range."""
+    rng = np.random.default_rng(8)
+    x = np.concatenate([rng.uniform(-20, 20, 600_000), rng.standard_normal(400_000) * 3,
+                        [0.0, -0.0, 18.0, -18.0, 1e-30, -1e-30]]).astype(np.float32)
+    m = _model([oh.make_node("Sigmoid", ["x"], ["y"])], [_vi("x", TP.FLOAT, [x.size])],
+               [_vi("y", TP.FLOAT, None)], [])
+    ref = _ort(m, {"x": x})["y"]
+    assert int(np.sum(mlas_logistic(x) != ref)) == 0
 
 
 def test_fma32_rounds_once():

@@ -44,6 +44,15 @@ def _q8(t: TensorType, what: str) -> None:
     require(t.dtype in (DType.i8, DType.u8), f"{what} must be i8 or u8, got {t.dtype}")
 
 
+def _qlinear_pair(x: TensorType, w: TensorType, names: tuple[str, str] = ("x", "w")) -> None:
+    """The operand dtypes onnxruntime's QLinearConv / QLinearMatMul kernels take: u8 or i8
+    each, except i8 activations with u8 weights (which it has no kernel for)."""
+    _q8(x, names[0])
+    _q8(w, names[1])
+    require(not (x.dtype is DType.i8 and w.dtype is DType.u8),
+            f"i8 {names[0]} with u8 {names[1]}: onnxruntime has no kernel for this combination")
+
+
 def _out_type(c, shape, layout=Layout.plain, dtype: str | None = None) -> TensorType:
     dtype = DType(dtype or c.out_dtype)
     info = np.iinfo(dtype.np)
@@ -69,11 +78,12 @@ def _params(q: AffineQuant, rank: int, axis: int | None = None):
 
 def saturate_round(v: np.ndarray, zero_point, dtype) -> np.ndarray:
     """saturate(round_half_even(v) + zero_point) as MLAS does it: v (float32) clamped to
-    [min - zp, max - zp] in float, rounded to nearest even, zero point added."""
+    [min - zp, max - zp] in float (NaN becomes the minimum), rounded to nearest even, zero
+    point added."""
     info = np.iinfo(dtype)
     zp = np.asarray(zero_point, np.int32)
     lo, hi = (info.min - zp).astype(F32), (info.max - zp).astype(F32)
-    v = np.rint(np.minimum(np.maximum(v, lo), hi))
+    v = np.rint(np.minimum(np.fmax(v, lo), hi))      # fmax: NaN -> lo, as MAXPS(v, lo)
     return (v.astype(np.int32) + zp).astype(dtype)
 
 
@@ -201,8 +211,7 @@ class QLinearConv(OpDef):
     attrs = {**_CONV_ATTRS, **_OUT_ATTRS}
 
     def infer(self, c, x, w, b=None):
-        _q8(x, "x")
-        _q8(w, "w")
+        _qlinear_pair(x, w)
         affine(x, "x")
         wq = affine(w, "w", per_channel_axis=0)
         require(b is None or (b.dtype is DType.i32 and b.shape == (w.shape[0],)),
@@ -285,8 +294,7 @@ class QLinearMatMul(OpDef):
     attrs = dict(_OUT_ATTRS)
 
     def infer(self, c, a, b):
-        _q8(a, "a")
-        _q8(b, "b")
+        _qlinear_pair(a, b, ("a", "b"))
         affine(a, "a")
         affine(b, "b", per_channel_axis=_b_axis(b))
         return _out_type(c, _matmul_shape(a, b))
@@ -356,29 +364,24 @@ class _QBinary(OpDef):
 
 
 class QLinearAdd(_QBinary):
-    """com.microsoft QLinearAdd, as MLAS's AVX2 kernel (MlasQLinearAddKernelAvx2Helper):
-    ra = sa/sc, rb = sb/sc and the fixed part zc - (ra*za + rb*zb) in float32; per element
-    fma(a, ra, fma(b, rb, fixed)) when both vary, (fixed + a*ra) then fma(b, rb, .) when a
-    is the scalar of each span (likewise for b); round half to even, saturate."""
+    """com.microsoft QLinearAdd, as MLAS's AVX2 kernel (qladd_avx2.cpp, compiled with FMA
+    contraction): V is the operand that varies within each span (a, unless a is the single
+    value of its spans), S the other; rV = sV/sc, rS = sS/sc and
+    fixed = zc - fma(rV, zV, rS*zS) in float32; per element fma(V, rV, fma(S, rS, fixed));
+    round half to even, saturate."""
 
     name = "qlinear_add"
 
     def compute(self, c, a, b):
         ta, tb, tc = c.in_types[0], c.in_types[1], c.out_types[0]
-        (sa,), (za,) = ta.quant.scale, ta.quant.zero_point
-        (sb,), (zb,) = tb.quant.scale, tb.quant.zero_point
         (sc,), (zc,) = tc.quant.scale, tc.quant.zero_point
-        ra, rb = F32(sa) / F32(sc), F32(sb) / F32(sc)
-        fixed = F32(zc) - (ra * F32(za) + rb * F32(zb))
-        fa = np.broadcast_to(a, tc.shape).astype(F32)
-        fb = np.broadcast_to(b, tc.shape).astype(F32)
-        kind = _vector_kind(ta, tb, tc.shape)
-        if kind == "ab":
-            v = fma32(fa, ra, fma32(fb, rb, fixed))
-        elif kind == "a":
-            v = fma32(fb, rb, fixed + fa * ra)
-        else:
-            v = fma32(fa, ra, fixed + fb * rb)
+        operands = [(np.broadcast_to(x, tc.shape).astype(F32), F32(t.quant.scale[0]) / F32(sc),
+                     F32(t.quant.zero_point[0])) for x, t in ((a, ta), (b, tb))]
+        if _vector_kind(ta, tb, tc.shape) == "a":      # MLAS receives b first
+            operands.reverse()
+        (xv, rv, zv), (xs, rs, zs) = operands
+        fixed = (F32(zc) - fma32(rv, zv, rs * zs)).astype(F32)
+        v = fma32(xv, rv, fma32(xs, rs, fixed).astype(F32))
         return saturate_round(v, 0, tc.dtype.np)
 
 
@@ -404,7 +407,8 @@ class QLinearMul(_QBinary):
 class QLinearGlobalAvgPool(OpDef):
     """com.microsoft QLinearGlobalAveragePool (MlasQLinearGlobalAveragePoolNchw/Nhwc): the
     int32 sum over the image minus x_zp * image_size, requantized with the float32
-    multiplier x_scale / (y_scale * float(image_size))."""
+    multiplier x_scale / (y_scale * float(image_size)); a multiplier outside [2**-32, 256)
+    is an error, as onnxruntime's "parameter out of computation range"."""
 
     name = "qlinear_global_avgpool"
     operands = ("x",)
@@ -421,16 +425,27 @@ class QLinearGlobalAvgPool(OpDef):
         require(x.rank >= 3, f"expects an [N, C, spatial...] input, got {x}")
         axes = self._axes(c, x)
         shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
-        return _out_type(c, shape, x.layout, str(x.dtype))
+        y = _out_type(c, shape, x.layout, str(x.dtype))
+        size = self._size(c, x)
+        require(size < 0x1000000, f"image of {size} elements is too large (onnxruntime: < 2**24)")
+        mult = self._multiplier(x, y, size)
+        require(2.0 ** -32 <= mult < 256.0, f"requantization multiplier x_scale / (y_scale * "
+                f"{size}) = {mult:g} is outside onnxruntime's range [2**-32, 256)")
+        return y
+
+    def _size(self, c, x: TensorType) -> int:
+        return int(np.prod([x.shape[a] for a in self._axes(c, x)]))
+
+    @staticmethod
+    def _multiplier(x: TensorType, y: TensorType, size: int) -> np.float32:
+        return F32(x.quant.scale[0]) / (F32(y.quant.scale[0]) * F32(size))
 
     def compute(self, c, x):
         xt, yt = c.in_types[0], c.out_types[0]
-        axes = self._axes(c, xt)
-        size = int(np.prod([xt.shape[a] for a in axes]))
-        require(size < 0x1000000, "image too large")
-        acc = x.sum(axis=axes, keepdims=True, dtype=np.int64) - xt.quant.zero_point[0] * size
-        mult = F32(xt.quant.scale[0]) / (F32(yt.quant.scale[0]) * F32(size))
-        return requantize(acc, mult, yt.quant.zero_point[0], yt.dtype.np)
+        size = self._size(c, xt)
+        acc = x.sum(axis=self._axes(c, xt), keepdims=True, dtype=np.int64)
+        acc -= xt.quant.zero_point[0] * size
+        return requantize(acc, self._multiplier(xt, yt, size), yt.quant.zero_point[0], yt.dtype.np)
 
 
 def lookup_table(xq: AffineQuant, yq: AffineQuant, dtype: np.dtype, fn) -> np.ndarray:
@@ -459,22 +474,29 @@ class _QLookup(OpDef):
 
 
 def mlas_logistic(x: np.ndarray) -> np.ndarray:
-    """MlasComputeLogistic (logistic.cpp): clamp to [-18, 18], odd rational polynomial
-    p(x)/q(x) in float32 (p in x**2 times x, q in x**2), + 0.5, clamped to [0, 1]."""
+    """MlasLogisticKernelFma3 (LogisticKernelFma3.S, the kernel onnxruntime runs on x86-64
+    with FMA): clamp to [-18, 18]; p(x) = x * poly(x**2) and q(x) = poly(x**2), each
+    Horner step one float32 FMA; p / q + 0.5; clamped below at 0."""
     x = np.minimum(np.maximum(np.asarray(x, F32), F32(-18.0)), F32(18.0))
     x2 = x * x
-    p = x2 * F32(4.37031012579801e-11) + F32(1.15627324459942e-07)
-    p = p * x2 + F32(6.08574864600143e-05)
-    p = p * x2 + F32(8.51377133304701e-03)
-    p = p * x2 + F32(2.48287947061529e-01)
-    p = p * x
-    q = x2 * F32(6.10247389755681e-13) + F32(5.76102136993427e-09)
-    q = q * x2 + F32(6.29106785017040e-06)
-    q = q * x2 + F32(1.70198817374094e-03)
-    q = q * x2 + F32(1.16817656904453e-01)
-    q = q * x2 + F32(9.93151921023180e-01)
-    y = p / q + F32(0.5)
-    return np.minimum(np.maximum(y, F32(0.0)), F32(1.0))
+
+    def horner(coefficients):
+        acc = F32(coefficients[0])
+        for k in coefficients[1:]:
+            acc = fma32(x2, acc, F32(k)).astype(F32)
+        return acc
+
+    p = x * horner(_LOGISTIC_ALPHA)
+    q = horner(_LOGISTIC_BETA)
+    return np.maximum(p / q + F32(0.5), F32(0.0))
+
+
+#: MlasLogisticConstants: the odd numerator's coefficients (alpha_9 .. alpha_1) and the
+#: even denominator's (beta_10 .. beta_0), highest power first
+_LOGISTIC_ALPHA = (4.37031012579801e-11, 1.15627324459942e-07, 6.08574864600143e-05,
+                   8.51377133304701e-03, 2.48287947061529e-01)
+_LOGISTIC_BETA = (6.10247389755681e-13, 5.76102136993427e-09, 6.29106785017040e-06,
+                  1.70198817374094e-03, 1.16817656904453e-01, 9.93151921023180e-01)
 
 
 class QLinearSigmoid(_QLookup):
