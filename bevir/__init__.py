@@ -8,6 +8,7 @@ from .sim import Interpreter, run  # noqa: F401
 from .passes import optimize  # noqa: F401
 from .passes.calibrate import calibrate  # noqa: F401
 from .frontends.onnx import from_onnx  # noqa: F401
+from .frontends.ort_quantize import QuantizeError, QuantizedBackbone, quantize_backbone  # noqa: F401
 
 __version__ = "0.1.0"
 

@@ -1,6 +1,7 @@
-"""The ``bevir`` command: import, show, opt, run, passes.
+"""The ``bevir`` command: import, quantize-backbone, show, opt, run, passes.
 
     bevir import model.onnx -o model.bevir
+    bevir quantize-backbone backbone_fp32.onnx --calibration calib.safetensors -o out/
     bevir show model.bevir
     bevir opt model.bevir -p canonicalize,cse,dce -o opt.bevir --time-passes --stats
     bevir opt --reproduce opt.reproducer.bevir
@@ -45,6 +46,22 @@ def cmd_import(args) -> int:
     out = Path(args.output) if args.output else Path(args.model).with_suffix(".bevir")
     bevir.save(graph, out)
     _out(f"wrote {out}: {len(graph.nodes)} nodes, {graph.num_params():,} parameters")
+    return 0
+
+
+# ---- quantize-backbone -------------------------------------------------------------------
+def cmd_quantize_backbone(args) -> int:
+    from .frontends.ort_quantize import quantize_backbone
+    import bevir
+    qb = quantize_backbone(args.model, args.calibration, args.output, input_name=args.input,
+                           scales=args.scales, per_channel=args.per_channel,
+                           format=args.format, activation_type=args.activation_type,
+                           weight_type=args.weight_type, symmetric=not args.asymmetric,
+                           test_inputs=args.test_inputs, name=args.name, progress=None)
+    graph_file = qb.int8_onnx.with_suffix(".bevir")
+    bevir.save(qb.graph, graph_file)
+    _out(qb.summary())
+    _out(f"wrote {graph_file}")
     return 0
 
 
@@ -209,6 +226,27 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("model", help="the .onnx file")
     s.add_argument("-o", "--output", help="the .bevir file to write (default: <model>.bevir)")
     s.set_defaults(fn=cmd_import)
+
+    s = sub.add_parser("quantize-backbone", help="quantize an FP32 ONNX backbone with "
+                       "onnxruntime, write its tranges and import it")
+    s.add_argument("model", help="the FP32 .onnx file")
+    s.add_argument("--calibration", required=True, metavar="FILE", help="a safetensors file "
+                   "of calibration inputs (a leading axis of samples allowed)")
+    s.add_argument("-o", "--output", required=True, metavar="DIR",
+                   help="where to write <name>_int8.onnx, .tranges and .bevir")
+    s.add_argument("--test-inputs", metavar="FILE", help="a safetensors file of the inputs "
+                   "the tranges are measured on (default: the calibration inputs)")
+    s.add_argument("--scales", metavar="FILE", help="forced scales: a .json of "
+                   "{tensor or '<conv module>.x_scale'/'.w_scale': scale} or a .safetensors "
+                   "checkpoint")
+    s.add_argument("--input", metavar="NAME", help="the image input (default: the only one)")
+    s.add_argument("--per-channel", action="store_true", help="per-channel weights")
+    s.add_argument("--format", choices=("qoperator", "qdq"), default="qoperator")
+    s.add_argument("--activation-type", choices=("int8", "uint8"), default="int8")
+    s.add_argument("--weight-type", choices=("int8", "uint8"), default="int8")
+    s.add_argument("--asymmetric", action="store_true", help="asymmetric activations")
+    s.add_argument("--name", default="backbone", help="the output files' stem")
+    s.set_defaults(fn=cmd_quantize_backbone)
 
     s = sub.add_parser("show", help="print a model's IR and a cost summary")
     s.add_argument("model", help="a .bevir file")

@@ -211,6 +211,25 @@ def test_qlinear_add_mul_bit_exact(op, dt, b_shape):
                               feeds)
 
 
+@pytest.mark.parametrize("op", ["QLinearAdd", "QLinearMul"])
+@pytest.mark.parametrize("dt", [np.uint8, np.int8])
+@pytest.mark.parametrize("b_shape", [(2, 64, 32, 33), (1, 64, 1, 1), (1,)])
+def test_qlinear_add_mul_on_large_tensors_bit_exact(op, dt, b_shape):
+    """Above TABLE_MIN results come from the table of all code pairs: still onnxruntime's."""
+    from bevir.ops.quant import QLinearAdd
+    shape = (2, 64, 32, 33)
+    assert np.prod(shape) >= QLinearAdd.TABLE_MIN
+    rng = np.random.default_rng(3)
+    sa, sb, sc = rng.uniform(0.005, 0.2, 3).astype(np.float32)
+    inits = [_c("sa", sa), _c("sb", sb), _c("sc", sc), _c("za", _zp(rng, dt)),
+             _c("zb", _zp(rng, dt)), _c("zc", _zp(rng, dt))]
+    feeds = {"a": _ints(rng, dt, shape), "b": _ints(rng, dt, b_shape)}
+    ins = [_vi("a", _ET[dt], list(shape)), _vi("b", _ET[dt], list(b_shape))]
+    for order in (["a", "sa", "za", "b", "sb", "zb"], ["b", "sb", "zb", "a", "sa", "za"]):
+        node = oh.make_node(op, order + ["sc", "zc"], ["y"], domain="com.microsoft")
+        _assert_bit_exact(_model([node], ins, [_vi("y", _ET[dt], None)], inits, ms=True), feeds)
+
+
 @pytest.mark.parametrize("dt", [np.uint8, np.int8])
 def test_quantize_dequantize_bit_exact(dt):
     rng = np.random.default_rng(3)

@@ -37,14 +37,13 @@ from ..errors import InterpreterError
 from ..ir.types import AffineQuant, DType, FixedPointQuant, Layout, Quant, TensorType
 from .attention import _levels
 from .common import broadcast_types, norm_axis, require
-from .linalg import NCHW_CHANNEL_LIMIT, conv2d_nchw, conv2d_nhwc, from_nhwc, to_nhwc
+from .linalg import (NCHW_CHANNEL_LIMIT, conv2d_nchw, conv2d_nhwc, exact_chunk, exact_matmul,
+                     from_nhwc, int_acc_dtype, to_nhwc)
 from .quant import _CONV_ATTRS, _b_axis, _conv_shape, _matmul_shape
 from .registry import Float, Int, Ints, OpDef, Str, get_op
 
 I8, I16, I32 = DType.i8, DType.i16, DType.i32
 INT_TYPES = (DType.i8, DType.i16, DType.i32, DType.i64, DType.u8)
-#: K block of the float32 matmul: 1024 * 128 * 128 = 2**24, the largest exact float32 integer run
-F32_EXACT_K = 1 << 10
 #: the longest reduction of an int8 product op (|sum| <= 2**16 * 2**14 = 2**30 fits int32)
 MAX_REDUCTION = 1 << 16
 #: frac bits of the normalized value inside fx_layer_norm
@@ -121,14 +120,15 @@ class Rescale:
 
 def int_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """The exact int64 ``a @ b`` (numpy matmul rules) of int8 operands through float32 BLAS,
-    the reduction split into blocks of F32_EXACT_K so every partial sum is exact."""
+    the reduction split by :func:`exact_matmul` (1024 products of at most 128 * 128 per
+    block) so every partial sum is exact."""
     a2 = a[None, :] if a.ndim == 1 else a
     b2 = b[:, None] if b.ndim == 1 else b
-    af, bf = a2.astype(np.float32), b2.astype(np.float32)
-    acc = None
-    for i in range(0, a2.shape[-1], F32_EXACT_K):
-        part = np.matmul(af[..., i:i + F32_EXACT_K], bf[..., i:i + F32_EXACT_K, :]).astype(np.int64)
-        acc = part if acc is None else acc + part
+    chunk = exact_chunk(128 * 128)
+    out = np.empty(np.broadcast_shapes(a2.shape[:-2], b2.shape[:-2]) + (a2.shape[-2], b2.shape[-1]),
+                   int_acc_dtype(a2.shape[-1], chunk, np.float32))
+    exact_matmul(a2.astype(np.float32), b2.astype(np.float32), chunk, out)
+    acc = out.astype(np.int64)
     if a.ndim == 1:
         acc = acc[..., 0, :]
     return acc[..., 0] if b.ndim == 1 else acc

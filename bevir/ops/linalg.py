@@ -24,12 +24,44 @@ def im2col_nhwc(x: np.ndarray, kh: int, kw: int, oh: int, ow: int, strides, dila
     return cols
 
 
+#: float32 represents every integer of magnitude up to this exactly
+F32_EXACT = 1 << 24
+
+
+def exact_chunk(max_abs_product: float) -> int:
+    """The longest reduction of integer products of at most ``max_abs_product`` whose
+    every partial sum, in any order, stays exact in float32."""
+    return max(1, int(F32_EXACT // max(max_abs_product, 1)))
+
+
+def exact_matmul(a: np.ndarray, b: np.ndarray, chunk: int | None, out: np.ndarray) -> None:
+    """``out[...] = a @ b``. With ``chunk`` (integer-valued float32 operands), the
+    reduction is split so each float32 GEMM sums at most ``chunk`` products (exact, by
+    :func:`exact_chunk`); the chunks add up in ``out``, float64 when there are several."""
+    k = a.shape[-1]
+    if chunk is None or k <= chunk:
+        np.matmul(a, b, out=out)
+        return
+    for k0 in range(0, k, chunk):
+        part = np.matmul(a[..., k0:k0 + chunk], b[..., k0:k0 + chunk, :])
+        if k0:
+            out += part
+        else:
+            out[...] = part
+
+
+def int_acc_dtype(k: int, chunk: int | None, acc_dtype) -> np.dtype:
+    """The accumulator dtype of a reduction of length ``k``: float64 when it is split."""
+    return np.dtype(np.float64 if chunk is not None and k > chunk else acc_dtype)
+
+
 def conv2d_nhwc(x: np.ndarray, w: np.ndarray, strides, pads, dilations, groups: int,
-                acc_dtype=None) -> np.ndarray:
+                acc_dtype=None, chunk: int | None = None) -> np.ndarray:
     """Grouped 2-D convolution of NHWC ``x`` with OIHW ``w`` as im2col + one GEMM per group.
 
     ``acc_dtype`` is the dtype of the products (the operands are converted to it); the
-    result is in that dtype, without bias.
+    result is in that dtype, without bias. ``chunk``: integer operands, reduced exactly
+    by :func:`exact_matmul` (the result is float64 when the reduction is split).
     """
     acc = np.dtype(acc_dtype or x.dtype)
     n, h, wd, ch = x.shape
@@ -42,7 +74,7 @@ def conv2d_nhwc(x: np.ndarray, w: np.ndarray, strides, pads, dilations, groups: 
     # weights as (G, KH*KW*Cg, Og) to match the window order (kh, kw, c)
     wm = w.astype(acc).reshape(groups, og, cg, kh, kw).transpose(0, 3, 4, 2, 1)
     wm = wm.reshape(groups, kh * kw * cg, og)
-    out = np.empty((n, oh, ow, o), acc)
+    out = np.empty((n, oh, ow, o), int_acc_dtype(kh * kw * cg, chunk, acc))
     pointwise = kh == kw == 1 and strides == (1, 1) and not any(pads)
     for b in range(n):                      # one image at a time bounds the im2col buffer
         xb = x[b:b + 1]
@@ -55,17 +87,59 @@ def conv2d_nhwc(x: np.ndarray, w: np.ndarray, strides, pads, dilations, groups: 
             cols = cols.reshape(oh * ow, kh * kw, groups, cg)
         ob = out[b].reshape(oh * ow, o)
         if groups == 1:
-            np.matmul(cols.reshape(oh * ow, kh * kw * cg), wm[0], out=ob)
+            exact_matmul(cols.reshape(oh * ow, kh * kw * cg), wm[0], chunk, ob)
         else:
-            g = np.matmul(cols.transpose(2, 0, 1, 3).reshape(groups, oh * ow, kh * kw * cg), wm)
+            g = np.empty((groups, oh * ow, og), out.dtype)
+            exact_matmul(cols.transpose(2, 0, 1, 3).reshape(groups, oh * ow, kh * kw * cg), wm,
+                         chunk, g)
             ob[...] = g.transpose(1, 0, 2).reshape(oh * ow, o)
     return out
 
 
+#: an integer convolution runs in tiles of output rows whose im2col block holds about
+#: this many elements, so the block, its accumulator and the epilogue stay in cache
+TILE_ELEMS = 1 << 18
+
+
+def int_conv2d_nhwc(x: np.ndarray, zero_point, wm: np.ndarray, kernel: tuple[int, int],
+                    strides, pads, dilations, chunk: int, epilogue, out: np.ndarray) -> None:
+    """Ungrouped convolution of NHWC integer codes ``x`` with the centered weight matrix
+    ``wm`` [KH*KW*C, O] (float32, rows in (kh, kw, c) order), exactly, in tiles of output
+    rows: each tile's windows are gathered from the codes (padding reads the zero point),
+    centered to float32, multiplied by :func:`exact_matmul`, and handed to
+    ``epilogue(acc, out_rows)``, which writes the tile's [rows, O] results."""
+    n, _, _, ch = x.shape
+    kh, kw = kernel
+    (sh, _), (dh, _) = strides, dilations
+    top, left, bottom, right = pads
+    _, oh, ow, o = out.shape
+    k = wm.shape[0]
+    rows = max(1, TILE_ELEMS // (ow * max(k, o)))
+    pointwise = kh == kw == 1 and tuple(strides) == (1, 1) and not any(pads)
+    zp = np.asarray(zero_point, np.float32)
+    for b in range(n):
+        xb = x[b:b + 1]
+        if any(pads):
+            xb = np.pad(xb, ((0, 0), (top, bottom), (left, right), (0, 0)),
+                        constant_values=np.asarray(zero_point).astype(x.dtype))
+        for y0 in range(0, oh, rows):
+            y1 = min(oh, y0 + rows)
+            if pointwise:
+                cols = xb[:, y0:y1].reshape(-1, ch)
+            else:
+                band = xb[:, y0 * sh: (y1 - 1) * sh + (kh - 1) * dh + 1]
+                cols = im2col_nhwc(band, kh, kw, y1 - y0, ow, strides, dilations)
+                cols = cols.reshape(-1, k)
+            acc = np.empty((cols.shape[0], o), int_acc_dtype(k, chunk, np.float32))
+            exact_matmul(np.subtract(cols, zp, dtype=np.float32), wm, chunk, acc)
+            epilogue(acc, out[b, y0:y1].reshape(-1, o))
+
+
 def conv2d_nchw(x: np.ndarray, w: np.ndarray, strides, pads, dilations,
-                acc_dtype=None) -> np.ndarray:
+                acc_dtype=None, chunk: int | None = None) -> np.ndarray:
     """Ungrouped convolution of NCHW ``x`` as W @ im2col: for few input channels (the
-    stem), where NHWC windows would copy runs of only C elements."""
+    stem), where NHWC windows would copy runs of only C elements. ``chunk``: as for
+    :func:`conv2d_nhwc`."""
     acc = np.dtype(acc_dtype or x.dtype)
     n, ch, h, wd = x.shape
     o, _, kh, kw = w.shape
@@ -74,7 +148,7 @@ def conv2d_nchw(x: np.ndarray, w: np.ndarray, strides, pads, dilations,
     oh = conv_out_size(h, kh, sh, top + bottom, dh)
     ow = conv_out_size(wd, kw, sw, left + right, dw)
     wm = w.astype(acc).reshape(o, ch * kh * kw)
-    out = np.empty((n, o, oh * ow), acc)
+    out = np.empty((n, o, oh * ow), int_acc_dtype(ch * kh * kw, chunk, acc))
     cols = np.empty((ch, kh, kw, oh, ow), acc)
     for b in range(n):
         xb = np.pad(x[b].astype(acc, copy=False), ((0, 0), (top, bottom), (left, right)))
@@ -82,7 +156,7 @@ def conv2d_nchw(x: np.ndarray, w: np.ndarray, strides, pads, dilations,
             for j in range(kw):
                 cols[:, i, j] = xb[:, i * dh: i * dh + sh * (oh - 1) + 1: sh,
                                    j * dw: j * dw + sw * (ow - 1) + 1: sw]
-        np.matmul(wm, cols.reshape(ch * kh * kw, oh * ow), out=out[b])
+        exact_matmul(wm, cols.reshape(ch * kh * kw, oh * ow), chunk, out[b])
     return out.reshape(n, o, oh, ow)
 
 

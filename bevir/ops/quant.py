@@ -6,8 +6,11 @@ its ``TensorType.quant`` (an :class:`AffineQuant`, per tensor or per channel alo
 ``out_zero_point``) from which ``infer`` builds the result type. docs/numerics.md gives
 each op's exact integer definition and the onnxruntime (MLAS) routine it reproduces.
 
-Integer accumulations run through BLAS in float64: every partial sum of 8-bit products is
-an integer far below 2**53, so the float64 result is the exact int32 accumulator.
+Integer accumulations run through float32 BLAS on the centered codes (exact small
+integers), the reduction split so every partial sum stays below 2**24 and is exact
+(:func:`~bevir.ops.linalg.exact_matmul`); the split parts add up in float64. The result is
+the exact int32 accumulator. Binary elementwise ops on large tensors look their results
+up in a table of every code pair, computed with the same formula.
 """
 from __future__ import annotations
 
@@ -15,8 +18,9 @@ import numpy as np
 
 from ..ir.types import AffineQuant, DType, Layout, TensorType
 from .common import broadcast_types, norm_axis, require
-from .linalg import (NCHW_CHANNEL_LIMIT, _nchw_dims, conv2d_nchw, conv2d_nhwc, conv_out_size,
-                     from_nhwc, to_nhwc)
+from .linalg import (F32_EXACT, NCHW_CHANNEL_LIMIT, _nchw_dims, conv2d_nchw, conv2d_nhwc,
+                     conv_out_size, exact_chunk, exact_matmul, from_nhwc, int_acc_dtype,
+                     int_conv2d_nhwc, to_nhwc)
 from .registry import Bool, Float, Floats, Int, Ints, OpDef, Str
 
 F32, F64 = np.float32, np.float64
@@ -76,22 +80,37 @@ def _params(q: AffineQuant, rank: int, axis: int | None = None):
     return s.reshape(shape), z.reshape(shape)
 
 
-def saturate_round(v: np.ndarray, zero_point, dtype) -> np.ndarray:
+def saturate_round(v: np.ndarray, zero_point, dtype, scratch: bool = False) -> np.ndarray:
     """saturate(round_half_even(v) + zero_point) as MLAS does it: v (float32) clamped to
     [min - zp, max - zp] in float (NaN becomes the minimum), rounded to nearest even, zero
-    point added."""
+    point added. ``scratch``: v may be overwritten."""
     info = np.iinfo(dtype)
     zp = np.asarray(zero_point, np.int32)
     lo, hi = (info.min - zp).astype(F32), (info.max - zp).astype(F32)
-    v = np.rint(np.minimum(np.fmax(v, lo), hi))      # fmax: NaN -> lo, as MAXPS(v, lo)
-    return (v.astype(np.int32) + zp).astype(dtype)
+    same = scratch and np.broadcast_shapes(v.shape, lo.shape) == v.shape
+    v = np.fmax(v, lo, out=v if same else None)      # fmax: NaN -> lo, as MAXPS(v, lo)
+    np.minimum(v, hi, out=v)
+    np.rint(v, out=v)
+    if zp.any():                                     # small integers: exact in float32
+        v = np.add(v, zp.astype(F32), out=v if v.ndim >= zp.ndim else None)
+    return v.astype(dtype)
 
 
 def requantize(acc: np.ndarray, multiplier, zero_point, dtype) -> np.ndarray:
     """MlasRequantizeOutput: the int32 accumulator (given exact, in any numeric dtype)
-    converted to float32, times the float32 multiplier, then saturate_round."""
-    v = np.asarray(acc).astype(F32) * np.asarray(multiplier, F32)
-    return saturate_round(v, zero_point, dtype)
+    converted to float32, times the float32 multiplier, then saturate_round (the product
+    is finite: a plain clamp)."""
+    v = np.multiply(np.asarray(acc), np.asarray(multiplier, F32), dtype=F32)
+    info = np.iinfo(dtype)
+    zp = np.asarray(zero_point, np.int32)
+    lo, hi = (info.min - zp).astype(F32), (info.max - zp).astype(F32)
+    if zp.ndim == 0:
+        np.clip(v, lo, hi, out=v)
+        np.rint(v, out=v)
+        if zp:
+            v += F32(zp)
+        return v.astype(dtype)
+    return saturate_round(v, zp, dtype)
 
 
 def fma32(a, b, c) -> np.ndarray:
@@ -112,8 +131,26 @@ def fma32(a, b, c) -> np.ndarray:
 
 
 def _centered(x: np.ndarray, zp) -> np.ndarray:
-    """x - zero_point, exactly, as float64 (for BLAS)."""
-    return x.astype(F64) - np.asarray(zp, F64)
+    """x - zero_point (8-bit codes: |x - zp| <= 255), exactly, as float32 (for BLAS)."""
+    return np.subtract(x, np.asarray(zp, F32), dtype=F32)
+
+
+def _code_span(t: TensorType) -> int:
+    """The largest |code - zero point| a tensor of type ``t`` can hold."""
+    info = np.iinfo(t.dtype.np)
+    zp = np.asarray(t.quant.zero_point if t.quant is not None else 0, np.int64)
+    return int(max((info.max - zp).max(), (zp - info.min).max()))
+
+
+def _add_bias(y: np.ndarray, bias: np.ndarray | None, bound: float) -> np.ndarray:
+    """y + bias, exactly: in place when y is float32 and |y| <= bound leaves room for the
+    bias below 2**24, else in float64."""
+    if bias is None:
+        return y
+    if y.dtype == F32 and bound + float(np.abs(bias).max(initial=0)) <= F32_EXACT:
+        y += bias.astype(F32)
+        return y
+    return y.astype(F64) + bias
 
 
 # ---- quantize / dequantize ---------------------------------------------------------------
@@ -135,7 +172,7 @@ class Quantize(OpDef):
     def compute(self, c, x):
         t = c.out_types[0]
         s, z = _params(t.quant, x.ndim)
-        return saturate_round(x / s, z, t.dtype.np)
+        return saturate_round(np.divide(x, s, dtype=F32), z, t.dtype.np, scratch=True)
 
 
 class Dequantize(OpDef):
@@ -152,7 +189,11 @@ class Dequantize(OpDef):
 
     def compute(self, c, x):
         s, z = _params(c.in_types[0].quant, x.ndim)
-        return (x.astype(np.int32) - z).astype(F32) * s
+        v = np.subtract(x, z.astype(F32), dtype=F32)     # |x - z| < 2**16: exact
+        with np.errstate(over="ignore"):                 # a huge scale gives inf, as in ORT
+            if v.shape == np.broadcast_shapes(v.shape, s.shape):
+                return np.multiply(v, s, out=v)
+            return v * s
 
 
 # ---- integer convolution and matrix products --------------------------------------------
@@ -180,24 +221,51 @@ def _zero_points(c) -> tuple:
     """x's zero point (scalar) and w's (per tensor, or per output channel as [O])."""
     xq, wq = c.in_types[0].quant, c.in_types[1].quant
     xz = 0 if xq is None else xq.zero_point[0]
-    wz = 0 if wq is None else np.asarray(wq.zero_point, F64).reshape(-1, 1, 1, 1)
+    wz = 0 if wq is None else np.asarray(wq.zero_point, F32).reshape(-1, 1, 1, 1)
     return xz, wz
 
 
-def _int_conv(c, x, w, bias=None) -> np.ndarray:
-    """The exact int32 accumulator of (x - x_zp) * (w - w_zp) (+ bias), as float64, in
-    NCHW or NHWC as x's layout."""
+def _int_conv(c, x, w, bias, finish, out_dtype) -> np.ndarray:
+    """The results ``finish(acc, channel_axis)`` of the exact int32 accumulator
+    acc = (x - x_zp) * (w - w_zp) + bias (float32 or float64 values), in NCHW or NHWC as
+    x's layout. Ungrouped convolutions run tile by tile (:func:`int_conv2d_nhwc`), so
+    ``finish`` sees [rows, O] blocks there."""
     xz, wz = _zero_points(c)
     layout = c.in_types[0].layout
-    xc, wc = _centered(x, xz), np.asarray(w, F64) - wz
-    if layout is not Layout.nhwc and c.groups == 1 and x.shape[1] < NCHW_CHANNEL_LIMIT:
-        y = conv2d_nchw(xc, wc, c.strides, c.pads, c.dilations, acc_dtype=F64)
-        return y if bias is None else y + bias.astype(F64)[:, None, None]
+    wc = _centered(w, wz)
+    o, cg, kh, kw = w.shape
+    product = _code_span(c.in_types[0]) * float(np.abs(wc).max(initial=0))
+    chunk = exact_chunk(product)
+    bound = product * cg * kh * kw
+    small = layout is not Layout.nhwc and x.shape[1] < NCHW_CHANNEL_LIMIT
+    if c.groups == 1 and not small:
+        n, oh, ow = (c.out_types[0].shape[i] for i in ((0, 1, 2) if layout is Layout.nhwc
+                                                          else (0, 2, 3)))
+        out = np.empty((n, oh, ow, o), out_dtype)
+        wm = wc.transpose(2, 3, 1, 0).reshape(kh * kw * cg, o)
+
+        def epilogue(acc, rows):
+            rows[...] = finish(_add_bias(acc, bias, bound), -1)
+        int_conv2d_nhwc(to_nhwc(x, layout), xz, wm, (kh, kw), c.strides, c.pads,
+                        c.dilations, chunk, epilogue, out)
+        return from_nhwc(out, layout)
+    xc = _centered(x, xz)
+    if small and c.groups == 1:
+        y = conv2d_nchw(xc, wc, c.strides, c.pads, c.dilations, acc_dtype=F32, chunk=chunk)
+        return finish(y if bias is None else _add_bias(y, bias[:, None, None], bound), 1)
     y = conv2d_nhwc(to_nhwc(xc, layout), wc, c.strides, c.pads, c.dilations, c.groups,
-                    acc_dtype=F64)
-    if bias is not None:
-        y += bias.astype(F64)
-    return from_nhwc(y, layout)
+                    acc_dtype=F32, chunk=chunk)
+    return from_nhwc(finish(_add_bias(y, bias, bound), -1), layout)
+
+
+def _channels(v: np.ndarray, axis: int, rank: int) -> np.ndarray:
+    """A per-output-channel vector shaped to broadcast along ``axis`` of a rank-``rank``
+    array (a scalar stays a scalar)."""
+    if v.ndim == 0 or axis in (-1, rank - 1):
+        return v
+    shape = [1] * rank
+    shape[axis] = -1
+    return v.reshape(shape)
 
 
 class QLinearConv(OpDef):
@@ -221,12 +289,12 @@ class QLinearConv(OpDef):
 
     def compute(self, c, x, w, b=None):
         xt, wt, yt = c.in_types[0], c.in_types[1], c.out_types[0]
-        acc = _int_conv(c, x, w, b)
         mult = conv_multiplier(xt.quant, wt.quant, yt.quant)
-        ch = 3 if yt.layout is Layout.nhwc else 1
-        shape = [1] * 4
-        shape[ch] = -1
-        return requantize(acc, mult.reshape(shape), yt.quant.zero_point[0], yt.dtype.np)
+        zp, dtype = yt.quant.zero_point[0], yt.dtype.np
+
+        def finish(acc, axis):
+            return requantize(acc, _channels(mult, axis, acc.ndim), zp, dtype)
+        return _int_conv(c, x, w, b, finish, dtype)
 
     def macs(self, c):
         out, w = c.out_types[0], c.in_types[1]
@@ -256,7 +324,7 @@ class ConvInteger(OpDef):
         return TensorType(shape, DType.i32, x.layout)
 
     def compute(self, c, x, w):
-        return _int_conv(c, x, w).astype(np.int32)
+        return _int_conv(c, x, w, None, lambda acc, axis: acc.astype(np.int32), np.int32)
 
     def macs(self, c):
         out, w = c.out_types[0], c.in_types[1]
@@ -278,10 +346,18 @@ def _b_axis(b: TensorType) -> int | None:
 
 
 def _int_matmul(c, a, b) -> np.ndarray:
+    """The exact int32 product of (a - a_zp)(b - b_zp), as float32 or float64."""
     at, bt = c.in_types
     az = 0 if at.quant is None else at.quant.zero_point[0]
-    bz = 0 if bt.quant is None else np.asarray(bt.quant.zero_point, F64)
-    return np.matmul(_centered(a, az), np.asarray(b, F64) - bz)
+    bz = 0 if bt.quant is None else bt.quant.zero_point
+    ac, bc = _centered(a, az), _centered(b, bz)
+    if ac.ndim == 1 or bc.ndim == 1:            # numpy's 1-D promotion: no split needed
+        return np.matmul(ac.astype(F64), bc.astype(F64))
+    chunk = exact_chunk(_code_span(at) * _code_span(bt))
+    out = np.empty(np.broadcast_shapes(ac.shape[:-2], bc.shape[:-2])
+                   + (ac.shape[-2], bc.shape[-1]), int_acc_dtype(ac.shape[-1], chunk, F32))
+    exact_matmul(ac, bc, chunk, out)
+    return out
 
 
 class QLinearMatMul(OpDef):
@@ -350,8 +426,14 @@ def _vector_kind(ta: TensorType, tb: TensorType, out: tuple) -> str:
 
 
 class _QBinary(OpDef):
+    """A binary op on 8-bit codes: each result depends on its two codes only, so results of
+    large tensors are looked up in the table of all 256 x 256 code pairs, which
+    :meth:`formula` computes (the same arithmetic as element by element)."""
+
     operands = ("a", "b")
     attrs = dict(_OUT_ATTRS)
+    #: results with at least this many elements come from the table
+    TABLE_MIN = 1 << 17
 
     def infer(self, c, a, b):
         _q8(a, "a")
@@ -361,6 +443,21 @@ class _QBinary(OpDef):
         affine(b, "b")
         t = broadcast_types(a.with_(quant=None), b.with_(quant=None))
         return _out_type(c, t.shape, t.layout)
+
+    def formula(self, c, a: np.ndarray, b: np.ndarray, a_first: bool) -> np.ndarray:
+        """The results for broadcastable code arrays ``a`` and ``b``; ``a_first``: which
+        operand MLAS's kernel takes as its first (see :func:`_vector_kind`)."""
+        raise NotImplementedError
+
+    def compute(self, c, a, b):
+        ta, tb, tc = c.in_types[0], c.in_types[1], c.out_types[0]
+        a_first = _vector_kind(ta, tb, tc.shape) != "a"
+        if tc.numel < self.TABLE_MIN:
+            return self.formula(c, a, b, a_first)
+        codes = np.arange(256, dtype=np.uint8).view(a.dtype)
+        table = self.formula(c, codes[:, None], codes[None, :], a_first).reshape(-1)
+        index = np.left_shift(a.view(np.uint8), 8, dtype=np.uint16) | b.view(np.uint8)
+        return table[index]
 
 
 class QLinearAdd(_QBinary):
@@ -372,12 +469,12 @@ class QLinearAdd(_QBinary):
 
     name = "qlinear_add"
 
-    def compute(self, c, a, b):
+    def formula(self, c, a, b, a_first):
         ta, tb, tc = c.in_types[0], c.in_types[1], c.out_types[0]
         (sc,), (zc,) = tc.quant.scale, tc.quant.zero_point
-        operands = [(np.broadcast_to(x, tc.shape).astype(F32), F32(t.quant.scale[0]) / F32(sc),
-                     F32(t.quant.zero_point[0])) for x, t in ((a, ta), (b, tb))]
-        if _vector_kind(ta, tb, tc.shape) == "a":      # MLAS receives b first
+        operands = [(x.astype(F32), F32(t.quant.scale[0]) / F32(sc), F32(t.quant.zero_point[0]))
+                    for x, t in ((a, ta), (b, tb))]
+        if not a_first:                                # MLAS receives b first
             operands.reverse()
         (xv, rv, zv), (xs, rs, zs) = operands
         fixed = (F32(zc) - fma32(rv, zv, rs * zs)).astype(F32)
@@ -392,7 +489,7 @@ class QLinearMul(_QBinary):
 
     name = "qlinear_mul"
 
-    def compute(self, c, a, b):
+    def formula(self, c, a, b, a_first):
         ta, tb, tc = c.in_types[0], c.in_types[1], c.out_types[0]
         (sa,), (za,) = ta.quant.scale, ta.quant.zero_point
         (sb,), (zb,) = tb.quant.scale, tb.quant.zero_point
