@@ -241,6 +241,93 @@ class FxRequantize(OpDef):
         return Rescale.of(q, c.out_frac_bits).apply(x, q.axis)
 
 
+# ---- boundaries: float, onnxruntime's affine codes ---------------------------------------
+def quantize_fixed(y: np.ndarray, frac: int, dtype=np.int8) -> np.ndarray:
+    """round_half_up(y * 2**frac) in float64, saturated to ``dtype`` (NaN -> the minimum)."""
+    info = np.iinfo(dtype)
+    v = np.nan_to_num(np.ldexp(np.asarray(y, np.float64), frac), nan=-np.inf)
+    return saturate(np.floor(np.clip(v, info.min - 1.0, info.max + 1.0) + 0.5), dtype)
+
+
+class FxQuantize(OpDef):
+    """x (f32) -> i8 fixed<out_frac_bits>: quantize_fixed(x, out_frac_bits), round half up
+    in float64 (exact), saturated; NaN becomes -128."""
+
+    name = "fx_quantize"
+    operands = ("x",)
+    attrs = dict(_OUT)
+
+    def infer(self, c, x):
+        require(x.dtype is DType.f32, f"x must be f32, got {x}")
+        _require_out_frac(c.out_frac_bits)
+        return fixed_type(x.shape, c.out_frac_bits, x.layout)
+
+    def compute(self, c, x):
+        return quantize_fixed(x, c.out_frac_bits)
+
+
+class FxDequantize(OpDef):
+    """x (i8/i16/i32 fixed, per tensor or per channel) -> f32: x * 2**-frac_bits, computed
+    in float64 and rounded once to float32 (exact for |x| <= 2**24)."""
+
+    name = "fx_dequantize"
+    operands = ("x",)
+
+    def infer(self, c, x):
+        require(x.dtype in (I8, I16, I32), f"x must be i8/i16/i32, got {x}")
+        fixed_quant(x, "x", (I8, I16, I32), axis=x.quant.axis if x.quant else None)
+        return TensorType(x.shape, DType.f32, x.layout)
+
+    def compute(self, c, x):
+        q = c.in_types[0].quant
+        f = np.asarray(q.frac_bits, np.int64)
+        if f.size > 1:
+            shape = [1] * x.ndim
+            shape[q.axis] = -1
+            f = f.reshape(shape)
+        return np.ldexp(x.astype(np.float64), -f.reshape(f.shape if f.size > 1 else ())
+                        ).astype(np.float32)
+
+
+def bridge_table(scale: float, zero_point: int, frac: int, dtype) -> np.ndarray:
+    """fx_bridge's result for every code of ``dtype`` (index: the code's byte): Rescale of
+    the symmetric scale ``scale`` to ``frac`` applied to code - zero_point."""
+    codes = np.arange(256, dtype=np.uint8).view(dtype).astype(np.int64)
+    return Rescale.of(AffineQuant((scale,), (0,)), frac).apply(codes - zero_point)
+
+
+class FxBridge(OpDef):
+    """The hand-over from onnxruntime's INT8 backbone to the fixed-point head: x (u8/i8,
+    per-tensor affine scale s, zero point z) -> i8 fixed<out_frac_bits>, transposed by
+    ``perm`` (default: none). y = saturate(rshift_round((x - z) * m, n)) with
+    (m, n) = Rescale.of(affine s, out_frac_bits); since s is a float32, m * 2**-n equals
+    s * 2**out_frac_bits exactly, so y is (x - z) * s * 2**out_frac_bits rounded half up
+    once. A table of the 256 codes."""
+
+    name = "fx_bridge"
+    operands = ("x",)
+    attrs = {"out_frac_bits": Int(), "perm": Ints(())}
+
+    def infer(self, c, x):
+        require(x.dtype in (DType.u8, I8), f"x must be u8/i8, got {x}")
+        q = x.quant
+        require(isinstance(q, AffineQuant) and q.axis is None,
+                f"x must carry per-tensor affine quantization, got {x}")
+        _require_out_frac(c.out_frac_bits)
+        Rescale.of(AffineQuant(q.scale, (0,)), c.out_frac_bits)
+        if not c.perm:
+            return fixed_type(x.shape, c.out_frac_bits, x.layout)
+        require(sorted(c.perm) == list(range(x.rank)),
+                f"perm {list(c.perm)} is not a permutation of {x.rank} axes")
+        return fixed_type((x.shape[p] for p in c.perm), c.out_frac_bits)
+
+    def compute(self, c, x):
+        q = c.in_types[0].quant
+        table = bridge_table(q.scale[0], q.zero_point[0], c.out_frac_bits, x.dtype)
+        y = table[x.view(np.uint8)]
+        return np.ascontiguousarray(y.transpose(c.perm)) if c.perm else y
+
+
 # ---- matrix products ---------------------------------------------------------------------
 class _FxProduct(OpDef):
     """Shared by the int8 product ops: acc = exact sum of int8 products, + bias, saturated
