@@ -1,0 +1,207 @@
+"""The typed quantization config: which scheme each weighted op of a graph gets.
+
+A :class:`QuantConfig` is an ordered list of :class:`Rule` s; the first rule that selects a
+node (by op kind and by a glob on its provenance, the ONNX node name or torch module path)
+decides its scheme, else ``default`` does. The reference flow's strategy is the preset
+``reference-flow``::
+
+    cfg = QuantConfig.preset("reference-flow")
+    plan = cfg.plan(graph)                   # node -> rule, for every weighted op
+    print(plan.table())
+    cfg = cfg.override("decoder-attention", weights="per_channel")
+
+Configs are pydantic models: they validate on creation (unknown fields, bad choices and
+empty groups are :class:`ConfigError` naming the field) and load from / save to JSON.
+"""
+from __future__ import annotations
+
+import fnmatch
+import json
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import pydantic
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..errors import BevirError
+from ..ir.graph import Graph, Node
+
+#: the ops whose weights a rule quantizes (a constant operand 1), in the float graph
+WEIGHTED_OPS = ("conv2d", "conv2d_act", "gemm", "linear", "matmul")
+
+
+class ConfigError(BevirError):
+    """A quantization config that does not validate, or a rule group that does not exist."""
+
+
+class Rule(BaseModel):
+    """How the ops a rule selects are quantized.
+
+    ``name``: the group's name (reports, :meth:`QuantConfig.override`). ``ops``: op kinds
+    (empty: every weighted op). ``where``: provenance globs (``fnmatch``; any matches).
+    ``weights``: ``per_tensor`` or ``per_channel`` int8, symmetric. ``activations``:
+    ``fixed`` (power-of-two frac bits, symmetric int8) or ``affine`` (the scale as given,
+    e.g. by onnxruntime). ``exclude``: keep the ops in float.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1)
+    ops: tuple[str, ...] = ()
+    where: tuple[str, ...] = ("*",)
+    weights: Literal["per_tensor", "per_channel"] = "per_tensor"
+    activations: Literal["fixed", "affine"] = "fixed"
+    exclude: bool = False
+
+    def selects(self, node: Node) -> bool:
+        """Whether this rule selects ``node`` (its op kind and provenance)."""
+        if self.ops and node.op not in self.ops:
+            return False
+        loc = node.loc or ""
+        return any(fnmatch.fnmatchcase(loc, pattern) for pattern in self.where)
+
+
+class QuantConfig(BaseModel):
+    """An ordered rule list (first match wins) and the default for unselected ops."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rules: tuple[Rule, ...] = ()
+    default: Rule = Rule(name="default")
+    calibration: Literal["minmax", "percentile", "mse", "entropy"] = "minmax"
+    percentile: float = Field(99.99, gt=0, le=100)
+
+    @classmethod
+    def build(cls, data: dict) -> QuantConfig:
+        """Validate ``data`` (a parsed JSON object) into a config."""
+        try:
+            cfg = cls.model_validate(data)
+        except pydantic.ValidationError as e:
+            raise ConfigError(_describe(e)) from None
+        names = [r.name for r in cfg.rules] + [cfg.default.name]
+        dup = [n for n, k in Counter(names).items() if k > 1]
+        if dup:
+            raise ConfigError(f"rule names must be unique; repeated: {', '.join(dup)}")
+        return cfg
+
+    @classmethod
+    def load(cls, path: str | Path) -> QuantConfig:
+        """Read a JSON config file."""
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ConfigError(f"{path}: cannot read a JSON config: {e}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: expected a JSON object, got {type(data).__name__}")
+        return cls.build(data)
+
+    def save(self, path: str | Path) -> Path:
+        """Write the config as JSON (what :meth:`load` reads)."""
+        Path(path).write_text(self.model_dump_json(indent=1) + "\n")
+        return Path(path)
+
+    @classmethod
+    def preset(cls, name: str) -> QuantConfig:
+        """A shipped config: ``reference-flow`` (the vendor flow's strategy)."""
+        if name not in PRESETS:
+            raise ConfigError(f"no preset '{name}'; presets: {', '.join(PRESETS)}")
+        return cls.build(PRESETS[name])
+
+    def rule_for(self, node: Node) -> Rule:
+        """The rule deciding ``node``'s scheme: the first that selects it, else default."""
+        return next((r for r in self.rules if r.selects(node)), self.default)
+
+    def group(self, name: str) -> Rule:
+        """The rule called ``name``."""
+        for r in (*self.rules, self.default):
+            if r.name == name:
+                return r
+        raise ConfigError(f"no rule group '{name}'; groups: "
+                          f"{', '.join(r.name for r in (*self.rules, self.default))}")
+
+    def override(self, name: str, **changes) -> QuantConfig:
+        """A copy with rule group ``name`` changed (``weights=``, ``activations=``,
+        ``exclude=``...), e.g. to re-run with the worst layers per channel or in float."""
+        old = self.group(name)
+        data = self.model_dump()
+        new = {**old.model_dump(), **changes}
+        if old.name == self.default.name:
+            data["default"] = new
+        else:
+            data["rules"] = [new if r["name"] == name else r for r in data["rules"]]
+        return QuantConfig.build(data)
+
+    def plan(self, graph: Graph) -> QuantPlan:
+        """The rule of every weighted op of ``graph`` (a constant weight operand)."""
+        return QuantPlan([(n, self.rule_for(n)) for n in graph.nodes
+                          if n.op in WEIGHTED_OPS and len(n.inputs) > 1
+                          and n.inputs[1] is not None and n.inputs[1].is_const])
+
+
+@dataclass
+class QuantPlan:
+    """(node, rule) for each weighted op, in graph order."""
+
+    entries: list[tuple[Node, Rule]]
+
+    def __iter__(self) -> Iterator[tuple[Node, Rule]]:
+        return iter(self.entries)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def counts(self) -> dict[str, int]:
+        """Ops per rule group."""
+        return dict(Counter(r.name for _, r in self.entries))
+
+    def table(self) -> str:
+        """One line per rule group: ops, scheme and an example provenance."""
+        rows = [("group", "ops", "weights", "activations", "example")]
+        first: dict[str, Node] = {}
+        rules: dict[str, Rule] = {}
+        for n, r in self.entries:
+            first.setdefault(r.name, n)
+            rules[r.name] = r
+        for name, count in self.counts().items():
+            r = rules[name]
+            rows.append((name, str(count), "float" if r.exclude else r.weights,
+                         "float" if r.exclude else r.activations, first[name].loc or ""))
+        width = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+        return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, width)).rstrip()
+                         for row in rows)
+
+
+def _describe(e: pydantic.ValidationError) -> str:
+    """One line per problem: the field path and what is wrong."""
+    parts = []
+    for err in e.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "config"
+        parts.append(f"{where}: {err['msg']}")
+    return "invalid quantization config: " + "; ".join(parts)
+
+
+_HEAD = "pts_bbox_head"
+_DECODER = f"{_HEAD}.transformer.decoder.layers.*"
+
+#: the shipped configs, as JSON-like data (what a user's file would hold)
+PRESETS: dict[str, dict] = {
+    "reference-flow": {
+        "rules": [
+            {"name": "backbone", "where": ["/img_backbone/*", "/img_neck/*"],
+             "weights": "per_tensor", "activations": "affine"},
+            {"name": "encoder", "where": [f"{_HEAD}.transformer.encoder.*"],
+             "weights": "per_channel"},
+            {"name": "decoder-attention", "where": [f"{_DECODER}.attentions.*"],
+             "weights": "per_tensor"},
+            {"name": "decoder-ffn", "where": [f"{_DECODER}.ffns.*"],
+             "weights": "per_channel"},
+            {"name": "heads", "where": [f"{_HEAD}.cls_branches.*", f"{_HEAD}.reg_branches.*"],
+             "weights": "per_channel"},
+        ],
+        "default": {"name": "other", "weights": "per_tensor"},
+    },
+}
