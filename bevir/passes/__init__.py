@@ -18,6 +18,7 @@ from . import canonicalize, cse, dce, decompose  # noqa: F401  (registers the pa
 from . import fuse  # noqa: F401  (registers fuse)
 from . import fold_qdq  # noqa: F401  (registers fold-qdq)
 from . import bridge  # noqa: F401  (registers insert-bridges)
+from . import quantize  # noqa: F401  (registers quantize)
 from .layout import ToNHWC, count_layout_transforms  # noqa: F401  (registers to-nhwc)
 from .canonicalize import Canonicalize, canonicalization  # noqa: F401
 from .cse import CSE  # noqa: F401

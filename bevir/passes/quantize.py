@@ -1,0 +1,218 @@
+"""quantize: lower calibrated float ops to bevir's fixed-point integer ops, by a QuantConfig.
+
+Each float op with a lowering rule below, whose inputs and result have calibrated ranges
+(:func:`bevir.calibrate`, or a seeded tranges file) and whose config rule does not
+exclude it, becomes its ``fx_*`` op:
+
+- activations: i8 with power-of-two frac bits ``f = floor(log2(127 / max|range|))``
+  (symmetric), chosen per value from its calibrated range;
+- weights: symmetric int8, per tensor or per output channel as the rule says, scale
+  ``max|w| / 127`` (float32), codes ``round_half_even(w / scale)``; biases: int32 in the
+  accumulator's units (``round(b / (scale * 2**-f_x))``).
+
+Values cross between the float and the integer parts through ``fx_quantize`` and
+``fx_dequantize``, so a graph is quantized as far as the lowerings reach and stays
+runnable; ``fx_quantize(fx_dequantize(q))`` of the same frac bits is ``q``.
+
+Lowered so far: ``linear`` and ``gemm`` (constant weight; ``trans_b`` or not, no alpha,
+beta or ``trans_a``), ``matmul`` by a constant 2-D weight, ``relu``, ``add`` of two
+activations, ``sigmoid``. Statistics: ``lowered-<op>`` per op, ``float-left`` (compute
+ops of the kinds above left in float: excluded or uncalibrated).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import PassError
+from ..ir.graph import Graph, Node, Value
+from ..ir.types import AffineQuant, DType, FixedPointQuant, TensorType
+from .analysis import AnalysisManager
+from .calibrate import ranges_of
+from .manager import Pass
+from .quant_config import QuantConfig, Rule
+
+F32 = np.float32
+
+
+def frac_bits_for(lo: float, hi: float) -> int:
+    """The largest frac bits f with max(|lo|, |hi|) * 2**f <= 127 (7 for an all-zero range),
+    within [-31, 31]."""
+    amax = max(abs(lo), abs(hi))
+    if not math.isfinite(amax):
+        raise PassError(f"range [{lo}, {hi}] is not finite")
+    f = 7 if amax == 0 else math.floor(math.log2(127.0 / amax))
+    return max(-31, min(31, f))
+
+
+def quantize_weight(w: np.ndarray, per_channel: bool) -> tuple[np.ndarray, AffineQuant]:
+    """Symmetric int8 codes of a [N, K] weight and their quantization (per row when
+    ``per_channel``): scale max|w| / 127 in float32, round half to even, clip to +-127."""
+    amax = np.abs(w).max(axis=1) if per_channel else np.abs(w).max().reshape(1)
+    scale = np.where(amax > 0, amax / F32(127), F32(1)).astype(F32)
+    codes = np.clip(np.rint(w / (scale[:, None] if per_channel else scale[0])), -127, 127)
+    return codes.astype(np.int8), AffineQuant(tuple(scale.tolist()), (0,) * scale.size,
+                                              0 if per_channel else None)
+
+
+class _Lowering:
+    """The state of one quantize run: the graph, ranges, config and the i8 twins of values."""
+
+    def __init__(self, graph: Graph, config: QuantConfig, stat: Callable[[str], None]):
+        ranges = ranges_of(graph)
+        if ranges is None:
+            raise PassError("quantize needs calibrated ranges: run bevir.calibrate(graph, "
+                            "inputs) or the calibrate pass first")
+        self.graph, self.ranges, self.config, self.stat = graph, ranges, config, stat
+        self.twins: dict[Value, Value] = {}      # float value -> its fx_quantize
+
+    def frac(self, v: Value) -> int | None:
+        """The frac bits for float value ``v``, or None without a calibrated range."""
+        e = self.ranges.get(v)
+        return None if e is None else frac_bits_for(e.lo, e.hi)
+
+    def fixed(self, v: Value, node: Node) -> Value | None:
+        """``v`` as i8 fixed before ``node``: its twin if it has one, else fx_quantize."""
+        src = v.producer
+        if src is not None and src.op == "fx_dequantize":
+            return src.inputs[0]
+        if v in self.twins:
+            return self.twins[v]
+        f = self.frac(v)
+        if f is None:
+            return None
+        after = {"after": src} if src is not None else {"before": node}
+        q = self.graph.create_node("fx_quantize", [v], {"out_frac_bits": f}, loc=node.loc,
+                                   **after).output
+        self.twins[v] = q
+        return q
+
+    def replace(self, node: Node, op: str, inputs: list[Value | None], attrs: dict) -> None:
+        """Swap ``node`` for ``op(inputs){attrs}`` and an fx_dequantize for its float users."""
+        g = self.graph
+        new = g.create_node(op, inputs, attrs, loc=node.loc, before=node)
+        back = g.create_node("fx_dequantize", [new.output], loc=node.loc, before=node)
+        g.replace_all_uses(node.output, back.output)
+        g.erase(node)
+        self.stat(f"lowered-{node.op}")
+
+    # ---- lowerings: (node, rule, out frac) -> None, or a reason to leave it float -----------
+    def product(self, node: Node, rule: Rule, fy: int) -> str | None:
+        x, w, b, trans_b = _linear_parts(node)
+        if w is None:
+            return "not a product by a constant 2-D weight"
+        xq = self.fixed(x, node)
+        if xq is None:
+            return "uncalibrated input"
+        wt = w.const if trans_b else w.const.T                    # [N, K]
+        codes, wq = quantize_weight(np.ascontiguousarray(wt, F32), rule.weights == "per_channel")
+        g = self.graph
+        wv = g.add_const(codes, f"{w.name}.q", TensorType(codes.shape, DType.i8, quant=wq))
+        inputs = [xq, wv]
+        if b is not None:
+            fx = xq.type.quant.frac_bits[0]
+            acc = np.asarray(wq.scale, np.float64) * 2.0 ** -fx
+            bq = np.clip(np.rint(b.const.astype(np.float64) / acc), -2**31, 2**31 - 1)
+            inputs.append(g.add_const(bq.astype(np.int32), f"{b.name}.q"))
+        self.replace(node, "fx_linear", inputs, {"out_frac_bits": fy})
+        return None
+
+    def unary(self, op: str) -> Callable[[Node, Rule, int], str | None]:
+        def lower(node: Node, rule: Rule, fy: int) -> str | None:
+            xq = self.fixed(node.inputs[0], node)
+            if xq is None:
+                return "uncalibrated input"
+            self.replace(node, op, [xq], {"out_frac_bits": fy})
+            return None
+        return lower
+
+    def add(self, node: Node, rule: Rule, fy: int) -> str | None:
+        if any(v.is_const for v in node.inputs):
+            return "adds a constant"
+        qs = [self.fixed(v, node) for v in node.inputs]
+        if None in qs:
+            return "uncalibrated input"
+        self.replace(node, "fx_add", qs, {"out_frac_bits": fy})
+        return None
+
+    def table(self) -> dict[str, Callable[[Node, Rule, int], str | None]]:
+        return {"linear": self.product, "gemm": self.product, "matmul": self.product,
+                "relu": self.unary("fx_relu"), "sigmoid": self.unary("fx_sigmoid"),
+                "add": self.add}
+
+    def run(self) -> None:
+        lowerings = self.table()
+        for node in list(self.graph.nodes):
+            lower = lowerings.get(node.op)
+            if lower is None:
+                continue
+            rule = self.config.rule_for(node)
+            fy = self.frac(node.output)
+            if rule.exclude or fy is None or lower(node, rule, fy) is not None:
+                self.stat("float-left")
+        self._cancel_round_trips()
+
+    def _cancel_round_trips(self) -> None:
+        """fx_quantize(fx_dequantize(q)) with q's frac bits -> q."""
+        for node in list(self.graph.nodes):
+            src = node.inputs[0].producer if node.op == "fx_quantize" else None
+            if src is not None and src.op == "fx_dequantize":
+                q = src.inputs[0]
+                if q.type.quant == FixedPointQuant((node.attrs["out_frac_bits"],)) \
+                        and q.type.dtype is DType.i8:
+                    self.graph.replace_all_uses(node.output, q)
+                    self.graph.erase(node)
+
+
+def _linear_parts(node: Node) -> tuple[Value, Value | None, Value | None, bool]:
+    """(x, constant 2-D weight, constant [N] bias or None, trans_b) of a product; the
+    weight is None when the node is not a plain product by a constant."""
+    x, w = node.inputs[0], node.inputs[1]
+    bias = node.inputs[2] if len(node.inputs) > 2 else None
+    a = node.attrs
+    trans_b = bool(a.get("trans_b", False))
+    plain = {"gemm": lambda: a["alpha"] == 1.0 and a["beta"] == 1.0 and not a["trans_a"],
+             "linear": lambda: a.get("activation", "none") == "none"}.get(node.op, lambda: True)
+    if w is None or not w.is_const or w.type.rank != 2 or not plain():
+        return x, None, None, trans_b
+    n = w.type.shape[0 if trans_b else 1]
+    if bias is not None and not (bias.is_const and bias.type.shape == (n,)):
+        return x, None, None, trans_b
+    return x, w, bias, trans_b
+
+
+def quantize(graph: Graph, config: QuantConfig | str = "reference-flow") -> dict[str, int]:
+    """Lower ``graph``'s calibrated float ops by ``config`` (a QuantConfig, a preset name or
+    a JSON file); returns the statistics."""
+    p = Quantize()
+    if isinstance(config, str):
+        p.config = config
+    else:
+        p._config = config
+    p.reset_statistics()
+    p.run(graph, AnalysisManager(graph))
+    return p.statistics
+
+
+class Quantize(Pass):
+    """Lower calibrated float ops to fixed-point integer ops by a quantization config.
+    Option ``config``: a preset name (default ``reference-flow``) or a JSON config file."""
+
+    name = "quantize"
+    description = "lower calibrated float ops to fx_* integer ops (QuantConfig rules)"
+    semantics_preserving = False
+
+    config: str = "reference-flow"
+
+    def quant_config(self) -> QuantConfig:
+        given = self.__dict__.get("_config")
+        if given is not None:
+            return given
+        path = Path(self.config)
+        return QuantConfig.load(path) if path.suffix == ".json" else QuantConfig.preset(self.config)
+
+    def run(self, graph: Graph, am: AnalysisManager) -> None:
+        _Lowering(graph, self.quant_config(), self.stat).run()
