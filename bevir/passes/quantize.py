@@ -16,7 +16,8 @@ runnable; ``fx_quantize(fx_dequantize(q))`` of the same frac bits is ``q``.
 
 Lowered so far: ``linear`` and ``gemm`` (constant weight; ``trans_b`` or not, no alpha,
 beta or ``trans_a``), ``matmul`` by a constant 2-D weight, ``relu``, ``add`` of two
-activations, ``sigmoid``. Statistics: ``lowered-<op>`` per op, ``float-left`` (compute
+activations, ``sigmoid``, ``softmax`` (``fx_softmax``, out frac bits within 1..7),
+``layer_norm`` over the last axis with constant scale (i16 fixed) and bias (i32 fixed). Statistics: ``lowered-<op>`` per op, ``float-left`` (compute
 ops of the kinds above left in float: excluded or uncalibrated).
 """
 from __future__ import annotations
@@ -33,6 +34,7 @@ from ..ir.types import AffineQuant, DType, FixedPointQuant, TensorType
 from .analysis import AnalysisManager
 from .calibrate import ranges_of
 from .manager import Pass
+from ..ops.fixed import NORM_FRAC, quantize_fixed
 from .quant_config import QuantConfig, Rule
 
 F32 = np.float32
@@ -56,6 +58,21 @@ def quantize_weight(w: np.ndarray, per_channel: bool) -> tuple[np.ndarray, Affin
     codes = np.clip(np.rint(w / (scale[:, None] if per_channel else scale[0])), -127, 127)
     return codes.astype(np.int8), AffineQuant(tuple(scale.tolist()), (0,) * scale.size,
                                               0 if per_channel else None)
+
+
+def fixed_const(a: np.ndarray, dtype, max_frac: int = 31, min_frac: int = -31
+                ) -> tuple[np.ndarray, int]:
+    """A constant as fixed-point codes of ``dtype``: the most frac bits (within
+    [min_frac, max_frac]) that keep max|a| representable, round half up."""
+    top = np.iinfo(dtype).max
+    amax = float(np.abs(a).max(initial=0.0))
+    f = max_frac if amax == 0 else math.floor(math.log2(top / amax))
+    f = max(min_frac, min(max_frac, f))
+    return quantize_fixed(a, f, dtype), f
+
+
+def _fixed_type(codes: np.ndarray, frac: int) -> TensorType:
+    return TensorType(codes.shape, DType.from_numpy(codes.dtype), quant=FixedPointQuant((frac,)))
 
 
 class _Lowering:
@@ -138,10 +155,45 @@ class _Lowering:
         self.replace(node, "fx_add", qs, {"out_frac_bits": fy})
         return None
 
+    def softmax(self, node: Node, rule: Rule, fy: int) -> str | None:
+        xq = self.fixed(node.inputs[0], node)
+        if xq is None:
+            return "uncalibrated input"
+        self.replace(node, "fx_softmax", [xq], {"axis": node.attrs["axis"],
+                                                "out_frac_bits": max(1, min(7, fy))})
+        return None
+
+    def layer_norm(self, node: Node, rule: Rule, fy: int) -> str | None:
+        x, scale, bias = (list(node.inputs) + [None, None])[:3]
+        if node.attrs["axis"] not in (-1, x.type.rank - 1):
+            return "normalizes another axis than the last"
+        if any(p is not None and not p.is_const for p in (scale, bias)):
+            return "scale or bias is not a constant"
+        xq = self.fixed(x, node)
+        if xq is None:
+            return "uncalibrated input"
+        g = self.graph
+        inputs = [xq, None, None]
+        fg = 0
+        if scale is not None:
+            codes, fg = fixed_const(scale.const, np.int16)
+            inputs[1] = g.add_const(codes, f"{scale.name}.q", _fixed_type(codes, fg))
+        if bias is not None:
+            # bias frac bits: aligned with the Q16 normalized value times the scale when the
+            # int32 holds it, else fewer (the shift stays within [0, 31])
+            fb_max = NORM_FRAC + fg
+            codes, fb = fixed_const(bias.const, np.int32, max_frac=fb_max, min_frac=fb_max - 31)
+            inputs[2] = g.add_const(codes, f"{bias.name}.q", _fixed_type(codes, fb))
+        while inputs and inputs[-1] is None:
+            inputs.pop()
+        self.replace(node, "fx_layer_norm", inputs, {"epsilon": node.attrs["epsilon"],
+                                                      "out_frac_bits": fy})
+        return None
+
     def table(self) -> dict[str, Callable[[Node, Rule, int], str | None]]:
         return {"linear": self.product, "gemm": self.product, "matmul": self.product,
                 "relu": self.unary("fx_relu"), "sigmoid": self.unary("fx_sigmoid"),
-                "add": self.add}
+                "add": self.add, "softmax": self.softmax, "layer_norm": self.layer_norm}
 
     def run(self) -> None:
         lowerings = self.table()
