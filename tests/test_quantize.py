@@ -100,3 +100,37 @@ def test_frac_bits_and_weight_codes():
     codes, q = quantize_weight(w, per_channel=False)
     assert codes.tolist() == [[64, -127], [32, 16]] and q.axis is None
     assert isinstance(FixedPointQuant((3,)), FixedPointQuant)
+
+
+@pytest.mark.parametrize("act", ["relu", "gelu"])
+def test_fused_linear_and_conv_with_activations(act):
+    rng = np.random.default_rng(4)
+    b = Builder("cnn")
+    x = b.input("x", TensorType((2, 3, 8, 8)))
+    w = b.const((rng.standard_normal((8, 3, 3, 3)) / 5).astype(np.float32), "w")
+    c = b.conv2d_act(x, w, b.const(np.full(8, 0.1, np.float32), "cb"), pads=[1, 1, 1, 1],
+                     activation="relu")
+    f = b.reshape(c, shape=[2, 8 * 64])
+    y = b.linear(f, b.const((rng.standard_normal((512, 16)) / 20).astype(np.float32), "lw"),
+                 activation=act)
+    b.output("y", y)
+    g = b.graph
+    ref = g.clone()
+    feeds = [{"x": rng.standard_normal((2, 3, 8, 8)).astype(np.float32)} for _ in range(3)]
+    bevir.calibrate(g, feeds)
+    stats = quantize(g, QuantConfig.build({"default": {"name": "all", "weights": "per_channel"}}))
+    assert stats == {"lowered-conv2d_act": 1, "lowered-linear": 1}
+    ops = [n.op for n in g.nodes]
+    assert ops[:3] == ["fx_quantize", "fx_conv2d", "fx_relu"] and f"fx_{act}" in ops
+    sqnr, _, cos = layer_error(bevir.run(ref, feeds[0])["y"], bevir.run(g, feeds[0])["y"])
+    assert sqnr > 20 and cos > 0.99, (sqnr, cos)
+
+
+def test_affine_rules_are_left_to_the_int8_import():
+    g = _mlp()
+    bevir.calibrate(g, _inputs(2))
+    cfg = QuantConfig.build({"rules": [{"name": "enc", "where": ["enc.*"],
+                                        "activations": "affine"}]})
+    stats = quantize(g, cfg)
+    assert stats["affine-left"] == 2                           # the gemm and its relu
+    assert [n.op for n in g.nodes][:2] == ["gemm", "relu"]

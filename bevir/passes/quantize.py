@@ -15,10 +15,16 @@ Values cross between the float and the integer parts through ``fx_quantize`` and
 runnable; ``fx_quantize(fx_dequantize(q))`` of the same frac bits is ``q``.
 
 Lowered so far: ``linear`` and ``gemm`` (constant weight; ``trans_b`` or not, no alpha,
-beta or ``trans_a``), ``matmul`` by a constant 2-D weight, ``relu``, ``add`` of two
-activations, ``sigmoid``, ``softmax`` (``fx_softmax``, out frac bits within 1..7),
-``layer_norm`` over the last axis with constant scale (i16 fixed) and bias (i32 fixed). Statistics: ``lowered-<op>`` per op, ``float-left`` (compute
-ops of the kinds above left in float: excluded or uncalibrated).
+beta or ``trans_a``; a fused relu or gelu becomes fx_relu / fx_gelu), ``matmul`` by a
+constant 2-D weight, ``conv2d`` and ``conv2d_act`` (relu) with constant weights,
+``relu``, ``add`` of two activations, ``sigmoid``, ``softmax`` (``fx_softmax``, out frac
+bits within 1..7), ``layer_norm`` over the last axis with constant scale (i16 fixed) and
+bias (i32 fixed).
+
+Statistics: ``lowered-<op>`` per op, ``float-left`` (compute ops of the kinds above left
+in float: excluded or uncalibrated), ``affine-left`` (ops of rules with
+``activations="affine"``: their quantization is onnxruntime's, imported from the INT8
+ONNX model, not made here).
 """
 from __future__ import annotations
 
@@ -38,6 +44,8 @@ from ..ops.fixed import NORM_FRAC, quantize_fixed
 from .quant_config import QuantConfig, Rule
 
 F32 = np.float32
+#: a fused activation -> the fx op applied after the product (None: no activation)
+ACTIVATIONS = {"none": None, "relu": "fx_relu", "gelu": "fx_gelu"}
 
 
 def frac_bits_for(lo: float, hi: float) -> int:
@@ -51,11 +59,14 @@ def frac_bits_for(lo: float, hi: float) -> int:
 
 
 def quantize_weight(w: np.ndarray, per_channel: bool) -> tuple[np.ndarray, AffineQuant]:
-    """Symmetric int8 codes of a [N, K] weight and their quantization (per row when
-    ``per_channel``): scale max|w| / 127 in float32, round half to even, clip to +-127."""
-    amax = np.abs(w).max(axis=1) if per_channel else np.abs(w).max().reshape(1)
+    """Symmetric int8 codes of a [N, ...] weight and their quantization (per output channel,
+    axis 0, when ``per_channel``): scale max|w| / 127 in float32, round half to even, clip
+    to +-127."""
+    flat = w.reshape(w.shape[0], -1)
+    amax = np.abs(flat).max(axis=1) if per_channel else np.abs(w).max().reshape(1)
     scale = np.where(amax > 0, amax / F32(127), F32(1)).astype(F32)
-    codes = np.clip(np.rint(w / (scale[:, None] if per_channel else scale[0])), -127, 127)
+    per = scale.reshape((-1,) + (1,) * (w.ndim - 1)) if per_channel else scale[0]
+    codes = np.clip(np.rint(w / per), -127, 127)
     return codes.astype(np.int8), AffineQuant(tuple(scale.tolist()), (0,) * scale.size,
                                               0 if per_channel else None)
 
@@ -107,10 +118,16 @@ class _Lowering:
         self.twins[v] = q
         return q
 
-    def replace(self, node: Node, op: str, inputs: list[Value | None], attrs: dict) -> None:
-        """Swap ``node`` for ``op(inputs){attrs}`` and an fx_dequantize for its float users."""
+    def replace(self, node: Node, op: str, inputs: list[Value | None], attrs: dict,
+                then: str | None = None, then_attrs: dict | None = None) -> None:
+        """Swap ``node`` for ``op(inputs){attrs}`` (followed by the unary fx op ``then``, at
+        the same frac bits) and an fx_dequantize for its float users."""
         g = self.graph
         new = g.create_node(op, inputs, attrs, loc=node.loc, before=node)
+        if then is not None:
+            new = g.create_node(then, [new.output], {"out_frac_bits": attrs["out_frac_bits"],
+                                                     **(then_attrs or {})},
+                                loc=node.loc, before=node)
         back = g.create_node("fx_dequantize", [new.output], loc=node.loc, before=node)
         g.replace_all_uses(node.output, back.output)
         g.erase(node)
@@ -118,13 +135,17 @@ class _Lowering:
 
     # ---- lowerings: (node, rule, out frac) -> None, or a reason to leave it float -----------
     def product(self, node: Node, rule: Rule, fy: int) -> str | None:
-        x, w, b, trans_b = _linear_parts(node)
+        conv = node.op in ("conv2d", "conv2d_act")
+        x, w, b, trans_b = _conv_parts(node) if conv else _linear_parts(node)
+        act = node.attrs.get("activation", "none")
         if w is None:
-            return "not a product by a constant 2-D weight"
+            return "not a product by a constant weight"
+        if act not in ACTIVATIONS:
+            return f"activation {act} has no fixed-point lowering"
         xq = self.fixed(x, node)
         if xq is None:
             return "uncalibrated input"
-        wt = w.const if trans_b else w.const.T                    # [N, K]
+        wt = w.const if trans_b or conv else w.const.T            # [N, K] / [O, C, KH, KW]
         codes, wq = quantize_weight(np.ascontiguousarray(wt, F32), rule.weights == "per_channel")
         g = self.graph
         wv = g.add_const(codes, f"{w.name}.q", TensorType(codes.shape, DType.i8, quant=wq))
@@ -134,7 +155,11 @@ class _Lowering:
             acc = np.asarray(wq.scale, np.float64) * 2.0 ** -fx
             bq = np.clip(np.rint(b.const.astype(np.float64) / acc), -2**31, 2**31 - 1)
             inputs.append(g.add_const(bq.astype(np.int32), f"{b.name}.q"))
-        self.replace(node, "fx_linear", inputs, {"out_frac_bits": fy})
+        attrs = {k: node.attrs[k] for k in ("strides", "pads", "dilations", "groups")} \
+            if conv else {}
+        self.replace(node, "fx_conv2d" if conv else "fx_linear", inputs,
+                     {**attrs, "out_frac_bits": fy}, ACTIVATIONS[act],
+                     {"approximate": node.attrs["approximate"]} if act == "gelu" else {})
         return None
 
     def unary(self, op: str) -> Callable[[Node, Rule, int], str | None]:
@@ -192,6 +217,7 @@ class _Lowering:
 
     def table(self) -> dict[str, Callable[[Node, Rule, int], str | None]]:
         return {"linear": self.product, "gemm": self.product, "matmul": self.product,
+                "conv2d": self.product, "conv2d_act": self.product,
                 "relu": self.unary("fx_relu"), "sigmoid": self.unary("fx_sigmoid"),
                 "add": self.add, "softmax": self.softmax, "layer_norm": self.layer_norm}
 
@@ -202,6 +228,9 @@ class _Lowering:
             if lower is None:
                 continue
             rule = self.config.rule_for(node)
+            if rule.activations == "affine":        # onnxruntime's scales: the INT8 import's
+                self.stat("affine-left")
+                continue
             fy = self.frac(node.output)
             if rule.exclude or fy is None or lower(node, rule, fy) is not None:
                 self.stat("float-left")
@@ -226,14 +255,24 @@ def _linear_parts(node: Node) -> tuple[Value, Value | None, Value | None, bool]:
     bias = node.inputs[2] if len(node.inputs) > 2 else None
     a = node.attrs
     trans_b = bool(a.get("trans_b", False))
-    plain = {"gemm": lambda: a["alpha"] == 1.0 and a["beta"] == 1.0 and not a["trans_a"],
-             "linear": lambda: a.get("activation", "none") == "none"}.get(node.op, lambda: True)
+    plain = {"gemm": lambda: a["alpha"] == 1.0 and a["beta"] == 1.0 and not a["trans_a"]
+             }.get(node.op, lambda: True)
     if w is None or not w.is_const or w.type.rank != 2 or not plain():
         return x, None, None, trans_b
     n = w.type.shape[0 if trans_b else 1]
     if bias is not None and not (bias.is_const and bias.type.shape == (n,)):
         return x, None, None, trans_b
     return x, w, bias, trans_b
+
+
+def _conv_parts(node: Node) -> tuple[Value, Value | None, Value | None, bool]:
+    """(x, constant weight, constant bias or None, False) of a convolution; the weight is
+    None unless weight and bias are constants."""
+    x, w = node.inputs[0], node.inputs[1]
+    bias = node.inputs[2] if len(node.inputs) > 2 else None
+    if not w.is_const or (bias is not None and not bias.is_const):
+        return x, None, None, False
+    return x, w, bias, False
 
 
 def quantize(graph: Graph, config: QuantConfig | str = "reference-flow") -> dict[str, int]:
