@@ -1,4 +1,5 @@
 """The whole BEVFormer (test config) as one bevir graph reproduces the PyTorch model."""
+import json
 import sys
 from pathlib import Path
 
@@ -53,9 +54,15 @@ def test_one_graph_matches_pytorch(model, tmp_path, decompose, with_prev):
 def test_e2e_script_writes_its_artifacts(tmp_path):
     report = e2e.run(CFG, tmp_path, seed=0)
     for name in ("checkpoint.safetensors", "test_vectors.safetensors", "config.json", "model.bevir",
-                 "model.safetensors", "golden_outputs.safetensors", "report.json"):
+                 "model.safetensors", "golden_outputs.safetensors", "int8_outputs.safetensors",
+                 "report.json"):
         assert (tmp_path / name).exists(), name
     assert report["comparison"]["bev_iou_match"] == 10
+    int8 = report["int8"]
+    assert int8["fx_ops"] > 100 and int8["quantize"]["lowered-gemm"] > 0
+    assert int8["sqnr_db"]["cls_scores"] > 20 and int8["sqnr_db"]["bbox_preds"] > 20
+    assert int8["comparison"]["bev_iou_match"] >= 8             # the reference flow's check
+    assert json.loads((tmp_path / "report.json").read_text())["int8"]["nodes"] == int8["nodes"]
     g = bevir.load(tmp_path / "model.bevir")
     bevir.verify(g)
     assert len(g.nodes) == report["nodes"]

@@ -191,9 +191,12 @@ _DECODER = f"{_HEAD}.transformer.decoder.layers.*"
 PRESETS: dict[str, dict] = {
     "reference-flow": {
         "rules": [
+            # sampling locations span the out-of-view projections (millions of pixels):
+            # their arithmetic stays float until deformable sampling has its own lowering
+            {"name": "sampling-locations", "where": ["*/sampling"], "exclude": True},
             {"name": "backbone", "where": ["/img_backbone/*", "/img_neck/*"],
              "weights": "per_tensor", "activations": "affine"},
-            {"name": "encoder", "where": [f"{_HEAD}.transformer.encoder.*"],
+            {"name": "encoder", "where": [f"{_HEAD}.transformer.encoder.layers.*"],
              "weights": "per_channel"},
             {"name": "decoder-attention", "where": [f"{_DECODER}.attentions.*"],
              "weights": "per_tensor"},
@@ -202,6 +205,7 @@ PRESETS: dict[str, dict] = {
             {"name": "heads", "where": [f"{_HEAD}.cls_branches.*", f"{_HEAD}.reg_branches.*"],
              "weights": "per_channel"},
         ],
-        "default": {"name": "other", "weights": "per_tensor"},
+        # the geometry (reference points, BEV rotation, camera projection) stays float
+        "default": {"name": "other", "exclude": True},
     },
 }
