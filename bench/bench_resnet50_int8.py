@@ -20,17 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import bevir  # noqa: E402
-from examples.bevformer.backbone import FPN, ResNet50, randomize_bn  # noqa: E402
-
-
-class Backbone(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.img_backbone = ResNet50()
-        self.img_neck = FPN()
-
-    def forward(self, x):
-        return self.img_neck(self.img_backbone(x))
+from examples.bevformer.backbone import ResNetFPN, randomize_bn  # noqa: E402
 
 
 def timed(fn):
@@ -48,7 +38,7 @@ def main() -> None:
     args = ap.parse_args()
 
     torch.manual_seed(0)
-    model = Backbone().eval()
+    model = ResNetFPN().eval()
     randomize_bn(model, torch.Generator().manual_seed(0))
     rng = np.random.default_rng(0)
     shape = (args.batch, 3, *args.size)

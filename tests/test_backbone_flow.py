@@ -20,27 +20,15 @@ from bevir.passes.calibrate import Ranges, ranges_of
 
 torch = pytest.importorskip("torch")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from examples.bevformer.backbone import FPN, ResNet50, randomize_bn  # noqa: E402
+from examples.bevformer.backbone import ResNetFPN, randomize_bn  # noqa: E402
 
 SHAPE = (2, 3, 64, 96)          # 6x3x480x800 in the real flow
-
-
-class Backbone(torch.nn.Module):
-    """ResNet-50 with one bottleneck per stage, and the FPN: the real model's module paths."""
-
-    def __init__(self):
-        super().__init__()
-        self.img_backbone = ResNet50(blocks=(1, 1, 1, 1))
-        self.img_neck = FPN()
-
-    def forward(self, x):
-        return self.img_neck(self.img_backbone(x))
 
 
 @pytest.fixture(scope="module")
 def backbone():
     torch.manual_seed(0)
-    m = Backbone().eval()
+    m = ResNetFPN(blocks=(1, 1, 1, 1)).eval()       # one bottleneck per stage
     randomize_bn(m, torch.Generator().manual_seed(0))
     return m
 

@@ -37,8 +37,8 @@ from ..errors import InterpreterError
 from ..ir.types import AffineQuant, DType, FixedPointQuant, Layout, Quant, TensorType
 from .attention import _levels
 from .common import broadcast_types, norm_axis, require
-from .linalg import (NCHW_CHANNEL_LIMIT, conv2d_nchw, conv2d_nhwc, exact_chunk, exact_matmul,
-                     from_nhwc, int_acc_dtype, to_nhwc)
+from .linalg import (NCHW_CHANNEL_LIMIT, conv2d_nchw, conv2d_nhwc, exact_chunk, exact_int_matmul,
+                     from_nhwc, to_nhwc)
 from .quant import _CONV_ATTRS, _b_axis, _conv_shape, _matmul_shape
 from .registry import Float, Int, Ints, OpDef, Str, get_op
 
@@ -124,11 +124,8 @@ def int_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     block) so every partial sum is exact."""
     a2 = a[None, :] if a.ndim == 1 else a
     b2 = b[:, None] if b.ndim == 1 else b
-    chunk = exact_chunk(128 * 128)
-    out = np.empty(np.broadcast_shapes(a2.shape[:-2], b2.shape[:-2]) + (a2.shape[-2], b2.shape[-1]),
-                   int_acc_dtype(a2.shape[-1], chunk, np.float32))
-    exact_matmul(a2.astype(np.float32), b2.astype(np.float32), chunk, out)
-    acc = out.astype(np.int64)
+    acc = exact_int_matmul(a2.astype(np.float32), b2.astype(np.float32),
+                           exact_chunk(128 * 128)).astype(np.int64)
     if a.ndim == 1:
         acc = acc[..., 0, :]
     return acc[..., 0] if b.ndim == 1 else acc
@@ -596,8 +593,7 @@ class FxRelu(OpDef):
 # ---- lookup tables -----------------------------------------------------------------------
 def _table_from_real(y: np.ndarray, out_frac: int) -> np.ndarray:
     """round_half_up(y * 2**out_frac) saturated to int8 (NaN -> -128), read-only."""
-    v = np.nan_to_num(np.ldexp(np.asarray(y, np.float64), out_frac), nan=-np.inf)
-    t = saturate(np.floor(np.clip(v, -129.0, 128.0) + 0.5))
+    t = quantize_fixed(y, out_frac)
     t.setflags(write=False)
     return t
 

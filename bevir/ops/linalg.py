@@ -55,6 +55,17 @@ def int_acc_dtype(k: int, chunk: int | None, acc_dtype) -> np.dtype:
     return np.dtype(np.float64 if chunk is not None and k > chunk else acc_dtype)
 
 
+def exact_int_matmul(a: np.ndarray, b: np.ndarray, chunk: int) -> np.ndarray:
+    """``a @ b`` (numpy matmul rules) of integer-valued float32 operands, exactly: float32,
+    or float64 when the reduction is split (:func:`exact_matmul`)."""
+    if a.ndim == 1 or b.ndim == 1:          # numpy's 1-D promotion: one float64 product
+        return np.matmul(a.astype(np.float64), b.astype(np.float64))
+    out = np.empty(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1]),
+                   int_acc_dtype(a.shape[-1], chunk, np.float32))
+    exact_matmul(a, b, chunk, out)
+    return out
+
+
 def conv2d_nhwc(x: np.ndarray, w: np.ndarray, strides, pads, dilations, groups: int,
                 acc_dtype=None, chunk: int | None = None) -> np.ndarray:
     """Grouped 2-D convolution of NHWC ``x`` with OIHW ``w`` as im2col + one GEMM per group.

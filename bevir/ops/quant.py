@@ -19,7 +19,7 @@ import numpy as np
 from ..ir.types import AffineQuant, DType, Layout, TensorType
 from .common import broadcast_types, norm_axis, require
 from .linalg import (F32_EXACT, NCHW_CHANNEL_LIMIT, _nchw_dims, conv2d_nchw, conv2d_nhwc,
-                     conv_out_size, exact_chunk, exact_matmul, from_nhwc, int_acc_dtype,
+                     conv_out_size, exact_chunk, exact_int_matmul, from_nhwc,
                      int_conv2d_nhwc, to_nhwc)
 from .registry import Bool, Float, Floats, Int, Ints, OpDef, Str
 
@@ -80,16 +80,21 @@ def _params(q: AffineQuant, rank: int, axis: int | None = None):
     return s.reshape(shape), z.reshape(shape)
 
 
-def saturate_round(v: np.ndarray, zero_point, dtype, scratch: bool = False) -> np.ndarray:
+def saturate_round(v: np.ndarray, zero_point, dtype, scratch: bool = False,
+                   finite: bool = False) -> np.ndarray:
     """saturate(round_half_even(v) + zero_point) as MLAS does it: v (float32) clamped to
     [min - zp, max - zp] in float (NaN becomes the minimum), rounded to nearest even, zero
-    point added. ``scratch``: v may be overwritten."""
+    point added. ``scratch``: v may be overwritten; ``finite``: v holds no NaN (one clip
+    does the clamp)."""
     info = np.iinfo(dtype)
     zp = np.asarray(zero_point, np.int32)
     lo, hi = (info.min - zp).astype(F32), (info.max - zp).astype(F32)
     same = scratch and np.broadcast_shapes(v.shape, lo.shape) == v.shape
-    v = np.fmax(v, lo, out=v if same else None)      # fmax: NaN -> lo, as MAXPS(v, lo)
-    np.minimum(v, hi, out=v)
+    if finite:
+        v = np.clip(v, lo, hi, out=v if same else None)
+    else:
+        v = np.fmax(v, lo, out=v if same else None)  # fmax: NaN -> lo, as MAXPS(v, lo)
+        np.minimum(v, hi, out=v)
     np.rint(v, out=v)
     if zp.any():                                     # small integers: exact in float32
         v = np.add(v, zp.astype(F32), out=v if v.ndim >= zp.ndim else None)
@@ -101,16 +106,7 @@ def requantize(acc: np.ndarray, multiplier, zero_point, dtype) -> np.ndarray:
     converted to float32, times the float32 multiplier, then saturate_round (the product
     is finite: a plain clamp)."""
     v = np.multiply(np.asarray(acc), np.asarray(multiplier, F32), dtype=F32)
-    info = np.iinfo(dtype)
-    zp = np.asarray(zero_point, np.int32)
-    lo, hi = (info.min - zp).astype(F32), (info.max - zp).astype(F32)
-    if zp.ndim == 0:
-        np.clip(v, lo, hi, out=v)
-        np.rint(v, out=v)
-        if zp:
-            v += F32(zp)
-        return v.astype(dtype)
-    return saturate_round(v, zp, dtype)
+    return saturate_round(v, zero_point, dtype, scratch=True, finite=True)
 
 
 def fma32(a, b, c) -> np.ndarray:
@@ -350,14 +346,8 @@ def _int_matmul(c, a, b) -> np.ndarray:
     at, bt = c.in_types
     az = 0 if at.quant is None else at.quant.zero_point[0]
     bz = 0 if bt.quant is None else bt.quant.zero_point
-    ac, bc = _centered(a, az), _centered(b, bz)
-    if ac.ndim == 1 or bc.ndim == 1:            # numpy's 1-D promotion: no split needed
-        return np.matmul(ac.astype(F64), bc.astype(F64))
-    chunk = exact_chunk(_code_span(at) * _code_span(bt))
-    out = np.empty(np.broadcast_shapes(ac.shape[:-2], bc.shape[:-2])
-                   + (ac.shape[-2], bc.shape[-1]), int_acc_dtype(ac.shape[-1], chunk, F32))
-    exact_matmul(ac, bc, chunk, out)
-    return out
+    return exact_int_matmul(_centered(a, az), _centered(b, bz),
+                            exact_chunk(_code_span(at) * _code_span(bt)))
 
 
 class QLinearMatMul(OpDef):

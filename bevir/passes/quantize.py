@@ -48,14 +48,19 @@ F32 = np.float32
 ACTIVATIONS = {"none": None, "relu": "fx_relu", "gelu": "fx_gelu"}
 
 
+def _most_frac_bits(amax: float, top: int, lo: int, hi: int, empty: int) -> int:
+    """The largest f in [lo, hi] with amax * 2**f <= top (``empty`` when amax is 0)."""
+    f = empty if amax == 0 else math.floor(math.log2(top / amax))
+    return max(lo, min(hi, f))
+
+
 def frac_bits_for(lo: float, hi: float) -> int:
     """The largest frac bits f with max(|lo|, |hi|) * 2**f <= 127 (7 for an all-zero range),
     within [-31, 31]."""
     amax = max(abs(lo), abs(hi))
     if not math.isfinite(amax):
         raise PassError(f"range [{lo}, {hi}] is not finite")
-    f = 7 if amax == 0 else math.floor(math.log2(127.0 / amax))
-    return max(-31, min(31, f))
+    return _most_frac_bits(amax, 127, -31, 31, 7)
 
 
 def quantize_weight(w: np.ndarray, per_channel: bool) -> tuple[np.ndarray, AffineQuant]:
@@ -75,10 +80,8 @@ def fixed_const(a: np.ndarray, dtype, max_frac: int = 31, min_frac: int = -31
                 ) -> tuple[np.ndarray, int]:
     """A constant as fixed-point codes of ``dtype``: the most frac bits (within
     [min_frac, max_frac]) that keep max|a| representable, round half up."""
-    top = np.iinfo(dtype).max
-    amax = float(np.abs(a).max(initial=0.0))
-    f = max_frac if amax == 0 else math.floor(math.log2(top / amax))
-    f = max(min_frac, min(max_frac, f))
+    f = _most_frac_bits(float(np.abs(a).max(initial=0.0)), np.iinfo(dtype).max, min_frac,
+                        max_frac, max_frac)
     return quantize_fixed(a, f, dtype), f
 
 
@@ -275,17 +278,22 @@ def _conv_parts(node: Node) -> tuple[Value, Value | None, Value | None, bool]:
     return x, w, bias, False
 
 
+def load_config(config: QuantConfig | str) -> QuantConfig:
+    """A QuantConfig as given, or a preset name, or a ``.json`` config file."""
+    if isinstance(config, QuantConfig):
+        return config
+    return QuantConfig.load(config) if Path(config).suffix == ".json" else QuantConfig.preset(config)
+
+
 def quantize(graph: Graph, config: QuantConfig | str = "reference-flow") -> dict[str, int]:
     """Lower ``graph``'s calibrated float ops by ``config`` (a QuantConfig, a preset name or
     a JSON file); returns the statistics."""
-    p = Quantize()
-    if isinstance(config, str):
-        p.config = config
-    else:
-        p._config = config
-    p.reset_statistics()
-    p.run(graph, AnalysisManager(graph))
-    return p.statistics
+    stats: dict[str, int] = {}
+
+    def stat(counter: str) -> None:
+        stats[counter] = stats.get(counter, 0) + 1
+    _Lowering(graph, load_config(config), stat).run()
+    return stats
 
 
 class Quantize(Pass):
@@ -298,12 +306,5 @@ class Quantize(Pass):
 
     config: str = "reference-flow"
 
-    def quant_config(self) -> QuantConfig:
-        given = self.__dict__.get("_config")
-        if given is not None:
-            return given
-        path = Path(self.config)
-        return QuantConfig.load(path) if path.suffix == ".json" else QuantConfig.preset(self.config)
-
     def run(self, graph: Graph, am: AnalysisManager) -> None:
-        _Lowering(graph, self.quant_config(), self.stat).run()
+        _Lowering(graph, load_config(self.config), self.stat).run()

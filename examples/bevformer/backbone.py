@@ -81,6 +81,19 @@ class FPN(nn.Module):
         return self.fpn_convs[0](self.lateral_convs[0](c5))
 
 
+class ResNetFPN(nn.Module):
+    """img -> feats: ResNet-50 and the FPN as one module, under the detector's key names
+    (``img_backbone.*``, ``img_neck.*``) and module paths. ``blocks``: bottlenecks per stage."""
+
+    def __init__(self, blocks=(3, 4, 6, 3)):
+        super().__init__()
+        self.img_backbone = ResNet50(blocks)
+        self.img_neck = FPN()
+
+    def forward(self, img: torch.Tensor) -> torch.Tensor:
+        return self.img_neck(self.img_backbone(img))
+
+
 def randomize_bn(module: nn.Module, generator: torch.Generator) -> None:
     """Give every BatchNorm non-trivial eval statistics (synthetic but sane weights)."""
     for m in module.modules():
