@@ -7,6 +7,7 @@ from . import ops  # noqa: F401  (registers the ops)
 from .sim import Interpreter, run  # noqa: F401
 from .passes import optimize  # noqa: F401
 from .passes.calibrate import calibrate  # noqa: F401
+from .passes.quantize import float_ops_between, quantize  # noqa: F401
 from .frontends.onnx import from_onnx  # noqa: F401
 from .frontends.ort_quantize import QuantizeError, QuantizedBackbone, quantize_backbone  # noqa: F401
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import bevir
+from bevir.passes.quant_config import QuantConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from examples.bevformer import e2e  # noqa: E402
@@ -55,13 +56,35 @@ def test_e2e_script_writes_its_artifacts(tmp_path):
     report = e2e.run(CFG, tmp_path, seed=0)
     for name in ("checkpoint.safetensors", "test_vectors.safetensors", "config.json", "model.bevir",
                  "model.safetensors", "golden_outputs.safetensors", "int8_outputs.safetensors",
-                 "report.json"):
+                 "report.json", "backbone_int8.onnx", "model_int8.bevir", "int8_layers.json",
+                 "int8_layers.png"):
         assert (tmp_path / name).exists(), name
     assert report["comparison"]["bev_iou_match"] == 10
     int8 = report["int8"]
     assert int8["fx_ops"] > 100 and int8["quantize"]["lowered-gemm"] > 0
     assert int8["sqnr_db"]["cls_scores"] > 20 and int8["sqnr_db"]["bbox_preds"] > 20
     assert int8["comparison"]["bev_iou_match"] >= 8             # the reference flow's check
+    # the INT8 backbone hands over through one bridge; what stays float between the image
+    # and the outputs is the box decoding (host post-processing in the reference flow)
+    q = bevir.load(tmp_path / "model_int8.bevir")
+    bevir.verify(q)
+    assert q.op_counts()["fx_bridge"] == 1 and q.op_counts()["qlinear_conv"] > 10
+    cfg = QuantConfig.preset("reference-flow")
+    left = bevir.float_ops_between(q, ["img"]).nodes
+    decoding = [n for n in left if n.op != "fx_dequantize"]
+    assert decoding and {cfg.rule_for(n).name for n in decoding} == {"box-decoding"}
+    # the other float values are the conversions into it
+    assert all({cfg.rule_for(u).name for u in n.output.users} == {"box-decoding"}
+               for n in left if n.op == "fx_dequantize")
+    assert int8["float_on_path"] == bevir.float_ops_between(q, ["img"]).counts()
+    assert len(int8["worst_layers"]) == 5 and all(w["group"] for w in int8["worst_layers"])
+    layers = json.loads((tmp_path / "int8_layers.json").read_text())
+    assert len(layers["layers"]) > 100
+    # the saved program reruns bit-identically to the script's run
+    from safetensors.numpy import load_file
+    saved = load_file(str(tmp_path / "int8_outputs.safetensors"))
+    again = bevir.run(q, e2e.golden_inputs(q, make_inputs(CFG, 0, with_prev_bev=True)))
+    assert all(np.array_equal(saved[k], again[k]) for k in saved)
     assert json.loads((tmp_path / "report.json").read_text())["int8"]["nodes"] == int8["nodes"]
     g = bevir.load(tmp_path / "model.bevir")
     bevir.verify(g)

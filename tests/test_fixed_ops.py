@@ -696,6 +696,67 @@ def test_declared_type_with_wrong_frac_bits_fails_verify():
 def test_every_fx_op_has_a_definition():
     names = {"fx_requantize", "fx_matmul", "fx_linear", "fx_conv2d", "fx_add", "fx_sub",
              "fx_mul", "fx_div", "fx_relu", "fx_sigmoid", "fx_exp", "fx_log",
-             "fx_inverse_sigmoid", "fx_gelu", "fx_softmax", "fx_layer_norm", "fx_ms_deform_attn"}
+             "fx_inverse_sigmoid", "fx_gelu", "fx_softmax", "fx_layer_norm", "fx_ms_deform_attn",
+             "fx_reduce_sum", "fx_reduce_mean", "fx_quantize", "fx_dequantize", "fx_bridge"}
     assert names <= set(bevir.ops.all_ops())
     assert all(get_op(n).__doc__ for n in names)
+
+
+# ---- widened results, reductions, 16-bit softmax -----------------------------------------
+@pytest.mark.parametrize("op", ["fx_add", "fx_mul", "fx_quantize"])
+def test_wide_results_are_exact_where_i8_saturates(op):
+    rng = np.random.default_rng(21)
+    a, b = ints(rng, (64,)), ints(rng, (64,))
+    if op == "fx_quantize":
+        x = rng.standard_normal(64).astype(np.float32) * 1e4
+        y = run(op, [(x, TensorType.of(x))], out_frac_bits=8, out_dtype="i32")
+        assert y.dtype == np.int32
+        assert y.tolist() == [math.floor(float(v) * 256 + 0.5) for v in x]
+        return
+    ops = [(a, fx(a.shape, 3)), (b, fx(b.shape, 5))]
+    y = run(op, ops, out_frac_bits=10, out_dtype="i32")
+    exact = [(Fraction(int(p), 8) + Fraction(int(q), 32)) if op == "fx_add"
+             else Fraction(int(p), 8) * Fraction(int(q), 32) for p, q in zip(a, b)]
+    assert y.dtype == np.int32 and y.tolist() == [int(v * 1024) for v in exact]   # exact
+    narrow = run(op, ops, out_frac_bits=10)                     # default i8: saturates
+    assert narrow.dtype == np.int8 and np.array_equal(narrow, np.clip(y, -128, 127))
+
+
+@pytest.mark.parametrize("op, mean", [("fx_reduce_sum", False), ("fx_reduce_mean", True)])
+@pytest.mark.parametrize("f_in, f_out", [(5, 5), (6, 3), (2, 7)])
+def test_reductions_round_once(op, mean, f_in, f_out):
+    rng = np.random.default_rng(f_in * 8 + f_out)
+    x = ints(rng, (3, 6, 5), lo=-40, hi=40)
+    y = run(op, [(x, fx(x.shape, f_in))], axes=[0, 2], keepdims=False, out_frac_bits=f_out)
+    n = 15 if mean else 1
+    for j in range(6):
+        exact = Fraction(int(x[:, j, :].astype(np.int64).sum()), n * 2**f_in) * 2**f_out
+        want = max(-128, min(127, math.floor(exact + Fraction(1, 2))))
+        assert y[j] == want, (j, y[j], want)
+    assert y.shape == (6,)
+
+
+def test_softmax_of_i16_scores_and_i16_probabilities():
+    rng = np.random.default_rng(30)
+    f_in = 10
+    x = ints(rng, (20, 40), np.int16, lo=-16000, hi=16000)
+    x[0] = 0
+    x[1, 5] = 32767                                   # one dominant score
+    y = run("fx_softmax", [(x, fx(x.shape, f_in, I16))], out_frac_bits=15, out_dtype="i16")
+    t = softmax_exp_table(f_in, I16)
+    assert t[-1] == 0 and t[-2] > 0 and t.size == math.ceil(16 * math.log(2) * 2**f_in) + 1
+    for row, got in zip(x, y):
+        m = int(row.max())
+        e = [int(t[min(m - int(v), t.size - 1)]) for v in row]
+        r = 2**46 // sum(e)
+        assert got.tolist() == [min(32767, rhu(v * r, 46 - 15)) for v in e]
+    err = np.abs(deq(y, 15) - float_op("softmax", deq(x, f_in)))
+    assert err.max() <= 2.0**-14 + 41 * 2.0**-16
+
+
+def test_matmul_of_i16_probabilities_is_exact():
+    rng = np.random.default_rng(31)
+    p, v = ints(rng, (2, 7, 40), np.int16, lo=0, hi=2000), ints(rng, (2, 40, 8))
+    y = run("fx_matmul", [(p, fx(p.shape, 15, I16)), (v, fx(v.shape, 5))], out_frac_bits=6)
+    acc = np.einsum("bik,bkj->bij", p.astype(np.int64), v.astype(np.int64))
+    assert np.array_equal(y, np.clip(rshift_round(acc, 15 + 5 - 6), -128, 127))

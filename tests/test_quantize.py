@@ -134,3 +134,107 @@ def test_affine_rules_are_left_to_the_int8_import():
     stats = quantize(g, cfg)
     assert stats["affine-left"] == 2                           # the gemm and its relu
     assert [n.op for n in g.nodes][:2] == ["gemm", "relu"]
+
+
+def _attention_block(seed=0):
+    """Deformable sampling with offsets added to float geometry, a camera mean divided by a
+    count, elementwise arithmetic, inverse_sigmoid and a softmax attention: every lowering."""
+    rng = np.random.default_rng(seed)
+    w = lambda k, n: (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)  # noqa: E731
+    b = Builder("block")
+    x = b.input("x", TensorType((2, 24, 8)))                 # image features, 2 cameras
+    q = b.input("q", TensorType((2, 10, 8)))                 # queries
+    ref = b.input("ref", TensorType((2, 10, 1, 1, 1, 2)))    # geometry: not a source
+    mask = b.input("mask", TensorType((2, 10, 1), "bool"))
+    with b.loc("blk.attn/value_proj"):
+        value = b.reshape(b.linear(x, b.const(w(8, 8), "wv")), shape=[2, 24, 2, 4])
+    with b.loc("blk.attn/sampling_offsets"):
+        off = b.reshape(b.linear(q, b.const(w(8, 16) * 0.5, "wo")), shape=[2, 10, 2, 1, 4, 2])
+        off = b.div(off, b.const(np.array([6, 4], np.float32), "level_sizes"))
+    with b.loc("blk.attn/attention_weights"):
+        aw = b.softmax(b.reshape(b.linear(q, b.const(w(8, 8), "wa")), shape=[2, 10, 2, 4]))
+    with b.loc("blk.attn/sampling"):
+        s = b.ms_deform_attn(value, b.add(ref, off), b.reshape(aw, shape=[2, 10, 2, 1, 4]),
+                             spatial_shapes=[4, 6])
+    with b.loc("blk.attn/camera_mean"):
+        seen = b.cast(mask, to="f32")
+        total = b.reduce_sum(b.mul(s, seen), axes=[0], keepdims=True)
+        count = b.max(b.reduce_sum(seen, axes=[0], keepdims=True), b.const(np.float32(1), "one"))
+        y = b.div(total, count)                                          # [1, 10, 8]
+    with b.loc("blk.tail"):
+        t = b.clip(b.mul(b.sub(y, b.const(np.float32(0.1), "c")), b.const(np.float32(0.5), "h")),
+                   min=-0.3, max=0.3)
+        b.output("m", b.reduce_mean(b.concat(t, y, axis=-1), axes=[-1], keepdims=True))
+        x1 = b.clip(b.sigmoid(y), min=0.0, max=1.0)
+        num = b.clip(x1, min=1e-5)
+        den = b.clip(b.sub(b.const(np.float32(1), "one_"), x1), min=1e-5)
+        b.output("inv", b.log(b.div(num, den)))
+        k = b.linear(q, b.const(w(8, 8), "wk"))                         # [2, 10, 8]
+        scores = b.matmul(b.mul(k, b.const(np.float32(0.35), "scale")), b.transpose(k, perm=[0, 2, 1]))
+        b.output("att", b.matmul(b.softmax(scores), k))
+    return b.graph
+
+
+def _block_inputs(n, seed=1):
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        out.append({"x": rng.standard_normal((2, 24, 8)).astype(np.float32),
+                    "q": rng.standard_normal((2, 10, 8)).astype(np.float32),
+                    # in-view points near the maps, and some far out of view
+                    "ref": np.where(rng.random((2, 10, 1, 1, 1, 2)) < 0.8,
+                                    rng.random((2, 10, 1, 1, 1, 2)),
+                                    rng.choice([-1e6, 5e5], (2, 10, 1, 1, 1, 2))).astype(np.float32),
+                    "mask": rng.random((2, 10, 1)) < 0.7})
+    return out
+
+
+def test_every_op_of_an_attention_block_is_lowered_between_the_sources_and_outputs():
+    g = _attention_block()
+    ref = g.clone()
+    bevir.calibrate(g, _block_inputs(3))
+    cfg = QuantConfig.build({"sources": ["x", "q"], "default": {"name": "all"}})
+    stats = quantize(g, cfg)
+    bevir.optimize(g, "sink-dequantize,cse,dce")
+    bevir.verify(g)
+    for op in ("ms_deform_attn", "div", "mul", "sub", "clip", "concat", "reduce_sum",
+               "reduce_mean", "log", "matmul", "softmax", "sigmoid", "linear"):
+        assert stats.get(f"lowered-{op}", 0) >= 1, op
+    assert stats["geometry-left"] == 1                  # the camera count (a sum of the mask)
+    assert len(bevir.float_ops_between(g, ["x", "q"])) == 0
+    ops = {n.op: n for n in g.nodes}
+    assert ops["fx_ms_deform_attn"].inputs[1].type.dtype.value == "i32"   # the locations
+    assert ops["fx_inverse_sigmoid"].attrs["eps"] == pytest.approx(1e-5)
+    assert "fx_div" in ops and ops["fx_div"].inputs[1].producer.op == "cast"
+    soft = [n for n in g.nodes if n.op == "fx_softmax"]
+    assert all(n.inputs[0].type.dtype.value == "i16" for n in soft)   # scores from products
+    probs = next(n for n in g.nodes if n.op == "fx_matmul" and n.inputs[0].producer.op == "fx_softmax")
+    assert probs.inputs[0].type.dtype.value == "i16"     # attention probabilities for a matmul
+    feed = _block_inputs(1, seed=7)[0]
+    got, want = bevir.run(g, feed), bevir.run(ref, feed)
+    for name in ("m", "inv", "att"):
+        sqnr, _, _ = layer_error(want[name], got[name])
+        assert sqnr > 20, (name, sqnr)
+    again = bevir.run(g, feed)
+    assert all(np.array_equal(got[k], again[k]) for k in got)
+
+
+def test_sampling_offsets_beyond_the_location_bound_stay_float():
+    g = _attention_block()
+    feeds = _block_inputs(2)
+    for f in feeds:
+        f["q"] = f["q"] * 1e4                     # offsets of ~1000 map widths
+    bevir.calibrate(g, feeds)
+    stats = quantize(g, QuantConfig.build({"sources": ["x", "q"], "default": {"name": "all"}}))
+    assert "lowered-ms_deform_attn" not in stats and stats["float-left"] >= 1
+    assert any(n.op == "ms_deform_attn" for n in g.nodes)
+
+
+def test_float_ops_between_counts_what_stays_float():
+    g = _mlp()
+    bevir.calibrate(g, _inputs(2))
+    quantize(g, _config().override("dec", exclude=True))
+    left = bevir.float_ops_between(g, ["x"])
+    assert left.counts() == {"matmul": 1, "add": 1, "layer_norm": 1}
+    assert "dec.norm" in left.table()
+    assert len(bevir.float_ops_between(g, ["nothing"])) == 0

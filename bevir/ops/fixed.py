@@ -40,7 +40,7 @@ from .common import broadcast_types, norm_axis, require
 from .linalg import (NCHW_CHANNEL_LIMIT, conv2d_nchw, conv2d_nhwc, exact_chunk, exact_int_matmul,
                      from_nhwc, to_nhwc)
 from .quant import _CONV_ATTRS, _b_axis, _conv_shape, _matmul_shape
-from .registry import Float, Int, Ints, OpDef, Str, get_op
+from .registry import Bool, Float, Int, Ints, OpDef, Str, get_op
 
 I8, I16, I32 = DType.i8, DType.i16, DType.i32
 INT_TYPES = (DType.i8, DType.i16, DType.i32, DType.i64, DType.u8)
@@ -124,8 +124,11 @@ def int_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     block) so every partial sum is exact."""
     a2 = a[None, :] if a.ndim == 1 else a
     b2 = b[:, None] if b.ndim == 1 else b
-    acc = exact_int_matmul(a2.astype(np.float32), b2.astype(np.float32),
-                           exact_chunk(128 * 128)).astype(np.int64)
+    if a.dtype == np.int16:       # |products| <= 2**22: float64 sums of <= 2**16 are exact
+        acc = np.matmul(a2.astype(np.float64), b2.astype(np.float64)).astype(np.int64)
+    else:
+        acc = exact_int_matmul(a2.astype(np.float32), b2.astype(np.float32),
+                               exact_chunk(128 * 128)).astype(np.int64)
     if a.ndim == 1:
         acc = acc[..., 0, :]
     return acc[..., 0] if b.ndim == 1 else acc
@@ -215,27 +218,35 @@ def _require_out_frac(frac: int, lo: int = -31, hi: int = 31) -> None:
 
 
 _OUT = {"out_frac_bits": Int()}
+#: the result's integer type, where an op may widen (sampling locations: i32)
+_WIDE = {"out_dtype": Str("i8", ("i8", "i16", "i32"))}
+FIXED = (I8, I16, I32)
+
+
+def out_dtype(c) -> DType:
+    """The result dtype an op's ``out_dtype`` attribute names."""
+    return DType[c.out_dtype]
 
 
 # ---- requantization ----------------------------------------------------------------------
 class FxRequantize(OpDef):
-    """x (i8/i16/i32; fixed point or symmetric affine, per tensor or per channel) -> i8
-    fixed<out_frac_bits>: Rescale.of(x's quantization, out_frac_bits)."""
+    """x (i8/i16/i32; fixed point or symmetric affine, per tensor or per channel) ->
+    out_dtype (default i8) fixed<out_frac_bits>: Rescale.of(x's quantization, out_frac_bits)."""
 
     name = "fx_requantize"
     operands = ("x",)
-    attrs = dict(_OUT)
+    attrs = {**_OUT, **_WIDE}
 
     def infer(self, c, x):
         require(x.dtype in (I8, I16, I32), f"x must be i8/i16/i32, got {x}")
         require(x.quant is not None, f"x must carry quantization, got {x}")
         _require_out_frac(c.out_frac_bits)
         Rescale.of(x.quant, c.out_frac_bits)
-        return fixed_type(x.shape, c.out_frac_bits, x.layout)
+        return fixed_type(x.shape, c.out_frac_bits, x.layout, out_dtype(c))
 
     def compute(self, c, x):
         q = c.in_types[0].quant
-        return Rescale.of(q, c.out_frac_bits).apply(x, q.axis)
+        return Rescale.of(q, c.out_frac_bits).apply(x, q.axis, out_dtype(c).np)
 
 
 # ---- boundaries: float, onnxruntime's affine codes ---------------------------------------
@@ -247,20 +258,20 @@ def quantize_fixed(y: np.ndarray, frac: int, dtype=np.int8) -> np.ndarray:
 
 
 class FxQuantize(OpDef):
-    """x (f32) -> i8 fixed<out_frac_bits>: quantize_fixed(x, out_frac_bits), round half up
-    in float64 (exact), saturated; NaN becomes -128."""
+    """x (f32) -> out_dtype (default i8) fixed<out_frac_bits>: quantize_fixed(x,
+    out_frac_bits), round half up in float64 (exact), saturated; NaN becomes the minimum."""
 
     name = "fx_quantize"
     operands = ("x",)
-    attrs = dict(_OUT)
+    attrs = {**_OUT, **_WIDE}
 
     def infer(self, c, x):
         require(x.dtype is DType.f32, f"x must be f32, got {x}")
         _require_out_frac(c.out_frac_bits)
-        return fixed_type(x.shape, c.out_frac_bits, x.layout)
+        return fixed_type(x.shape, c.out_frac_bits, x.layout, out_dtype(c))
 
     def compute(self, c, x):
-        return quantize_fixed(x, c.out_frac_bits)
+        return quantize_fixed(x, c.out_frac_bits, out_dtype(c).np)
 
 
 class FxDequantize(OpDef):
@@ -328,9 +339,10 @@ class FxBridge(OpDef):
 # ---- matrix products ---------------------------------------------------------------------
 class _FxProduct(OpDef):
     """Shared by the int8 product ops: acc = exact sum of int8 products, + bias, saturated
-    to int32, requantized per tensor or per output channel by Rescale."""
+    to int32, requantized per tensor or per output channel by Rescale to out_dtype (default
+    i8; i16 keeps attention scores fine for a softmax)."""
 
-    attrs = dict(_OUT)
+    attrs = {**_OUT, **_WIDE}
 
     def weight_axis(self, w: TensorType) -> int | None:
         """The axis of w along which it may be quantized per output channel."""
@@ -349,8 +361,11 @@ class _FxProduct(OpDef):
         x, w = c.in_types[0], c.in_types[1]
         return acc_quant(x.quant.frac_bits[0], w.quant)
 
+    #: the dtypes of operand 0
+    x_dtypes: tuple = (I8,)
+
     def infer(self, c, x, w, b=None):
-        xf = frac_of(x, "x")
+        xf = frac_of(x, "x", self.x_dtypes)
         wq = weight_quant(w, "w", self.weight_axis(w))
         shape = self.out_shape(c, x, w)
         k = self.reduction(c, x, w)
@@ -361,7 +376,7 @@ class _FxProduct(OpDef):
         check_bias(b, channels, acc)
         _require_out_frac(c.out_frac_bits)
         Rescale.of(acc, c.out_frac_bits)
-        return fixed_type(shape, c.out_frac_bits, x.layout)
+        return fixed_type(shape, c.out_frac_bits, x.layout, out_dtype(c))
 
     def channel_axis(self, shape: tuple, x: TensorType) -> int:
         """The result axis of the output channels (per-channel parameters run along it)."""
@@ -375,7 +390,7 @@ class _FxProduct(OpDef):
             shape[axis] = -1
             acc = acc + b.astype(np.int64).reshape(shape)
         acc = saturate(acc, np.int32)
-        return Rescale.of(self._acc_quant(c), c.out_frac_bits).apply(acc, axis)
+        return Rescale.of(self._acc_quant(c), c.out_frac_bits).apply(acc, axis, out_dtype(c).np)
 
     def macs(self, c):
         return c.out_types[0].numel * self.reduction(c, *c.in_types[:2])
@@ -387,6 +402,7 @@ class FxMatMul(_FxProduct):
 
     name = "fx_matmul"
     operands = ("a", "b", "bias?")
+    x_dtypes = (I8, I16)         # i16 a: attention probabilities from an i16 fx_softmax
 
     def weight_axis(self, w):
         return _b_axis(w)
@@ -429,7 +445,7 @@ class FxConv2d(_FxProduct):
 
     name = "fx_conv2d"
     operands = ("x", "w", "b?")
-    attrs = {**_CONV_ATTRS, **_OUT}
+    attrs = {**_CONV_ATTRS, **_OUT, **_WIDE}
 
     def weight_axis(self, w):
         return 0
@@ -459,26 +475,27 @@ def _broadcast(a: TensorType, b: TensorType) -> TensorType:
 
 
 class _FxAddSub(OpDef):
-    """a +/- b for i8 fixed operands: both shifted left to the larger frac bits F (exact),
-    summed, then rshift_round by F - out_frac_bits and saturated; broadcasting."""
+    """a +/- b for i8/i16/i32 fixed operands: both shifted left to the larger frac bits F
+    (exact), summed, then rshift_round by F - out_frac_bits and saturated to out_dtype
+    (default i8); broadcasting."""
 
     operands = ("a", "b")
-    attrs = dict(_OUT)
+    attrs = {**_OUT, **_WIDE}
     sign = 1
 
     def infer(self, c, a, b):
-        fa, fb = frac_of(a, "a"), frac_of(b, "b")
+        fa, fb = frac_of(a, "a", FIXED), frac_of(b, "b", FIXED)
         require(abs(fa - fb) <= 31, f"frac bits {fa} and {fb} differ by more than 31")
         _require_out_frac(c.out_frac_bits)
         Rescale.of(FixedPointQuant((max(fa, fb),)), c.out_frac_bits)
         t = _broadcast(a, b)
-        return fixed_type(t.shape, c.out_frac_bits, t.layout)
+        return fixed_type(t.shape, c.out_frac_bits, t.layout, out_dtype(c))
 
     def compute(self, c, a, b):
         fa, fb = (t.quant.frac_bits[0] for t in c.in_types)
         f = max(fa, fb)
         s = (a.astype(np.int64) << (f - fa)) + self.sign * (b.astype(np.int64) << (f - fb))
-        return saturate(rshift_round(s, f - c.out_frac_bits))
+        return saturate(rshift_round(s, f - c.out_frac_bits), out_dtype(c).np)
 
 
 class FxAdd(_FxAddSub):
@@ -495,23 +512,25 @@ class FxSub(_FxAddSub):
 
 
 class FxMul(OpDef):
-    """a (i8 fixed) * b (i8/i16 fixed; e.g. a constant): the exact product (frac fa + fb),
-    rshift_round by fa + fb - out_frac_bits, saturated; broadcasting."""
+    """a (i8/i16/i32 fixed) * b (i8/i16 fixed; e.g. a constant): the exact product (frac
+    fa + fb), rshift_round by fa + fb - out_frac_bits, saturated to out_dtype (default
+    i8); broadcasting."""
 
     name = "fx_mul"
     operands = ("a", "b")
-    attrs = dict(_OUT)
+    attrs = {**_OUT, **_WIDE}
 
     def infer(self, c, a, b):
-        fa, fb = frac_of(a, "a"), frac_of(b, "b", (I8, I16))
+        fa, fb = frac_of(a, "a", FIXED), frac_of(b, "b", (I8, I16))
         _require_out_frac(c.out_frac_bits)
         Rescale.of(FixedPointQuant((fa + fb,)), c.out_frac_bits)
         t = _broadcast(a, b)
-        return fixed_type(t.shape, c.out_frac_bits, t.layout)
+        return fixed_type(t.shape, c.out_frac_bits, t.layout, out_dtype(c))
 
     def compute(self, c, a, b):
         f = sum(t.quant.frac_bits[0] for t in c.in_types)
-        return saturate(rshift_round(a.astype(np.int64) * b, f - c.out_frac_bits))
+        return saturate(rshift_round(a.astype(np.int64) * b, f - c.out_frac_bits),
+                        out_dtype(c).np)
 
 
 @functools.lru_cache(maxsize=None)
@@ -566,6 +585,50 @@ class FxDiv(OpDef):
         num = np.clip(x.astype(np.int64) << xs, -129 * den, 129 * den)
         m = np.where(num >= 0, m_pos[d], m_neg[d])
         return saturate((num * m + (1 << (s - 1))) >> s)
+
+
+class FxReduceSum(OpDef):
+    """Sum of i8 fixed x over ``axes`` (exact, int64), rshift_round to out_frac_bits and
+    saturated: y = round_half_up(sum * 2**(out_frac_bits - f))."""
+
+    name = "fx_reduce_sum"
+    operands = ("x",)
+    attrs = {"axes": Ints(), "keepdims": Bool(True), **_OUT}
+    mean = False
+
+    def infer(self, c, x):
+        frac_of(x, "x")
+        axes = {norm_axis(a, x.rank) for a in c.axes}
+        require(self._count(x.shape, axes) < 1 << 24, "reduction longer than 2**24")
+        _require_out_frac(c.out_frac_bits)
+        shape = [1 if i in axes else s for i, s in enumerate(x.shape)]
+        if not c.keepdims:
+            shape = [s for i, s in enumerate(shape) if i not in axes]
+        return fixed_type(shape, c.out_frac_bits, x.layout)
+
+    @staticmethod
+    def _count(shape, axes) -> int:
+        return math.prod(shape[a] for a in axes)
+
+    def compute(self, c, x):
+        t = c.in_types[0]
+        axes = tuple(sorted({norm_axis(a, t.rank) for a in c.axes}))
+        acc = x.astype(np.int64).sum(axis=axes, keepdims=c.keepdims)
+        shift = t.quant.frac_bits[0] - c.out_frac_bits
+        n = self._count(t.shape, axes) if self.mean else 1
+        if n == 1:
+            return saturate(rshift_round(acc, shift))
+        # round_half_up(acc * 2**-shift / n) = floor((2 * num + den) / (2 * den))
+        num, den = acc << max(-shift, 0), n << max(shift, 0)
+        return saturate(np.floor_divide(2 * num + den, 2 * den))
+
+
+class FxReduceMean(FxReduceSum):
+    """Mean of i8 fixed x over ``axes``: the exact sum divided by the count, rounded half
+    up once: y = round_half_up(sum * 2**(out_frac_bits - f) / n)."""
+
+    name = "fx_reduce_mean"
+    mean = True
 
 
 class FxRelu(OpDef):
@@ -688,37 +751,44 @@ class FxGelu(_FxLookup):
 
 # ---- softmax -----------------------------------------------------------------------------
 @functools.lru_cache(maxsize=None)
-def softmax_exp_table(in_frac: int) -> np.ndarray:
+def softmax_exp_table(in_frac: int, dtype: DType = I8) -> np.ndarray:
     """fx_softmax's exp table: entry k = round_half_up(exp(-k * 2**-in_frac) * 2**15) for
-    k = max - x in 0..255 (int64, read-only)."""
-    k = np.arange(256, dtype=np.float64)
+    k = max - x in 0..255 (i8 x), or for i16 x up to the first k whose entry is 0 (larger
+    differences read that last entry) (int64, read-only)."""
+    n = 256 if dtype is I8 else min(1 << 16, math.ceil(math.ldexp(16 * math.log(2), in_frac)) + 1)
+    k = np.arange(n, dtype=np.float64)
     t = np.floor(np.ldexp(np.exp(-np.ldexp(k, -in_frac)), EXP_FRAC) + 0.5).astype(np.int64)
     t.setflags(write=False)
     return t
 
 
 class FxSoftmax(OpDef):
-    """Softmax along ``axis`` of i8 fixed x -> i8 fixed<out_frac_bits> (1..7, default 7):
-    e = softmax_exp_table[max - x], S = sum e, R = floor(2**46 / S),
-    y = min(127, rshift_round(e * R, 46 - out_frac_bits))."""
+    """Softmax along ``axis`` of i8 or i16 fixed x (i16: e.g. attention scores straight
+    from an fx_matmul) -> out_dtype (i8, default, or i16) fixed<out_frac_bits> (1..7 for
+    i8, default 7; 1..15 for i16): e = softmax_exp_table[min(max - x, len - 1)], S = sum e,
+    R = floor(2**46 / S), y = saturate(rshift_round(e * R, 46 - out_frac_bits))."""
 
     name = "fx_softmax"
     operands = ("x",)
-    attrs = {"axis": Int(-1), "out_frac_bits": Int(7)}
+    attrs = {"axis": Int(-1), "out_frac_bits": Int(7), **_WIDE}
 
     def infer(self, c, x):
-        frac_of(x, "x")
+        frac_of(x, "x", (I8, I16))
         axis = norm_axis(c.axis, x.rank)
         require(1 <= x.shape[axis] < 1 << 16, f"softmax length {x.shape[axis]} outside [1, 65535]")
-        _require_out_frac(c.out_frac_bits, 1, 7)
-        return fixed_type(x.shape, c.out_frac_bits, x.layout)
+        dtype = out_dtype(c)
+        require(dtype in (I8, I16), f"out_dtype {dtype} must be i8 or i16")
+        _require_out_frac(c.out_frac_bits, 1, 7 if dtype is I8 else 15)
+        return fixed_type(x.shape, c.out_frac_bits, x.layout, dtype)
 
     def compute(self, c, x):
         axis = norm_axis(c.axis, x.ndim)
         xi = x.astype(np.intp)
-        e = softmax_exp_table(c.in_types[0].quant.frac_bits[0])[xi.max(axis, keepdims=True) - xi]
+        t = c.in_types[0]
+        table = softmax_exp_table(t.quant.frac_bits[0], t.dtype)
+        e = table[np.minimum(xi.max(axis, keepdims=True) - xi, table.size - 1)]
         r = (1 << RECIP_BITS) // e.sum(axis, keepdims=True)
-        return saturate(rshift_round(e * r, RECIP_BITS - c.out_frac_bits))
+        return saturate(rshift_round(e * r, RECIP_BITS - c.out_frac_bits), out_dtype(c).np)
 
 
 # ---- layer norm --------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from .rewrites import RewriteLog, RewriteRecord, limit_rewrites, rewrite_permitt
 from . import canonicalize, cse, dce, decompose  # noqa: F401  (registers the passes)
 from . import fuse  # noqa: F401  (registers fuse)
 from . import fold_qdq  # noqa: F401  (registers fold-qdq)
-from . import bridge  # noqa: F401  (registers insert-bridges)
+from . import bridge, sink_dequantize  # noqa: F401  (registers insert-bridges, sink-dequantize)
 from . import quantize  # noqa: F401  (registers quantize)
 from .layout import ToNHWC, count_layout_transforms  # noqa: F401  (registers to-nhwc)
 from .canonicalize import Canonicalize, canonicalization  # noqa: F401

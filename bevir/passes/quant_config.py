@@ -65,12 +65,18 @@ class Rule(BaseModel):
 
 
 class QuantConfig(BaseModel):
-    """An ordered rule list (first match wins) and the default for unselected ops."""
+    """An ordered rule list (first match wins) and the default for unselected ops.
+
+    ``sources``: the graph inputs whose computations are quantized (the image, the previous
+    BEV); ops that do not depend on any of them (camera geometry from ``lidar2img`` and
+    ``can_bus``, constant subgraphs) stay float and are quantized where they join. Empty,
+    or naming no input of the graph: every op."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     rules: tuple[Rule, ...] = ()
     default: Rule = Rule(name="default")
+    sources: tuple[str, ...] = ()
     calibration: Literal["minmax", "percentile", "mse", "entropy"] = "minmax"
     percentile: float = Field(99.99, gt=0, le=100)
 
@@ -190,10 +196,11 @@ _DECODER = f"{_HEAD}.transformer.decoder.layers.*"
 #: the shipped configs, as JSON-like data (what a user's file would hold)
 PRESETS: dict[str, dict] = {
     "reference-flow": {
+        "sources": ["img", "feats", "prev_bev"],
         "rules": [
-            # sampling locations span the out-of-view projections (millions of pixels):
-            # their arithmetic stays float until deformable sampling has its own lowering
-            {"name": "sampling-locations", "where": ["*/sampling"], "exclude": True},
+            # the reference flow's host post-processing: the last reference update, sigmoid
+            # and denormalization of the boxes to metres (8 bits would be ~0.8 m steps)
+            {"name": "box-decoding", "where": [_HEAD], "exclude": True},
             {"name": "backbone", "where": ["/img_backbone/*", "/img_neck/*"],
              "weights": "per_tensor", "activations": "affine"},
             {"name": "encoder", "where": [f"{_HEAD}.transformer.encoder.layers.*"],
@@ -205,7 +212,8 @@ PRESETS: dict[str, dict] = {
             {"name": "heads", "where": [f"{_HEAD}.cls_branches.*", f"{_HEAD}.reg_branches.*"],
              "weights": "per_channel"},
         ],
-        # the geometry (reference points, BEV rotation, camera projection) stays float
-        "default": {"name": "other", "exclude": True},
+        # the rest of the head (decoder norms, reference-point refinement, box decoding);
+        # the geometry, which does not depend on the sources, stays float
+        "default": {"name": "other", "weights": "per_channel"},
     },
 }

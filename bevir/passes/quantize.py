@@ -29,7 +29,9 @@ ONNX model, not made here).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -89,6 +91,44 @@ def _fixed_type(codes: np.ndarray, frac: int) -> TensorType:
     return TensorType(codes.shape, DType.from_numpy(codes.dtype), quant=FixedPointQuant((frac,)))
 
 
+#: data movement a fixed-point value goes through unchanged (operand 0 is the data)
+MOVES = ("reshape", "flatten", "squeeze", "unsqueeze", "transpose", "slice", "expand", "gather")
+#: sampling locations (normalized) are i32 fixed; beyond +-LOC_BOUND they saturate, which
+#: samples nothing as the exact value would (the image spans [0, 1])
+LOC_BOUND = 128.0
+#: the most a term of the location arithmetic may reach (calibrated) for that to hold
+LOC_TERM_BOUND = LOC_BOUND / 2
+
+
+def _reachable(graph: Graph, names: tuple[str, ...]) -> set[Node] | None:
+    """The nodes that depend on the graph inputs called ``names`` (None: no restriction)."""
+    starts = [v for v in graph.inputs if v.name in names]
+    if not names or not starts:
+        return None
+    seen: set[Node] = set()
+    stack = list(starts)
+    while stack:
+        for user in stack.pop().users:
+            if user not in seen:
+                seen.add(user)
+                stack.extend(user.outputs)
+    return seen
+
+
+def _integer_valued(v: Value) -> bool:
+    """Whether ``v`` holds integers by construction: a cast of integers or booleans, an
+    integral constant, or max/min/sum/add of such (e.g. a count of cameras)."""
+    if v.is_const:
+        return bool(np.all(np.mod(v.const, 1) == 0))
+    p = v.producer
+    if p is None:
+        return False
+    if p.op == "cast":
+        return not p.inputs[0].type.dtype.is_float
+    return p.op in ("max", "min", "add", "reduce_sum", "reduce_max", "reduce_min") and all(
+        _integer_valued(x) for x in p.inputs if x is not None)
+
+
 class _Lowering:
     """The state of one quantize run: the graph, ranges, config and the i8 twins of values."""
 
@@ -98,28 +138,69 @@ class _Lowering:
             raise PassError("quantize needs calibrated ranges: run bevir.calibrate(graph, "
                             "inputs) or the calibrate pass first")
         self.graph, self.ranges, self.config, self.stat = graph, ranges, config, stat
-        self.twins: dict[Value, Value] = {}      # float value -> its fx_quantize
+        self.twins: dict[tuple[Value, str], Value] = {}     # (float value, dtype) -> fixed
+        self.active = _reachable(graph, config.sources)
 
-    def frac(self, v: Value) -> int | None:
-        """The frac bits for float value ``v``, or None without a calibrated range."""
+    def is_active(self, node: Node | None) -> bool:
+        """Whether ``node`` computes on the quantized sources (the image, prev_bev)."""
+        return node is not None and (self.active is None or node in self.active)
+
+    def frac(self, v: Value, dtype=np.int8, bound: float | None = None) -> int | None:
+        """The frac bits for float value ``v`` in ``dtype`` (its range capped at ``bound``),
+        or None without a calibrated range."""
         e = self.ranges.get(v)
-        return None if e is None else frac_bits_for(e.lo, e.hi)
-
-    def fixed(self, v: Value, node: Node) -> Value | None:
-        """``v`` as i8 fixed before ``node``: its twin if it has one, else fx_quantize."""
-        src = v.producer
-        if src is not None and src.op == "fx_dequantize":
-            return src.inputs[0]
-        if v in self.twins:
-            return self.twins[v]
-        f = self.frac(v)
-        if f is None:
+        if e is None:
             return None
-        after = {"after": src} if src is not None else {"before": node}
-        q = self.graph.create_node("fx_quantize", [v], {"out_frac_bits": f}, loc=node.loc,
-                                   **after).output
-        self.twins[v] = q
-        return q
+        amax = max(abs(e.lo), abs(e.hi))
+        if not math.isfinite(amax) and bound is None:
+            raise PassError(f"range [{e.lo}, {e.hi}] of %{v.name} is not finite")
+        amax = amax if bound is None else min(amax, bound)
+        return _most_frac_bits(amax, np.iinfo(dtype).max, -31, 31, 7)
+
+    def _create(self, op: str, inputs: list, attrs: dict, at: Node, after: Node | None = None
+                ) -> Value:
+        where = {"after": after} if after is not None else {"before": at}
+        return self.graph.create_node(op, inputs, attrs, loc=at.loc, **where).output
+
+    def const(self, v: Value, dtype=np.int8, frac: int | None = None) -> Value:
+        """A float constant as fixed-point codes of ``dtype`` (its own frac bits unless given)."""
+        a = np.asarray(v.const, np.float64)
+        codes, f = fixed_const(a, dtype) if frac is None else (quantize_fixed(a, frac, dtype), frac)
+        return self.graph.add_const(codes, self.graph.unique_name(f"{v.name}.q"),
+                                    _fixed_type(codes, f))
+
+    def twin(self, v: Value, dtype: DType) -> Value | None:
+        """The fixed codes ``v`` was dequantized from, through data movement (recreated on
+        the integers), or None."""
+        src = v.producer
+        if src is None:
+            return None
+        if src.op == "fx_dequantize":
+            q = src.inputs[0]
+            return q if q.type.dtype is dtype else None
+        if src.op in MOVES and not src.inputs[0].is_const:
+            inner = self.twin(src.inputs[0], dtype)
+            if inner is not None and inner.type.quant.axis is None:
+                return self._create(src.op, [inner, *src.inputs[1:]], src.attrs, src, after=src)
+        return None
+
+    def fixed(self, v: Value, node: Node, dtype: DType = DType.i8, frac: int | None = None,
+              bound: float | None = None) -> Value | None:
+        """``v`` as fixed point of ``dtype`` before ``node``: a quantized constant, the codes
+        it was dequantized from, or an fx_quantize (None without a calibrated range)."""
+        if v.is_const:
+            return self.const(v, dtype.np, frac)
+        key = (v, dtype.value)
+        if key not in self.twins:
+            t = self.twin(v, dtype)
+            if t is None or (frac is not None and t.type.quant.frac_bits[0] != frac):
+                f = self.frac(v, dtype.np, bound) if frac is None else frac
+                if f is None:
+                    return None
+                t = self._create("fx_quantize", [v], {"out_frac_bits": f, "out_dtype": dtype.value},
+                                 node, after=v.producer)
+            self.twins[key] = t
+        return self.twins[key]
 
     def replace(self, node: Node, op: str, inputs: list[Value | None], attrs: dict,
                 then: str | None = None, then_attrs: dict | None = None) -> None:
@@ -131,10 +212,23 @@ class _Lowering:
             new = g.create_node(then, [new.output], {"out_frac_bits": attrs["out_frac_bits"],
                                                      **(then_attrs or {})},
                                 loc=node.loc, before=node)
-        back = g.create_node("fx_dequantize", [new.output], loc=node.loc, before=node)
+        self._swap(node, new.output)
+
+    def _swap(self, node: Node, fixed: Value) -> None:
+        """Replace ``node``'s float result by ``fx_dequantize(fixed)``; ``fixed`` takes over
+        the result's name (per-layer comparisons match values by name)."""
+        g = self.graph
+        name = node.output.name
+        back = g.create_node("fx_dequantize", [fixed], loc=node.loc, before=node)
         g.replace_all_uses(node.output, back.output)
         g.erase(node)
+        g.rename(fixed, name)
         self.stat(f"lowered-{node.op}")
+
+    def operands(self, node: Node, values=None) -> list[Value] | None:
+        """The operands as i8 fixed (constants quantized), or None if one is uncalibrated."""
+        qs = [self.fixed(v, node) for v in (node.inputs if values is None else values)]
+        return None if None in qs else qs
 
     # ---- lowerings: (node, rule, out frac) -> None, or a reason to leave it float -----------
     def product(self, node: Node, rule: Rule, fy: int) -> str | None:
@@ -142,7 +236,7 @@ class _Lowering:
         x, w, b, trans_b = _conv_parts(node) if conv else _linear_parts(node)
         act = node.attrs.get("activation", "none")
         if w is None:
-            return "not a product by a constant weight"
+            return self.activation_product(node, fy)
         if act not in ACTIVATIONS:
             return f"activation {act} has no fixed-point lowering"
         xq = self.fixed(x, node)
@@ -160,35 +254,137 @@ class _Lowering:
             inputs.append(g.add_const(bq.astype(np.int32), f"{b.name}.q"))
         attrs = {k: node.attrs[k] for k in ("strides", "pads", "dilations", "groups")} \
             if conv else {}
+        if act == "none":
+            attrs.update(self.result_width(node, fy))
         self.replace(node, "fx_conv2d" if conv else "fx_linear", inputs,
-                     {**attrs, "out_frac_bits": fy}, ACTIVATIONS[act],
+                     {"out_frac_bits": fy, **attrs}, ACTIVATIONS[act],
                      {"approximate": node.attrs["approximate"]} if act == "gelu" else {})
         return None
 
+    def activation_product(self, node: Node, fy: int) -> str | None:
+        """matmul of two activations (attention scores, attention times values)."""
+        if node.op != "matmul" or any(v.is_const for v in node.inputs):
+            return "not a product by a constant weight or of two activations"
+        a = self.twin(node.inputs[0], DType.i16) or self.fixed(node.inputs[0], node)
+        b = self.fixed(node.inputs[1], node)
+        if a is None or b is None:
+            return "uncalibrated input"
+        self.replace(node, "fx_matmul", [a, b], {"out_frac_bits": fy,
+                                                  **self.result_width(node, fy)})
+        return None
+
+    def result_width(self, node: Node, fy: int) -> dict:
+        """A product read only by softmaxes (attention scores) keeps 16 bits: an 8-bit
+        score of a wide logit range would be too coarse for the exponentials."""
+        if not _feeds(node.output, ("softmax",)):
+            return {}
+        return {"out_dtype": "i16", "out_frac_bits": self.frac(node.output, np.int16)}
+
     def unary(self, op: str) -> Callable[[Node, Rule, int], str | None]:
         def lower(node: Node, rule: Rule, fy: int) -> str | None:
-            xq = self.fixed(node.inputs[0], node)
-            if xq is None:
+            qs = self.operands(node, node.inputs[:1])
+            if qs is None:
                 return "uncalibrated input"
-            self.replace(node, op, [xq], {"out_frac_bits": fy})
+            self.replace(node, op, qs, {"out_frac_bits": fy})
             return None
         return lower
 
-    def add(self, node: Node, rule: Rule, fy: int) -> str | None:
-        if any(v.is_const for v in node.inputs):
-            return "adds a constant"
-        qs = [self.fixed(v, node) for v in node.inputs]
-        if None in qs:
+    def binary(self, op: str) -> Callable[[Node, Rule, int], str | None]:
+        def lower(node: Node, rule: Rule, fy: int) -> str | None:
+            if all(v.is_const for v in node.inputs):
+                return "both operands are constants"
+            qs = self.operands(node)
+            if qs is None:
+                return "uncalibrated input"
+            self.replace(node, op, qs, {"out_frac_bits": fy})
+            return None
+        return lower
+
+    def mul(self, node: Node, rule: Rule, fy: int) -> str | None:
+        a, b = node.inputs
+        if a.is_const:
+            a, b = b, a
+        if a.is_const:
+            return "both operands are constants"
+        aq = self.fixed(a, node)
+        bq = self.const(b, np.int16) if b.is_const else self.fixed(b, node)
+        if aq is None or bq is None:
             return "uncalibrated input"
-        self.replace(node, "fx_add", qs, {"out_frac_bits": fy})
+        self.replace(node, "fx_mul", [aq, bq], {"out_frac_bits": fy})
         return None
 
-    def softmax(self, node: Node, rule: Rule, fy: int) -> str | None:
+    def div(self, node: Node, rule: Rule, fy: int) -> str | None:
+        x, d = node.inputs
+        xq = self.fixed(x, node) if not x.is_const else None
+        if xq is None:
+            return "uncalibrated or constant dividend"
+        if d.is_const:
+            if np.any(d.const == 0):
+                return "divides by a constant with zeros"
+            recip = self.graph.add_const(np.asarray(1.0 / d.const.astype(np.float64), F32),
+                                         self.graph.unique_name(f"{d.name}.recip"))
+            self.replace(node, "fx_mul", [xq, self.const(recip, np.int16)], {"out_frac_bits": fy})
+            return None
+        e = self.ranges.get(d)
+        if not _integer_valued(d) or e is None or e.hi > 1 << 16:
+            return "the divisor is neither a constant nor a count"
+        count = self._create("cast", [d], {"to": "i32", "saturate": True}, node)
+        self.replace(node, "fx_div", [xq, count], {"out_frac_bits": fy,
+                                                    "max_count": max(255, math.ceil(e.hi))})
+        return None
+
+    def reduce(self, op: str) -> Callable[[Node, Rule, int], str | None]:
+        def lower(node: Node, rule: Rule, fy: int) -> str | None:
+            qs = self.operands(node)
+            if qs is None:
+                return "uncalibrated input"
+            self.replace(node, op, qs, {"axes": node.attrs["axes"],
+                                        "keepdims": node.attrs["keepdims"], "out_frac_bits": fy})
+            return None
+        return lower
+
+    def clip(self, node: Node, rule: Rule, fy: int) -> str | None:
+        """clip on the codes, the bounds rounded to the input's frac bits."""
         xq = self.fixed(node.inputs[0], node)
         if xq is None:
             return "uncalibrated input"
-        self.replace(node, "fx_softmax", [xq], {"axis": node.attrs["axis"],
-                                                "out_frac_bits": max(1, min(7, fy))})
+        f = xq.type.quant.frac_bits[0]
+        bounds = {k: float(np.clip(np.floor(node.attrs[k] * 2.0 ** f + 0.5), -128, 127))
+                  for k in ("min", "max") if node.attrs.get(k) is not None}
+        self._swap(node, self._create("clip", [xq], bounds, node))
+        return None
+
+    def log(self, node: Node, rule: Rule, fy: int) -> str | None:
+        """BEVFormer's inverse_sigmoid (log(max(x, eps) / max(1 - x, eps)) of x clamped to
+        [0, 1]) as one table; another log as fx_log."""
+        x, eps = _inverse_sigmoid(node)
+        if x is None:
+            return self.unary("fx_log")(node, rule, fy)
+        xq = self.fixed(x, node)
+        if xq is None:
+            return "uncalibrated input"
+        self.replace(node, "fx_inverse_sigmoid", [xq], {"out_frac_bits": fy, "eps": eps})
+        return None
+
+    def softmax(self, node: Node, rule: Rule, fy: int) -> str | None:
+        xq = self.twin(node.inputs[0], DType.i16) or self.fixed(node.inputs[0], node)
+        if xq is None:
+            return "uncalibrated input"
+        # probabilities that weight values in a matmul (attention) keep 16 bits
+        wide = _feeds(node.output, ("matmul",), operand=0)
+        self.replace(node, "fx_softmax", [xq], {
+            "axis": node.attrs["axis"], "out_dtype": "i16" if wide else "i8",
+            "out_frac_bits": 15 if wide else max(1, min(7, fy))})
+        return None
+
+    def concat(self, node: Node, rule: Rule, fy: int) -> str | None:
+        """concat on the codes, each operand requantized to the result's frac bits."""
+        qs = self.operands(node)
+        if qs is None:
+            return "uncalibrated input"
+        qs = [q if q.type.quant.frac_bits[0] == fy else
+              self._create("fx_requantize", [q], {"out_frac_bits": fy}, node) for q in qs]
+        self._swap(node, self._create("concat", qs, node.attrs, node))
         return None
 
     def layer_norm(self, node: Node, rule: Rule, fy: int) -> str | None:
@@ -218,17 +414,79 @@ class _Lowering:
                                                       "out_frac_bits": fy})
         return None
 
+    # ---- deformable attention ---------------------------------------------------------------
+    def deform_attn(self, node: Node, rule: Rule, fy: int) -> str | None:
+        value, loc, aw = node.inputs
+        vq, aq = self.fixed(value, node), self.fixed(aw, node)
+        if vq is None or aq is None:
+            return "uncalibrated input"
+        f = _most_frac_bits(LOC_BOUND, np.iinfo(np.int32).max, -31, 31, 0)
+        lq = self.locations(loc, node, f)
+        if isinstance(lq, str):
+            return lq
+        self.replace(node, "fx_ms_deform_attn", [vq, lq, aq],
+                     {"spatial_shapes": node.attrs["spatial_shapes"], "out_frac_bits": fy})
+        return None
+
+    def locations(self, v: Value, node: Node, f: int) -> Value | str:
+        """Normalized sampling locations as i32 fixed<f>: the arithmetic on the quantized
+        path (data movement, +, -, * and / by constants of the sampling offsets) in
+        integers; geometry (not computed from the sources) quantized where it joins."""
+        p = v.producer
+        if v.is_const or p is None or not self.is_active(p):
+            q = self.fixed(v, node, DType.i32, frac=f, bound=LOC_BOUND)
+            return "uncalibrated sampling locations" if q is None else q
+        if p.op in MOVES:
+            inner = self.locations(p.inputs[0], node, f)
+            return inner if isinstance(inner, str) else \
+                self._create(p.op, [inner, *p.inputs[1:]], p.attrs, node)
+        wide = {"out_frac_bits": f, "out_dtype": "i32"}
+        if p.op in ("add", "sub"):
+            terms = [self.locations(x, node, f) for x in p.inputs]
+            bad = next((t for t in terms if isinstance(t, str)), None)
+            return bad or self._create(f"fx_{p.op}", terms, wide, node)
+        # a term computed from the sources: it must stay within the bound (see LOC_BOUND)
+        e = self.ranges.get(v)
+        if e is None or max(abs(e.lo), abs(e.hi)) > LOC_TERM_BOUND:
+            return (f"sampling-location term %{v.name} reaches beyond +-{LOC_TERM_BOUND} "
+                    "(or is uncalibrated)")
+        if p.op in ("mul", "div") and p.inputs[1].is_const and not p.inputs[0].is_const:
+            c = p.inputs[1].const.astype(np.float64)
+            if p.op == "div" and np.any(c == 0):
+                return "divides by a constant with zeros"
+            factor = self.graph.add_const(np.asarray(1.0 / c if p.op == "div" else c, F32),
+                                          self.graph.unique_name(f"{p.inputs[1].name}.f"))
+            xq = self.fixed(p.inputs[0], node)
+            if xq is None:
+                return "uncalibrated sampling offsets"
+            return self._create("fx_mul", [xq, self.const(factor, np.int16)], wide, node)
+        q = self.fixed(v, node, DType.i32, frac=f, bound=LOC_BOUND)
+        return "uncalibrated sampling locations" if q is None else q
+
     def table(self) -> dict[str, Callable[[Node, Rule, int], str | None]]:
         return {"linear": self.product, "gemm": self.product, "matmul": self.product,
                 "conv2d": self.product, "conv2d_act": self.product,
                 "relu": self.unary("fx_relu"), "sigmoid": self.unary("fx_sigmoid"),
-                "add": self.add, "softmax": self.softmax, "layer_norm": self.layer_norm}
+                "exp": self.unary("fx_exp"), "log": self.log,
+                "add": self.binary("fx_add"), "sub": self.binary("fx_sub"),
+                "mul": self.mul, "div": self.div, "clip": self.clip, "concat": self.concat,
+                "reduce_sum": self.reduce("fx_reduce_sum"),
+                "reduce_mean": self.reduce("fx_reduce_mean"),
+                "softmax": self.softmax, "layer_norm": self.layer_norm,
+                "ms_deform_attn": self.deform_attn}
 
     def run(self) -> None:
         lowerings = self.table()
-        for node in list(self.graph.nodes):
+        # ops that lower a chain of float producers with them go first
+        first = ("ms_deform_attn", "log")
+        for node in sorted(self.graph.nodes, key=lambda n: n.op not in first):
             lower = lowerings.get(node.op)
-            if lower is None:
+            if lower is None or self._dead(node):
+                continue
+            if not self.is_active(node):
+                self.stat("geometry-left")
+                continue
+            if node.output.type.dtype is not DType.f32:
                 continue
             rule = self.config.rule_for(node)
             if rule.activations == "affine":        # onnxruntime's scales: the INT8 import's
@@ -237,18 +495,41 @@ class _Lowering:
             fy = self.frac(node.output)
             if rule.exclude or fy is None or lower(node, rule, fy) is not None:
                 self.stat("float-left")
-        self._cancel_round_trips()
 
-    def _cancel_round_trips(self) -> None:
-        """fx_quantize(fx_dequantize(q)) with q's frac bits -> q."""
-        for node in list(self.graph.nodes):
-            src = node.inputs[0].producer if node.op == "fx_quantize" else None
-            if src is not None and src.op == "fx_dequantize":
-                q = src.inputs[0]
-                if q.type.quant == FixedPointQuant((node.attrs["out_frac_bits"],)) \
-                        and q.type.dtype is DType.i8:
-                    self.graph.replace_all_uses(node.output, q)
-                    self.graph.erase(node)
+
+    def _dead(self, node: Node) -> bool:
+        outs = set(map(id, self.graph.outputs.values()))
+        return node.graph is None or not any(o.uses or id(o) in outs for o in node.outputs)
+
+
+def _feeds(v: Value, ops: tuple[str, ...], operand: int | None = None) -> bool:
+    """Whether every use of ``v`` is by one of ``ops`` (as operand ``operand``, if given),
+    directly or through data movement."""
+    users = v.uses
+    return bool(users) and all(
+        (u.op in ops and (operand is None or i == operand)) or
+        (u.op in MOVES and i == 0 and _feeds(u.output, ops, operand)) for u, i in users)
+
+
+def _inverse_sigmoid(node: Node) -> tuple[Value | None, float]:
+    """(x, eps) when ``node`` is log(div(clip(x1, min=eps), clip(sub(1, x1), min=eps))) with
+    x1 = clip(x, 0, 1), as BEVFormer's inverse_sigmoid traces; else (None, 0)."""
+    def prod(v, op):
+        p = v.producer if v is not None else None
+        return p if p is not None and p.op == op else None
+    div = prod(node.inputs[0], "div")
+    num, den = (prod(v, "clip") for v in div.inputs) if div is not None else (None, None)
+    sub = prod(den.inputs[0], "sub") if den is not None else None
+    if num is None or sub is None or num.attrs.get("max") is not None:
+        return None, 0.0
+    x1 = num.inputs[0]
+    unit = prod(x1, "clip")
+    one = sub.inputs[0]
+    if (unit is None or sub.inputs[1] is not x1 or not one.is_const or np.any(one.const != 1)
+            or (unit.attrs.get("min"), unit.attrs.get("max")) != (0.0, 1.0)
+            or num.attrs.get("min") != den.attrs.get("min") or den.attrs.get("max") is not None):
+        return None, 0.0
+    return unit.inputs[0], float(num.attrs["min"])
 
 
 def _linear_parts(node: Node) -> tuple[Value, Value | None, Value | None, bool]:
@@ -276,6 +557,51 @@ def _conv_parts(node: Node) -> tuple[Value, Value | None, Value | None, bool]:
     if not w.is_const or (bias is not None and not bias.is_const):
         return x, None, None, False
     return x, w, bias, False
+
+
+@dataclass
+class FloatOps:
+    """Ops computing in float on the way from some inputs to the outputs (graph order)."""
+
+    nodes: list[Node]
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def counts(self) -> dict[str, int]:
+        """Op -> how many."""
+        return dict(Counter(n.op for n in self.nodes))
+
+    def table(self) -> str:
+        """One line per node: op, result type and provenance."""
+        return "\n".join(f"{n.op:<16} {n.outputs[0].type}  {n.loc or ''}" for n in self.nodes)
+
+
+def float_ops_between(graph: Graph, sources: Sequence[str]) -> FloatOps:
+    """The nodes with a float result on a path from the graph inputs named ``sources`` to
+    an output: what stays float in the quantized program. A dequantize whose result is a
+    graph output (the program's output conversion) is not counted."""
+    outputs = {id(v) for v in graph.outputs.values()}
+    ahead: set[Node] = set()
+    stack = [v for v in graph.inputs if v.name in sources]
+    while stack:
+        for user in stack.pop().users:
+            if user not in ahead:
+                ahead.add(user)
+                stack.extend(user.outputs)
+    behind: set[Node] = set()
+    todo = [v.producer for v in graph.outputs.values() if v.producer is not None]
+    while todo:
+        n = todo.pop()
+        if n not in behind:
+            behind.add(n)
+            todo.extend(v.producer for v in n.inputs if v is not None and v.producer is not None)
+
+    def counted(n: Node) -> bool:
+        if not any(o.type.dtype.is_float for o in n.outputs):
+            return False
+        return not (n.op in ("dequantize", "fx_dequantize") and id(n.outputs[0]) in outputs)
+    return FloatOps([n for n in graph.nodes if n in ahead and n in behind and counted(n)])
 
 
 def load_config(config: QuantConfig | str) -> QuantConfig:

@@ -123,18 +123,22 @@ class ErrorReport:
         plt.close(fig)
 
 
+_ORT_SUFFIX = "_quantized"
+
+
 class _Recorder(Interpreter):
     """Runs the candidate, keeping the results whose names are wanted."""
 
-    def __init__(self, graph: Graph, wanted: Callable[[Value], bool]):
+    def __init__(self, graph: Graph, counterpart: Callable[[Value], str | None]):
         super().__init__(graph)
-        self.wanted, self.kept = wanted, {}
+        self.counterpart, self.kept = counterpart, {}
 
     def run_node(self, node: Node, args):
         results = super().run_node(node, args)
         for v, r in zip(node.outputs, results):
-            if self.wanted(v):
-                self.kept[v.name] = (r, v.type, node)
+            name = self.counterpart(v)
+            if name is not None and name not in self.kept:
+                self.kept[name] = (r, v.type, node)
         return results
 
 
@@ -166,13 +170,19 @@ def compare_graphs(reference: Graph, candidate: Graph, inputs: Mapping[str, np.n
     ref_names = {v.name for v in reference.values()}
     patterns = list(select or [])
 
-    def wanted(v: Value) -> bool:
-        if v.name not in ref_names or v.is_const:
-            return False
+    def counterpart(v: Value) -> str | None:
+        """The reference value ``v`` stands for: the same name, or, for onnxruntime's
+        quantized tensors (``<name>_quantized``), the float tensor's name."""
+        if v.is_const:
+            return None
+        name = v.name if v.name in ref_names else v.name.removesuffix(_ORT_SUFFIX)
+        if name not in ref_names:
+            return None
         loc = v.producer.loc if v.producer else ""
-        return not patterns or any(fnmatch.fnmatch(loc, p) or fnmatch.fnmatch(v.name, p)
-                                   for p in patterns)
-    rec = _Recorder(candidate, wanted)
+        chosen = not patterns or any(fnmatch.fnmatch(loc, p) or fnmatch.fnmatch(v.name, p)
+                                     for p in patterns)
+        return name if chosen else None
+    rec = _Recorder(candidate, counterpart)
     rec.run(candidate_inputs if candidate_inputs is not None else inputs)
     order = list(rec.kept)
     scorer = _Scorer(reference, rec.kept)

@@ -28,6 +28,9 @@ if __package__ in (None, ""):
     __package__ = "examples.bevformer"
 
 import bevir  # noqa: E402
+from bevir.passes.quant_config import QuantConfig  # noqa: E402
+from bevir.passes.quantize import load_config  # noqa: E402
+from bevir.sim.compare import compare_graphs  # noqa: E402
 
 from .config import CONFIGS, BEVFormerConfig  # noqa: E402
 from .custom_ops import CUSTOM_OPS  # noqa: E402
@@ -60,10 +63,12 @@ def import_head(model: BEVFormer, feats: torch.Tensor, inputs: dict, decompose: 
                             output_names=["cls_scores", "bbox_preds"], name="bevformer_head")
 
 
-def build_graph(model: BEVFormer, inputs: dict, workdir: Path, decompose: bool = False
-                ) -> bevir.Graph:
-    """The whole model as one verified graph: (img, lidar2img, can_bus[, prev_bev]) -> outputs."""
-    backbone = import_backbone(model, inputs["img"], workdir / "backbone.onnx")
+def build_graph(model: BEVFormer, inputs: dict, workdir: Path, decompose: bool = False,
+                backbone: bevir.Graph | None = None) -> bevir.Graph:
+    """The whole model as one verified graph: (img, lidar2img, can_bus[, prev_bev]) -> outputs.
+    ``backbone``: an imported backbone graph to use (e.g. the INT8 one), else the FP32 export."""
+    if backbone is None:
+        backbone = import_backbone(model, inputs["img"], workdir / "backbone.onnx")
     with torch.no_grad():
         feats = split_model(model)[0](inputs["img"])
     head = import_head(model, feats, inputs, decompose)
@@ -72,22 +77,36 @@ def build_graph(model: BEVFormer, inputs: dict, workdir: Path, decompose: bool =
     return graph
 
 
-def int8_graph(graph: bevir.Graph, feed: dict) -> tuple[bevir.Graph, dict]:
-    """The graph quantized as the reference flow does: attention modules decomposed and
-    fused, one calibration forward pass, then the reference-flow QuantConfig."""
+#: the INT8 flow after the INT8 backbone import: attention modules decomposed and fused, one
+#: calibration forward pass (between the two pipelines), the reference-flow QuantConfig,
+#: then the integer clean-up and the backbone bridge
+INT8_PREPARE = "decompose,canonicalize,fuse,cse,dce"
+INT8_FINISH = "sink-dequantize,insert-bridges,cse,dce"
+
+
+def int8_graph(model: BEVFormer, inputs: dict, feed: dict, workdir: Path,
+               config: QuantConfig | str = "reference-flow", progress: bool | None = None
+               ) -> tuple[bevir.Graph, dict, bevir.QuantizedBackbone]:
+    """The model quantized as the reference flow does: the backbone to INT8 ONNX by
+    onnxruntime (calibrated on the frame's images) and imported, the head linked to it, one
+    calibration forward pass, the head lowered to fixed point by ``config``, the hand-over
+    bridged. Returns (graph, quantize statistics, the backbone flow's result)."""
     from bevir.passes.quantize import quantize
-    q = graph.clone()
-    bevir.optimize(q, "decompose,canonicalize,fuse,cse,dce")
-    bevir.calibrate(q, feed)
-    stats = quantize(q, "reference-flow")
-    bevir.optimize(q, "dce")
+    qb = bevir.quantize_backbone(split_model(model)[0], inputs["img"].numpy(), workdir,
+                                 progress=progress)
+    q = build_graph(model, inputs, workdir, backbone=qb.graph)
+    bevir.optimize(q, INT8_PREPARE)
+    bevir.calibrate(q, feed, progress=progress)
+    stats = quantize(q, config)
+    bevir.optimize(q, INT8_FINISH)
     bevir.verify(q)
-    return q, stats
+    return q, stats, qb
 
 
 def int8_figures(float_out: dict, int8_out: dict, q: bevir.Graph, stats: dict,
                  config: BEVFormerConfig) -> dict:
-    """The reference flow's check, INT8 golden against the float reference, plus SQNR."""
+    """The reference flow's check, INT8 golden against the float reference, plus SQNR and
+    the float ops left between the image and the outputs."""
     from bevir.sim.compare import layer_error
     cmp = compare_detections(decode(int8_out["cls_scores"], int8_out["bbox_preds"], config),
                              decode(float_out["cls_scores"], float_out["bbox_preds"], config))
@@ -95,7 +114,19 @@ def int8_figures(float_out: dict, int8_out: dict, q: bevir.Graph, stats: dict,
     counts = q.op_counts()
     return {"comparison": cmp, "sqnr_db": sqnr, "quantize": stats,
             "fx_ops": sum(v for k, v in counts.items() if k.startswith("fx_")),
+            "float_on_path": bevir.float_ops_between(q, ["img"]).counts(),
             "nodes": len(q.nodes)}
+
+
+def overridden(config: QuantConfig, overrides: list[str]) -> QuantConfig:
+    """``config`` with ``GROUP=per_channel|per_tensor|exclude`` overrides applied."""
+    for item in overrides:
+        group, _, how = item.partition("=")
+        if how not in ("per_channel", "per_tensor", "exclude"):
+            raise SystemExit(f"--override {item}: expected GROUP=per_channel|per_tensor|exclude")
+        config = config.override(group, **({"exclude": True} if how == "exclude"
+                                            else {"weights": how, "exclude": False}))
+    return config
 
 
 def golden_inputs(graph: bevir.Graph, inputs: dict) -> dict[str, np.ndarray]:
@@ -108,8 +139,41 @@ def timed(fn):
     return out, time.perf_counter() - t0
 
 
-def run(config: BEVFormerConfig, out: Path, seed: int = 0, decompose: bool = False) -> dict:
+def int8_stage(model: BEVFormer, inputs: dict, graph: bevir.Graph, feed: dict, golden: dict,
+               config: BEVFormerConfig, out: Path, quant_config: QuantConfig) -> dict:
+    """INT8 golden vs float reference: quantize, run, compare the detections and every
+    layer; writes int8_outputs.safetensors, int8_layers.json and int8_layers.png."""
+    (q, stats, qb), t_quant = timed(lambda: int8_graph(model, inputs, feed, out, quant_config))
+    bevir.save(q, out / "model_int8.bevir")
+    int8_out, t_int8 = timed(lambda: bevir.run(q, feed))
+    save_file({k: np.asarray(int8_out[k]) for k in ("cls_scores", "bbox_preds")},
+              str(out / "int8_outputs.safetensors"))
+    figures = int8_figures(golden, int8_out, q, stats, config)
+    figures["time_s"] = {"quantize": t_quant, "int8_golden": t_int8}
+    reference = graph.clone()
+    bevir.optimize(reference, INT8_PREPARE)
+    layers = compare_graphs(reference, q, feed)
+    layers.save_json(out / "int8_layers.json")
+    layers.plot(out / "int8_layers.png", title=f"INT8 vs float, per layer ({config.name})")
+    figures["worst_layers"] = [
+        {"layer": e.layer, "op": e.op, "sqnr_db": e.sqnr_db,
+         "group": quant_config.rule_for(reference.value(e.value).producer).name}
+        for e in layers.worst(5)]
+    print("INT8 golden vs float reference:")
+    print_comparison(figures["comparison"], "INT8 golden", "float golden")
+    print(f"  SQNR: cls {figures['sqnr_db']['cls_scores']:.1f} dB, bbox "
+          f"{figures['sqnr_db']['bbox_preds']:.1f} dB; {figures['fx_ops']} fixed-point ops; "
+          f"float between image and outputs: {figures['float_on_path'] or 'none'}")
+    print("  worst layers (re-run with --override GROUP=per_channel|exclude):")
+    for w in figures["worst_layers"]:
+        print(f"    {w['sqnr_db']:6.1f} dB  {w['op']:<18} {w['layer']}  [{w['group']}]")
+    return figures
+
+
+def run(config: BEVFormerConfig, out: Path, seed: int = 0, decompose: bool = False,
+        quant_config: QuantConfig | None = None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
+    quant_config = quant_config or QuantConfig.preset("reference-flow")
     model = build_model(config, seed)
     save_checkpoint(out / "checkpoint.safetensors", model.state_dict(),
                     metadata={"config": config.name, "seed": str(seed), "synthetic": "true"})
@@ -148,17 +212,7 @@ def run(config: BEVFormerConfig, out: Path, seed: int = 0, decompose: bool = Fal
         "golden_over_torch": t_golden / t_torch,
     }
 
-    q, stats = int8_graph(graph, feed)
-    int8_out, t_int8 = timed(lambda: bevir.run(q, feed))
-    save_file({k: np.asarray(int8_out[k]) for k in ("cls_scores", "bbox_preds")},
-              str(out / "int8_outputs.safetensors"))
-    report["int8"] = int8_figures(golden, int8_out, q, stats, config)
-    report["int8"]["time_s"] = t_int8
-    print("INT8 golden vs float reference (quantized head; the backbone stays float here):")
-    print_comparison(report["int8"]["comparison"], "INT8 golden", "float golden")
-    print(f"  SQNR: cls {report['int8']['sqnr_db']['cls_scores']:.1f} dB, "
-          f"bbox {report['int8']['sqnr_db']['bbox_preds']:.1f} dB; {report['int8']['fx_ops']} "
-          f"fixed-point ops, {stats.get('float-left', 0)} lowerable ops left float")
+    report["int8"] = int8_stage(model, inputs, graph, feed, golden, config, out, quant_config)
     (out / "report.json").write_text(json.dumps(report, indent=1))
     print(f"max |golden - torch|: cls {report['max_abs_diff']['cls_scores']:.2e}, "
           f"bbox {report['max_abs_diff']['bbox_preds']:.2e}")
@@ -175,9 +229,13 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--decompose", action="store_true",
                     help="import the attention modules op by op instead of as custom ops")
+    ap.add_argument("--quant-config", default="reference-flow",
+                    help="a QuantConfig preset name or JSON file")
+    ap.add_argument("--override", action="append", default=[], metavar="GROUP=per_channel|exclude",
+                    help="switch a rule group of the quantization config (repeatable)")
     args = ap.parse_args(argv)
     run(CONFIGS[args.config], args.out or Path("out") / f"bevformer_{args.config}", args.seed,
-        args.decompose)
+        args.decompose, overridden(load_config(args.quant_config), args.override))
     return 0
 
 
