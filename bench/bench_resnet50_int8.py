@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -21,12 +20,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import bevir  # noqa: E402
 from examples.bevformer.backbone import ResNetFPN, randomize_bn  # noqa: E402
-
-
-def timed(fn):
-    t0 = time.perf_counter()
-    out = fn()
-    return time.perf_counter() - t0, out
+from examples.bevformer.e2e import timed  # noqa: E402
 
 
 def main() -> None:
@@ -45,15 +39,15 @@ def main() -> None:
     calib = rng.standard_normal(shape).astype(np.float32)
     x = rng.standard_normal(shape).astype(np.float32)
     with tempfile.TemporaryDirectory() as d:
-        t_flow, qb = timed(lambda: bevir.quantize_backbone(
+        qb, t_flow = timed(lambda: bevir.quantize_backbone(
             model, [calib], d, format=args.format, per_channel=args.per_channel))
         print(qb.summary())
         sess = ort.InferenceSession(str(qb.int8_onnx), providers=["CPUExecutionProvider"])
         # one warm-up run each (onnxruntime packs its weights, both allocate), then one timed
         sess.run(None, {"img": x})
-        t_ort, (ref,) = timed(lambda: sess.run(None, {"img": x}))
+        (ref,), t_ort = timed(lambda: sess.run(None, {"img": x}))
         bevir.run(qb.graph, {"img": calib})
-        t_bevir, out = timed(lambda: bevir.run(qb.graph, {"img": x})["feats"])
+        out, t_bevir = timed(lambda: bevir.run(qb.graph, {"img": x})["feats"])
 
     differ = int(np.count_nonzero(out != ref))
     print(f"INT8 ResNet-50 + FPN ({args.format}, "

@@ -78,6 +78,9 @@ def test_e2e_script_writes_its_artifacts(tmp_path):
                for n in left if n.op == "fx_dequantize")
     assert int8["float_on_path"] == bevir.float_ops_between(q, ["img"]).counts()
     assert len(int8["worst_layers"]) == 5 and all(w["group"] for w in int8["worst_layers"])
+    assert not {w["op"] for w in int8["worst_layers"]} & set(e2e.CONVERSIONS)
+    sens = int8["float_noise_sensitivity_40db"]
+    assert set(sens) == {"cls_scores", "bbox_preds"} and all(v > 0 for v in sens.values())
     layers = json.loads((tmp_path / "int8_layers.json").read_text())
     assert len(layers["layers"]) > 100
     # the saved program reruns bit-identically to the script's run
@@ -89,3 +92,14 @@ def test_e2e_script_writes_its_artifacts(tmp_path):
     g = bevir.load(tmp_path / "model.bevir")
     bevir.verify(g)
     assert len(g.nodes) == report["nodes"]
+
+
+def test_override_switches_a_group_per_channel_or_excludes_it():
+    cfg = QuantConfig.preset("reference-flow")
+    name = next(r.name for r in cfg.rules if r.name != "box-decoding")
+    changed = e2e.overridden(cfg, [f"{name}=exclude", "box-decoding=per_tensor"])
+    assert changed.group(name).exclude and not cfg.group(name).exclude
+    assert changed.group("box-decoding").weights == "per_tensor"
+    assert not changed.group("box-decoding").exclude
+    with pytest.raises(SystemExit, match="expected GROUP"):
+        e2e.overridden(cfg, [f"{name}=sometimes"])

@@ -238,3 +238,32 @@ def test_float_ops_between_counts_what_stays_float():
     assert left.counts() == {"matmul": 1, "add": 1, "layer_norm": 1}
     assert "dec.norm" in left.table()
     assert len(bevir.float_ops_between(g, ["nothing"])) == 0
+
+
+def test_accumulators_are_bounded_statically_and_overflow_is_reported():
+    from bevir.passes.accumulators import accumulator_bounds, check_accumulators
+    g = _mlp()
+    bevir.calibrate(g, _inputs(2))
+    quantize(g, _config())
+    bounds = check_accumulators(g)                       # fits: no error
+    gemm = next(b for b in bounds if b.node.loc == "enc.fc1")
+    w, bias = gemm.node.inputs[1].const, gemm.node.inputs[2].const
+    assert gemm.bound == 128 * int((np.abs(w.astype(np.int64)).sum(1) + np.abs(bias)).max())
+    assert all(b.safe for b in bounds) and len(bounds) == 2
+
+    # i8 products of a reduction <= 2**16 stay below 2**30; a bias far larger than the
+    # weights' products (its int32 codes saturate) is what can overflow
+    b = Builder("wide")
+    x = b.input("x", TensorType((2, 64)))
+    with b.loc("wide.fc"):
+        b.output("y", b.linear(x, b.const(np.full((64, 2), 1e-6, np.float32), "w"),
+                               b.const(np.full(2, 10.0, np.float32), "b")))
+    g = b.graph
+    bevir.calibrate(g, {"x": np.full((2, 64), 1.0, np.float32)})
+    with pytest.warns(UserWarning, match="wide.fc.*can overflow int32"):
+        stats = quantize(g, QuantConfig.build({"default": {"name": "all"}}))
+    assert stats["accumulator-overflow-risk"] == 1
+    assert not accumulator_bounds(g)[0].safe
+    with pytest.raises(PassError, match="1 accumulator") as e:
+        check_accumulators(g)
+    assert e.value.op == "fx_linear" and e.value.loc == "wide.fc"

@@ -29,6 +29,7 @@ ONNX model, not made here).
 from __future__ import annotations
 
 import math
+import warnings
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ import numpy as np
 from ..errors import PassError
 from ..ir.graph import Graph, Node, Value
 from ..ir.types import AffineQuant, DType, FixedPointQuant, TensorType
+from .accumulators import accumulator_bounds
 from .analysis import AnalysisManager
 from .calibrate import ranges_of
 from .manager import Pass
@@ -162,12 +164,15 @@ class _Lowering:
         where = {"after": after} if after is not None else {"before": at}
         return self.graph.create_node(op, inputs, attrs, loc=at.loc, **where).output
 
-    def const(self, v: Value, dtype=np.int8, frac: int | None = None) -> Value:
-        """A float constant as fixed-point codes of ``dtype`` (its own frac bits unless given)."""
+    def const(self, v: Value, dtype=np.int8, frac: int | None = None,
+              reciprocal: bool = False) -> Value:
+        """A float constant (or its reciprocal) as fixed-point codes of ``dtype``, with its
+        own frac bits unless given."""
         a = np.asarray(v.const, np.float64)
+        a = 1.0 / a if reciprocal else a
         codes, f = fixed_const(a, dtype) if frac is None else (quantize_fixed(a, frac, dtype), frac)
-        return self.graph.add_const(codes, self.graph.unique_name(f"{v.name}.q"),
-                                    _fixed_type(codes, f))
+        name = f"{v.name}.{'recip' if reciprocal else 'q'}"
+        return self.graph.add_const(codes, self.graph.unique_name(name), _fixed_type(codes, f))
 
     def twin(self, v: Value, dtype: DType) -> Value | None:
         """The fixed codes ``v`` was dequantized from, through data movement (recreated on
@@ -321,9 +326,8 @@ class _Lowering:
         if d.is_const:
             if np.any(d.const == 0):
                 return "divides by a constant with zeros"
-            recip = self.graph.add_const(np.asarray(1.0 / d.const.astype(np.float64), F32),
-                                         self.graph.unique_name(f"{d.name}.recip"))
-            self.replace(node, "fx_mul", [xq, self.const(recip, np.int16)], {"out_frac_bits": fy})
+            self.replace(node, "fx_mul", [xq, self.const(d, np.int16, reciprocal=True)],
+                         {"out_frac_bits": fy})
             return None
         e = self.ranges.get(d)
         if not _integer_valued(d) or e is None or e.hi > 1 << 16:
@@ -451,15 +455,14 @@ class _Lowering:
             return (f"sampling-location term %{v.name} reaches beyond +-{LOC_TERM_BOUND} "
                     "(or is uncalibrated)")
         if p.op in ("mul", "div") and p.inputs[1].is_const and not p.inputs[0].is_const:
-            c = p.inputs[1].const.astype(np.float64)
-            if p.op == "div" and np.any(c == 0):
+            c = p.inputs[1]
+            if p.op == "div" and np.any(c.const == 0):
                 return "divides by a constant with zeros"
-            factor = self.graph.add_const(np.asarray(1.0 / c if p.op == "div" else c, F32),
-                                          self.graph.unique_name(f"{p.inputs[1].name}.f"))
             xq = self.fixed(p.inputs[0], node)
             if xq is None:
                 return "uncalibrated sampling offsets"
-            return self._create("fx_mul", [xq, self.const(factor, np.int16)], wide, node)
+            factor = self.const(c, np.int16, reciprocal=p.op == "div")
+            return self._create("fx_mul", [xq, factor], wide, node)
         q = self.fixed(v, node, DType.i32, frac=f, bound=LOC_BOUND)
         return "uncalibrated sampling locations" if q is None else q
 
@@ -495,6 +498,10 @@ class _Lowering:
             fy = self.frac(node.output)
             if rule.exclude or fy is None or lower(node, rule, fy) is not None:
                 self.stat("float-left")
+        for bound in accumulator_bounds(self.graph):
+            if not bound.safe:              # saturates at run time: say which op, and how far
+                warnings.warn(f"quantize: {bound}", stacklevel=2)
+                self.stat("accumulator-overflow-risk")
 
 
     def _dead(self, node: Node) -> bool:

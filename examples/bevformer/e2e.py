@@ -82,19 +82,29 @@ def build_graph(model: BEVFormer, inputs: dict, workdir: Path, decompose: bool =
 #: then the integer clean-up and the backbone bridge
 INT8_PREPARE = "decompose,canonicalize,fuse,cse,dce"
 INT8_FINISH = "sink-dequantize,insert-bridges,cse,dce"
+#: ops that only convert between number formats: not what a worst layer is
+CONVERSIONS = ("quantize", "dequantize", "fx_quantize", "fx_dequantize", "fx_requantize",
+               "fx_bridge")
 
 
 def int8_graph(model: BEVFormer, inputs: dict, feed: dict, workdir: Path,
                config: QuantConfig | str = "reference-flow", progress: bool | None = None
-               ) -> tuple[bevir.Graph, dict, bevir.QuantizedBackbone]:
+               ) -> tuple[bevir.Graph, dict, bevir.QuantizedBackbone | None]:
     """The model quantized as the reference flow does: the backbone to INT8 ONNX by
     onnxruntime (calibrated on the frame's images) and imported, the head linked to it, one
     calibration forward pass, the head lowered to fixed point by ``config``, the hand-over
-    bridged. Returns (graph, quantize statistics, the backbone flow's result)."""
+    bridged. The config's rule with affine activations (``backbone``) says how: its weights
+    per tensor or per channel, or excluded (the FP32 backbone stays). Returns (graph,
+    quantize statistics, the backbone flow's result or None)."""
     from bevir.passes.quantize import quantize
-    qb = bevir.quantize_backbone(split_model(model)[0], inputs["img"].numpy(), workdir,
-                                 progress=progress)
-    q = build_graph(model, inputs, workdir, backbone=qb.graph)
+    config = load_config(config)
+    affine = next((r for r in config.rules if r.activations == "affine"), None)
+    qb = None
+    if affine is not None and not affine.exclude:
+        qb = bevir.quantize_backbone(split_model(model)[0], inputs["img"].numpy(), workdir,
+                                     per_channel=affine.weights == "per_channel",
+                                     progress=progress)
+    q = build_graph(model, inputs, workdir, backbone=qb.graph if qb else None)
     bevir.optimize(q, INT8_PREPARE)
     bevir.calibrate(q, feed, progress=progress)
     stats = quantize(q, config)
@@ -139,6 +149,34 @@ def timed(fn):
     return out, time.perf_counter() - t0
 
 
+def noise_sensitivity(model: BEVFormer, inputs: dict, snr_db: float = 40.0, seed: int = 0
+                      ) -> dict[str, float]:
+    """SQNR (dB) of the float model's outputs when Gaussian noise ``snr_db`` below each
+    decoder layer's input is added there: how much the model itself amplifies small
+    errors. INT8 activations are ~30-40 dB; a model whose outputs fall far below that
+    from 40 dB noise cannot pass an INT8 validation whatever the quantization."""
+    from bevir.sim.compare import layer_error
+    from .model import DecoderLayer
+    g = torch.Generator().manual_seed(seed)
+    rel = 10.0 ** (-snr_db / 20)
+
+    def perturb(_mod, args):
+        q = args[0]
+        return (q + rel * q.std() * torch.randn(q.shape, generator=g),) + tuple(args[1:])
+    args = (inputs["img"], inputs["lidar2img"], inputs["can_bus"], inputs["prev_bev"])
+    with torch.no_grad():
+        ref = model(*args)
+        hooks = [m.register_forward_pre_hook(perturb) for m in model.modules()
+                 if isinstance(m, DecoderLayer)]
+        try:
+            out = model(*args)
+        finally:
+            for h in hooks:
+                h.remove()
+    return {k: layer_error(r.numpy(), o.numpy())[0]
+            for k, r, o in zip(("cls_scores", "bbox_preds"), ref, out)}
+
+
 def int8_stage(model: BEVFormer, inputs: dict, graph: bevir.Graph, feed: dict, golden: dict,
                config: BEVFormerConfig, out: Path, quant_config: QuantConfig) -> dict:
     """INT8 golden vs float reference: quantize, run, compare the detections and every
@@ -150,6 +188,7 @@ def int8_stage(model: BEVFormer, inputs: dict, graph: bevir.Graph, feed: dict, g
               str(out / "int8_outputs.safetensors"))
     figures = int8_figures(golden, int8_out, q, stats, config)
     figures["time_s"] = {"quantize": t_quant, "int8_golden": t_int8}
+    figures["float_noise_sensitivity_40db"] = noise_sensitivity(model, inputs)
     reference = graph.clone()
     bevir.optimize(reference, INT8_PREPARE)
     layers = compare_graphs(reference, q, feed)
@@ -158,12 +197,15 @@ def int8_stage(model: BEVFormer, inputs: dict, graph: bevir.Graph, feed: dict, g
     figures["worst_layers"] = [
         {"layer": e.layer, "op": e.op, "sqnr_db": e.sqnr_db,
          "group": quant_config.rule_for(reference.value(e.value).producer).name}
-        for e in layers.worst(5)]
+        for e in layers.worst(len(layers)) if e.op not in CONVERSIONS][:5]
     print("INT8 golden vs float reference:")
     print_comparison(figures["comparison"], "INT8 golden", "float golden")
     print(f"  SQNR: cls {figures['sqnr_db']['cls_scores']:.1f} dB, bbox "
           f"{figures['sqnr_db']['bbox_preds']:.1f} dB; {figures['fx_ops']} fixed-point ops; "
           f"float between image and outputs: {figures['float_on_path'] or 'none'}")
+    sens = figures["float_noise_sensitivity_40db"]
+    print(f"  float model with 40 dB noise at each decoder layer: cls {sens['cls_scores']:.1f} dB, "
+          f"bbox {sens['bbox_preds']:.1f} dB (how far the model itself amplifies errors)")
     print("  worst layers (re-run with --override GROUP=per_channel|exclude):")
     for w in figures["worst_layers"]:
         print(f"    {w['sqnr_db']:6.1f} dB  {w['op']:<18} {w['layer']}  [{w['group']}]")

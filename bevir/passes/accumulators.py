@@ -1,0 +1,102 @@
+"""Static int32 accumulator bounds of the fixed-point product ops.
+
+``fx_linear``, ``fx_matmul`` and ``fx_conv2d`` accumulate exact integer products into an
+int32 (saturating, docs/numerics.md). :func:`accumulator_bounds` bounds every accumulator
+from what is known before running: the operand dtypes (an i8 code is at most 128 in
+magnitude), the constant weights and biases (per output channel: 128 * sum |w| + |b|), and
+for attention probabilities from ``fx_softmax`` their row sum (at most 2**f + n/2 codes).
+``fx_ms_deform_attn`` rejects attributes whose accumulator could overflow when it is
+built, so its bound holds by construction. A bound within int32 rules overflow out for
+every input; :func:`check_accumulators` raises a PassError naming the others.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import PassError
+from ..ir.graph import Graph, Node, Value
+
+INT32_MAX = (1 << 31) - 1
+
+
+@dataclass(frozen=True)
+class AccumulatorBound:
+    """The largest |accumulator| ``node`` can reach, and whether int32 holds it."""
+
+    node: Node
+    bound: int
+
+    @property
+    def safe(self) -> bool:
+        return self.bound <= INT32_MAX
+
+    def __str__(self) -> str:
+        n = self.node
+        verdict = "fits int32" if self.safe else "can overflow int32"
+        return f"{n.op} {n.name} ({n.loc or 'no loc'}): |acc| <= {self.bound} {verdict}"
+
+
+def _code_max(v: Value) -> int:
+    """The largest |code| of an integer operand: its dtype's, or a softmax row's sum."""
+    info = np.iinfo(v.type.dtype.np)
+    return max(-int(info.min), int(info.max))
+
+
+def _row_sum(v: Value, length: int) -> int | None:
+    """The largest sum of ``length`` codes along a softmax's axis (probabilities), or None."""
+    p = v.producer
+    if p is None or p.op != "fx_softmax":
+        return None
+    return (1 << p.attrs["out_frac_bits"]) + (length + 1) // 2
+
+
+def _weighted(node: Node, w: np.ndarray, reduce_axes: tuple[int, ...]) -> int:
+    """128 * max over output channels of sum |w| (+ |bias|), for a constant weight."""
+    x = node.inputs[0]
+    per_out = np.abs(w.astype(np.int64)).sum(axis=reduce_axes)
+    if len(node.inputs) > 2 and node.inputs[2] is not None and node.inputs[2].is_const:
+        per_out = per_out + np.abs(node.inputs[2].const.astype(np.int64))
+    return _code_max(x) * int(per_out.max(initial=0))
+
+
+def _bound(node: Node) -> int | None:
+    if node.op not in ("fx_linear", "fx_conv2d", "fx_matmul"):
+        return None
+    x, w = node.inputs[0], node.inputs[1]
+    if node.op == "fx_linear":                      # w [N, K]
+        return _weighted(node, w.const, (1,)) if w.is_const else None
+    if node.op == "fx_conv2d":                      # w [O, C, KH, KW]
+        return _weighted(node, w.const, (1, 2, 3)) if w.is_const else None
+    if node.op == "fx_matmul":
+        k = x.type.shape[-1]
+        if w.is_const and w.type.rank == 2:
+            return _weighted(node, w.const, (0,))
+        rows = _row_sum(x, k)
+        lhs = rows if rows is not None else _code_max(x) * k
+        return lhs * _code_max(w)
+    return None
+
+
+def accumulator_bounds(graph: Graph) -> list[AccumulatorBound]:
+    """One bound per fixed-point product op of ``graph``, in graph order."""
+    out = []
+    for n in graph.nodes:
+        b = _bound(n)
+        if b is not None:
+            out.append(AccumulatorBound(n, b))
+    return out
+
+
+def check_accumulators(graph: Graph) -> list[AccumulatorBound]:
+    """The bounds, after raising a PassError naming every op whose accumulator can
+    overflow int32."""
+    bounds = accumulator_bounds(graph)
+    bad = [b for b in bounds if not b.safe]
+    if bad:
+        first = bad[0].node
+        raise PassError(f"{len(bad)} accumulator(s) can overflow int32: "
+                        + "; ".join(str(b) for b in bad), node=first.name, op=first.op,
+                        loc=first.loc)
+    return bounds
