@@ -15,7 +15,7 @@ from examples.bevformer import e2e  # noqa: E402
 from examples.bevformer.config import CONFIGS  # noqa: E402
 from examples.bevformer.decode import compare_detections, decode  # noqa: E402
 from examples.bevformer.inputs import make_inputs  # noqa: E402
-from examples.bevformer.weights import build_model  # noqa: E402
+from examples.bevformer.weights import build_model, make_checkpoint, save_checkpoint  # noqa: E402
 
 CFG = CONFIGS["test"]
 
@@ -52,8 +52,13 @@ def test_one_graph_matches_pytorch(model, tmp_path, decompose, with_prev):
     assert any(n.loc.startswith("/img_backbone/") for n in graph.nodes)
 
 
-def test_e2e_script_writes_its_artifacts(tmp_path):
-    report = e2e.run(CFG, tmp_path, seed=0)
+def test_e2e_script_writes_its_artifacts(tmp_path, capsys):
+    # the CLI with an official-style .pth checkpoint (here the seed-0 synthetic weights)
+    pth = tmp_path / "weights.pth"
+    save_checkpoint(pth, make_checkpoint(CFG, seed=0))
+    assert e2e.main(["--config", "test", "--checkpoint", str(pth), "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["weights"] == {"synthetic": "false", "source": str(pth)}
     for name in ("checkpoint.safetensors", "test_vectors.safetensors", "config.json", "model.bevir",
                  "model.safetensors", "golden_outputs.safetensors", "int8_outputs.safetensors",
                  "report.json", "backbone_int8.onnx", "model_int8.bevir", "int8_layers.json",
@@ -103,3 +108,19 @@ def test_override_switches_a_group_per_channel_or_excludes_it():
     assert not changed.group("box-decoding").exclude
     with pytest.raises(SystemExit, match="expected GROUP"):
         e2e.overridden(cfg, [f"{name}=sometimes"])
+
+
+def test_e2e_rejects_a_checkpoint_that_does_not_fit(tmp_path, capsys):
+    sd = make_checkpoint(CFG, seed=0)
+    key = "pts_bbox_head.transformer.encoder.layers.0.ffns.0.layers.0.0.weight"
+    sd[key] = sd[key][:, :-1]
+    del sd[next(iter(sd))]
+    sd["extra.weight"] = torch.zeros(1)
+    pth = tmp_path / "bad.pth"
+    save_checkpoint(pth, sd)
+    out = tmp_path / "out"
+    assert e2e.main(["--config", "test", "--checkpoint", str(pth), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "does not fit config 'test'" in err
+    assert "1 missing" in err and "1 unexpected" in err and f"1 shape mismatch (first: {key}" in err
+    assert not out.exists()                                   # nothing written

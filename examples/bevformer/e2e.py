@@ -1,8 +1,10 @@
 """BEVFormer-tiny end to end: PyTorch model -> one bevir graph -> golden model, compared.
 
     python examples/bevformer/e2e.py --config test|tiny --out DIR [--seed 0] [--decompose]
+                                     [--checkpoint bevformer_tiny_epoch_24.pth]
 
-Steps (the reference notebook's, so far): make (or load) the checkpoint and test vectors;
+Steps (the reference notebook's): make synthetic weights (seed) or load a checkpoint
+(.pth via torch.load(weights_only=True), or .safetensors), and the test vectors;
 export the backbone to ONNX and import it with bevir.from_onnx; import the head (encoder,
 decoder, branches) with bevir.from_torch, its attention modules as custom ops; link both
 into one verified graph; run the PyTorch reference and the bevir golden model; decode and
@@ -213,12 +215,15 @@ def int8_stage(model: BEVFormer, inputs: dict, graph: bevir.Graph, feed: dict, g
 
 
 def run(config: BEVFormerConfig, out: Path, seed: int = 0, decompose: bool = False,
-        quant_config: QuantConfig | None = None) -> dict:
-    out.mkdir(parents=True, exist_ok=True)
+        quant_config: QuantConfig | None = None, checkpoint: Path | None = None) -> dict:
+    """The whole flow into ``out``; weights from ``checkpoint`` if given, else synthetic (seed)."""
     quant_config = quant_config or QuantConfig.preset("reference-flow")
-    model = build_model(config, seed)
+    model = build_model(config, seed, checkpoint)        # fails before anything is written
+    out.mkdir(parents=True, exist_ok=True)
+    weights = {"synthetic": "false", "source": str(checkpoint)} if checkpoint else \
+        {"synthetic": "true", "seed": str(seed)}
     save_checkpoint(out / "checkpoint.safetensors", model.state_dict(),
-                    metadata={"config": config.name, "seed": str(seed), "synthetic": "true"})
+                    metadata={"config": config.name, **weights})
     (out / "config.json").write_text(json.dumps(config.to_dict(), indent=1))
     inputs = make_inputs(config, seed, with_prev_bev=True)
 
@@ -244,7 +249,7 @@ def run(config: BEVFormerConfig, out: Path, seed: int = 0, decompose: bool = Fal
     cmp = compare_detections(det_g, det_t)
     print_comparison(cmp, "bevir golden", "PyTorch")
     report = {
-        "config": config.name,
+        "config": config.name, "weights": weights,
         "nodes": len(graph.nodes), "op_counts": graph.op_counts(), "parameters": graph.num_params(),
         "max_abs_diff": {"cls_scores": float(np.abs(golden["cls_scores"] - cls_t.numpy()).max()),
                          "bbox_preds": float(np.abs(golden["bbox_preds"] - bbox_t.numpy()).max())},
@@ -275,9 +280,16 @@ def main(argv=None) -> int:
                     help="a QuantConfig preset name or JSON file")
     ap.add_argument("--override", action="append", default=[], metavar="GROUP=per_channel|exclude",
                     help="switch a rule group of the quantization config (repeatable)")
+    ap.add_argument("--checkpoint", type=Path, default=None,
+                    help="trained weights (.pth or .safetensors) instead of synthetic ones")
     args = ap.parse_args(argv)
-    run(CONFIGS[args.config], args.out or Path("out") / f"bevformer_{args.config}", args.seed,
-        args.decompose, overridden(load_config(args.quant_config), args.override))
+    try:
+        run(CONFIGS[args.config], args.out or Path("out") / f"bevformer_{args.config}", args.seed,
+            args.decompose, overridden(load_config(args.quant_config), args.override),
+            args.checkpoint)
+    except (bevir.BevirError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

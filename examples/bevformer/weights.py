@@ -23,6 +23,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from bevir import BevirError
+
 from .backbone import randomize_bn
 from .config import BEVFormerConfig
 from .model import (FFN, BEVFormer, CustomMSDeformableAttention, MSDeformableAttention3D,
@@ -282,10 +284,32 @@ def build_model(config: BEVFormerConfig, seed: int | None = 0, checkpoint: str |
         model = BEVFormer(config)
     model = model.to_empty(device="cpu")
     if checkpoint is not None:
-        model.load_state_dict(load_checkpoint(checkpoint), strict=True)
+        sd = load_checkpoint(checkpoint)
+        check_checkpoint(model, sd, checkpoint, config)
+        model.load_state_dict(sd, strict=True)
     else:
         init_synthetic(model, 0 if seed is None else seed)
     return model.eval()
+
+
+class CheckpointError(BevirError):
+    """A checkpoint does not fit the model of the chosen config."""
+
+
+def check_checkpoint(model: BEVFormer, sd: dict[str, torch.Tensor], path: str | Path,
+                     config: BEVFormerConfig) -> None:
+    """Raise one CheckpointError naming the missing, unexpected and misshapen keys."""
+    want = model.state_dict()
+    problems = []
+    for what, keys in (("missing", [k for k in want if k not in sd]),
+                       ("unexpected", [k for k in sd if k not in want]),
+                       ("shape mismatch", [f"{k} {tuple(sd[k].shape)} vs {tuple(want[k].shape)}"
+                                           for k in want if k in sd and sd[k].shape != want[k].shape])):
+        if keys:
+            problems.append(f"{len(keys)} {what} (first: {keys[0]})")
+    if problems:
+        raise CheckpointError(f"checkpoint {path} does not fit config '{config.name}': "
+                              + "; ".join(problems))
 
 
 def make_checkpoint(config: BEVFormerConfig, seed: int = 0) -> dict[str, torch.Tensor]:
