@@ -52,7 +52,7 @@ def test_one_graph_matches_pytorch(model, tmp_path, decompose, with_prev):
     assert any(n.loc.startswith("/img_backbone/") for n in graph.nodes)
 
 
-def test_e2e_script_writes_its_artifacts(tmp_path, capsys):
+def test_e2e_script_writes_its_artifacts(tmp_path):
     # the CLI with an official-style .pth checkpoint (here the seed-0 synthetic weights)
     pth = tmp_path / "weights.pth"
     save_checkpoint(pth, make_checkpoint(CFG, seed=0))
