@@ -8,7 +8,7 @@ import bevir
 from bevir import TensorType
 from bevir.frontends.torch import CustomOp, from_torch
 from bevir.ops import OpDef
-from bevir.ops.registry import Float
+from bevir.ops import Float
 
 torch.manual_seed(0)
 

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from .graph import Graph, Node, Value
+from .opdef import get_op
 from .types import TensorType
 
 
@@ -56,7 +57,6 @@ class Builder:
     def __getattr__(self, op: str):
         if op.startswith("_"):
             raise AttributeError(op)
-        from ..ops import get_op
         get_op(op)     # unknown op names fail here, not at call time
 
         def build(*inputs, **attrs):

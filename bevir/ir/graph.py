@@ -15,6 +15,7 @@ import networkx as nx
 import numpy as np
 
 from ..errors import BevirError, VerifyError
+from .opdef import get_op
 from .types import TensorType
 
 
@@ -63,7 +64,6 @@ class Node:
 
     @property
     def opdef(self):
-        from ..ops import get_op
         return get_op(self.op)
 
     @property
@@ -164,7 +164,6 @@ class Graph:
 
         The node is appended unless ``before`` or ``after`` is given.
         """
-        from ..ops import get_op
         opdef = get_op(op)
         attrs = opdef.check_attrs(attrs or {}, where=dict(op=op, loc=loc))
         node = Node(op, inputs, attrs, loc)

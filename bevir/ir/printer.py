@@ -3,12 +3,14 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .graph import Graph, Node, Value
 from .types import TensorType
+
+if TYPE_CHECKING:       # Graph.__str__ prints through this module
+    from .graph import Graph, Node, Value
 
 _BARE = re.compile(r"^[A-Za-z0-9_.$-]+$")
 #: constants with at most this many elements print as a literal list when exact

@@ -12,7 +12,7 @@ import numpy as np
 from ..ir.types import TensorType
 from .common import float_operands, require
 from .nn import softmax_np
-from .registry import Int, Ints, OpDef, Str
+from ..ir.opdef import Int, Ints, OpDef, Str
 
 
 def _linear(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:

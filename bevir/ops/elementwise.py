@@ -5,7 +5,7 @@ import numpy as np
 
 from ..ir.types import DType, TensorType
 from .common import broadcast_types, float_operands, require, same_dtype
-from .registry import Bool, Float, OpDef, Str
+from ..ir.opdef import Bool, Float, OpDef, Str
 
 
 def _erf(x: np.ndarray) -> np.ndarray:

@@ -40,7 +40,7 @@ from .common import broadcast_types, norm_axis, require
 from .linalg import (NCHW_CHANNEL_LIMIT, conv2d_nchw, conv2d_nhwc, exact_chunk, exact_int_matmul,
                      from_nhwc, to_nhwc)
 from .quant import _CONV_ATTRS, _b_axis, _conv_shape, _matmul_shape
-from .registry import Bool, Float, Int, Ints, OpDef, Str, get_op
+from ..ir.opdef import Bool, Float, Int, Ints, OpDef, Str, get_op
 
 I8, I16, I32 = DType.i8, DType.i16, DType.i32
 INT_TYPES = (DType.i8, DType.i16, DType.i32, DType.i64, DType.u8)

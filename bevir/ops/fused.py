@@ -18,7 +18,7 @@ from ..ir.graph import Node
 from ..ir.types import TensorType
 from .common import broadcast_types, float_operands, require
 from .linalg import Conv2d
-from .registry import Attr, Bool, Ctx, Float, OpDef, Str, get_op
+from ..ir.opdef import Attr, Bool, Ctx, Float, OpDef, Str, get_op
 
 #: activation name -> (the op that computes it, {op attribute: fused-op attribute})
 ACTIVATION_OPS: dict[str, tuple[str, dict[str, str]]] = {

@@ -5,7 +5,7 @@ import numpy as np
 
 from ..ir.types import Layout, TensorType
 from .common import float_operands, require
-from .registry import Bool, Float, Int, Ints, OpDef
+from ..ir.opdef import Bool, Float, Int, Ints, OpDef
 
 
 def conv_out_size(size: int, k: int, stride: int, pad: int, dilation: int) -> int:

@@ -11,7 +11,7 @@ import numpy as np
 
 from ..ir.types import Layout, TensorType
 from .common import float_operands, norm_axis, require
-from .registry import Bool, Float, Int, Ints, OpDef, Str
+from ..ir.opdef import Bool, Float, Int, Ints, OpDef, Str
 from .shape import moved
 
 

@@ -21,7 +21,7 @@ from .common import broadcast_types, norm_axis, require
 from .linalg import (F32_EXACT, NCHW_CHANNEL_LIMIT, _nchw_dims, conv2d_nchw, conv2d_nhwc,
                      conv_out_size, exact_chunk, exact_int_matmul, from_nhwc,
                      int_conv2d_nhwc, to_nhwc)
-from .registry import Bool, Float, Floats, Int, Ints, OpDef, Str
+from ..ir.opdef import Bool, Float, Floats, Int, Ints, OpDef, Str
 
 F32, F64 = np.float32, np.float64
 _Q8 = ("i8", "u8")

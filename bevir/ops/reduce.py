@@ -10,7 +10,7 @@ import numpy as np
 
 from ..ir.types import Layout, TensorType
 from .common import float_operands, require
-from .registry import Bool, Ints, OpDef
+from ..ir.opdef import Bool, Ints, OpDef
 from .shape import norm_axes
 
 

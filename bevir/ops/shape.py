@@ -14,7 +14,7 @@ import numpy as np
 
 from ..ir.types import DType, Layout, TensorType
 from .common import norm_axis, require, same_dtype
-from .registry import Bool, Float, Int, Ints, OpDef, Str, Tensor
+from ..ir.opdef import Bool, Float, Int, Ints, OpDef, Str, Tensor
 
 
 def norm_axes(axes, rank: int) -> tuple[int, ...]:

@@ -1,7 +1,7 @@
 """decompose: expand module-level ops into primitive ops.
 
 An op opts in by defining ``decompose(self, builder, node) -> list[Value]`` in its
-:class:`~bevir.ops.registry.OpDef`: the same computation written with a
+:class:`~bevir.ir.opdef.OpDef`: the same computation written with a
 :class:`~bevir.ir.builder.Builder` placed before the node. The parts get the node's
 provenance plus a sub-path (``encoder.layers.0.attentions.0/sampling_offsets``), so
 reports made later still speak in module names. Quantization runs on the result.

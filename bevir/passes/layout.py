@@ -46,7 +46,7 @@ from ..ir.graph import Graph, Node, Value
 from ..ir.types import Layout, TensorType
 from ..ops import get_op
 from ..ops.quant import _vector_kind
-from ..ops.registry import Ctx
+from ..ir.opdef import Ctx
 from ..ops.shape import NCHW_TO_NHWC, NHWC_TO_NCHW, layout_perm, permute_quant
 from .analysis import AnalysisManager
 from .patterns import Match, NoMatch, PatternPass, RewritePattern, Rewriter, match_pattern, op

@@ -1,4 +1,4 @@
-"""The op registry: one declarative definition per op.
+"""The op-definition mechanism: one declarative definition per op, and the registry of them.
 
 An op is a subclass of :class:`OpDef` that names its operands and attributes and defines
 its type rule (``infer``), its numpy reference semantics (``compute``) and its cost
@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..errors import AttrError, VerifyError
-from ..ir.types import TensorType
+from .types import TensorType
 
 _REQUIRED = object()
 
