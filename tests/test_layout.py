@@ -15,7 +15,7 @@ from bevir.errors import AttrError, VerifyError
 from bevir.ir.types import AffineQuant
 from bevir.ops import get_op
 from bevir.passes import PassManager, Statistics, VerifyNumerics, make_pass, parse_pipeline
-from bevir.passes.layout import (RULES, ToNHWC, count_layout_transforms, count_transposes,
+from bevir.passes.layout import (ToNHWC, count_layout_transforms, count_transposes,
                                  find_regions, is_layout_transform, why_not_nhwc)
 from bevir.passes.patterns import explain
 
@@ -172,7 +172,6 @@ def test_pass_is_registered_as_exact():
     assert isinstance(p, ToNHWC) and ToNHWC.semantics_preserving and ToNHWC.tolerance == 0.0
     assert {r.__name__ for r in ToNHWC.patterns} == {
         "CancelLayoutTransforms", "FoldTransposeLayoutTransform", "AbsorbLayoutTransformIntoReshape"}
-    assert all(get_op(name) for name in RULES)             # every rule names a real op
 
 
 def test_graph_without_convolutions_is_left_alone():

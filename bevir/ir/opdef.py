@@ -20,7 +20,7 @@ node's validated attributes as fields (``c.axis``), plus ``c.in_types`` and ``c.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -144,6 +144,19 @@ class Ctx:
             raise AttributeError(name) from None
 
 
+@dataclass(frozen=True)
+class LayoutRule:
+    """How an op runs in NHWC (its ``nhwc`` interface, read by the to-nhwc pass).
+    ``native``: it computes in NHWC itself and seeds regions; ``data``: the operand indices
+    that carry the layout (None: every operand, as for elementwise ops); ``attrs``: the
+    node's attributes in NHWC; ``check``: a reason to keep a node as it is, or None."""
+
+    native: bool = False
+    data: tuple[int, ...] | None = None
+    attrs: Callable[[Any], dict] | None = None
+    check: Callable[[Any], str | None] | None = None
+
+
 _REGISTRY: dict[str, OpDef] = {}
 
 
@@ -156,6 +169,10 @@ class OpDef:
     #: False for ops with effects or identity (never CSE'd, folded or removed when unused)
     pure: ClassVar[bool] = True
     doc: ClassVar[str] = ""
+
+    # ---- interfaces: what passes and backends ask the op (None: not implemented) --------
+    #: how the op maps through NCHW -> NHWC (to-nhwc); None: it has no NHWC form
+    nhwc: ClassVar[LayoutRule | None] = None
 
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)

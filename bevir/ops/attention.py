@@ -20,7 +20,7 @@ def _linear(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (x.reshape(-1, x.shape[-1]) @ w.T + b).reshape(*lead, w.shape[0])
 
 
-def _levels(shapes) -> list[tuple[int, int]]:
+def level_shapes(shapes) -> list[tuple[int, int]]:
     return [(int(shapes[i]), int(shapes[i + 1])) for i in range(0, len(shapes), 2)]
 
 
@@ -56,7 +56,7 @@ def _deform_sample_ir(b, node, c, query, value, place, so_w, so_b, aw_w, aw_b, v
     with _part(b, node, "sampling_offsets"):
         off = b.reshape(_linear_ir(b, query, so_w, so_b),
                         shape=(bs, nq, heads, groups, levels, points, 2))
-        sizes = np.array([[w, h] for h, w in _levels(c.spatial_shapes)], np.float32)
+        sizes = np.array([[w, h] for h, w in level_shapes(c.spatial_shapes)], np.float32)
         off = b.div(off, b.const(sizes[:, None, :], "level_sizes"))
     with _part(b, node, "attention_weights"):
         aw = b.reshape(_linear_ir(b, query, aw_w, aw_b),
@@ -84,7 +84,7 @@ def ms_deform_attn_np(value: np.ndarray, shapes, loc: np.ndarray, aw: np.ndarray
     out = np.zeros((bs, nq, heads, d), value.dtype)
     start = 0
     bh = (np.arange(bs)[:, None, None, None] * heads + np.arange(heads)[None, None, :, None])
-    for lvl, (h, w) in enumerate(_levels(shapes)):
+    for lvl, (h, w) in enumerate(level_shapes(shapes)):
         v = value[:, start:start + h * w].transpose(0, 2, 1, 3).reshape(bs * heads * h * w, d)
         start += h * w
         grid = 2 * loc[:, :, :, lvl] - 1                              # (bs, Nq, H, P, 2)
@@ -115,7 +115,7 @@ def _deform_sample(c, query, value, ref_fn, so_w, so_b, aw_w, aw_b, vp_w, vp_b, 
     off = _linear(query, so_w, so_b).reshape(bs, nq, heads, groups, levels, points, 2)
     aw = softmax_np(_linear(query, aw_w, aw_b).reshape(bs, nq, heads, groups, levels * points), -1)
     aw = aw.reshape(bs, nq, heads, groups, levels, points)
-    sizes = np.array([[w, h] for h, w in _levels(c.spatial_shapes)], query.dtype)
+    sizes = np.array([[w, h] for h, w in level_shapes(c.spatial_shapes)], query.dtype)
     loc, aw = ref_fn(off / sizes[:, None, :], aw)
     return ms_deform_attn_np(v, c.spatial_shapes, loc, aw)
 
@@ -128,9 +128,9 @@ class _DeformOp(OpDef):
         require(len(c.spatial_shapes) == 2 * c.num_levels, "spatial_shapes needs (h, w) per level")
         require(query.rank == 3 and value.rank == 3 and query.shape[-1] == value.shape[-1],
                 f"query {query} and value {value} must be (batch, tokens, channels)")
-        require(value.shape[1] == sum(h * w for h, w in _levels(c.spatial_shapes)),
+        require(value.shape[1] == sum(h * w for h, w in level_shapes(c.spatial_shapes)),
                 f"value has {value.shape[1]} tokens, spatial_shapes {list(c.spatial_shapes)} need "
-                f"{sum(h * w for h, w in _levels(c.spatial_shapes))}")
+                f"{sum(h * w for h, w in level_shapes(c.spatial_shapes))}")
         require(query.shape[-1] % c.num_heads == 0, "channels must divide by num_heads")
 
     def macs(self, c):

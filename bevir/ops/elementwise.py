@@ -4,8 +4,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir.types import DType, TensorType
-from .common import broadcast_types, float_operands, require, same_dtype
 from ..ir.opdef import Bool, Float, OpDef, Str
+from .common import broadcast_types, float_operands, require, same_dtype
+from .layout_rules import ELEMENTWISE
 
 
 def _erf(x: np.ndarray) -> np.ndarray:
@@ -37,6 +38,7 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
 class Unary(OpDef):
     """A float elementwise function; subclasses set ``fn``."""
 
+    nhwc = ELEMENTWISE
     operands = ("x",)
 
     def infer(self, c, x):
@@ -87,6 +89,7 @@ class Gelu(Unary):
 
 class Identity(OpDef):
     name = "identity"
+    nhwc = ELEMENTWISE
     operands = ("x",)
 
     def infer(self, c, x):
@@ -100,6 +103,7 @@ class Clip(OpDef):
     """min(max(x, min), max); a bound left unset does not clip."""
 
     name = "clip"
+    nhwc = ELEMENTWISE
     operands = ("x",)
     attrs = {"min": Float(None), "max": Float(None)}
 
@@ -124,6 +128,7 @@ def _int_div(a, b):
 class Binary(OpDef):
     """Broadcasting binary arithmetic; subclasses set ``fn`` (and ``int_fn`` if it differs)."""
 
+    nhwc = ELEMENTWISE
     operands = ("a", "b")
     commutative = False
 
@@ -155,6 +160,7 @@ class Where(OpDef):
     """cond ? x : y with broadcasting."""
 
     name = "where"
+    nhwc = ELEMENTWISE
     operands = ("cond", "x", "y")
 
     def infer(self, c, cond, x, y):
@@ -170,6 +176,7 @@ class Cast(OpDef):
     """Convert the element type (float to int truncates toward zero)."""
 
     name = "cast"
+    nhwc = ELEMENTWISE
     operands = ("x",)
     attrs = {"to": Str(choices=tuple(d.value for d in DType)),
              "saturate": Bool(False)}
@@ -188,6 +195,7 @@ class Cast(OpDef):
 class Compare(OpDef):
     """Broadcasting comparison giving bool."""
 
+    nhwc = ELEMENTWISE
     operands = ("a", "b")
 
     def infer(self, c, a, b):
@@ -205,6 +213,7 @@ Greater = type("Greater", (Compare,), {"name": "greater", "fn": staticmethod(np.
 
 class Not(OpDef):
     name = "not"
+    nhwc = ELEMENTWISE
     operands = ("x",)
 
     def infer(self, c, x):

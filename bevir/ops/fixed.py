@@ -35,12 +35,12 @@ import numpy as np
 
 from ..errors import InterpreterError
 from ..ir.types import AffineQuant, DType, FixedPointQuant, Layout, Quant, TensorType
-from .attention import _levels
-from .common import broadcast_types, norm_axis, require
-from .linalg import (NCHW_CHANNEL_LIMIT, conv2d_nchw, conv2d_nhwc, exact_chunk, exact_int_matmul,
-                     from_nhwc, to_nhwc)
-from .quant import _CONV_ATTRS, _b_axis, _conv_shape, _matmul_shape
 from ..ir.opdef import Bool, Float, Int, Ints, OpDef, Str, get_op
+from .attention import level_shapes
+from .common import broadcast_types, norm_axis, require
+from .linalg import (CONV_ATTRS, NCHW_CHANNEL_LIMIT, Contraction, Convolution, MatrixProduct,
+                     conv2d_nchw, conv2d_nhwc, exact_chunk, exact_int_matmul, from_nhwc,
+                     matmul_shape, to_nhwc)
 
 I8, I16, I32 = DType.i8, DType.i16, DType.i32
 INT_TYPES = (DType.i8, DType.i16, DType.i32, DType.i64, DType.u8)
@@ -337,7 +337,7 @@ class FxBridge(OpDef):
 
 
 # ---- matrix products ---------------------------------------------------------------------
-class _FxProduct(OpDef):
+class _FxProduct(Contraction):
     """Shared by the int8 product ops: acc = exact sum of int8 products, + bias, saturated
     to int32, requantized per tensor or per output channel by Rescale to out_dtype (default
     i8; i16 keeps attention scores fine for a softmax)."""
@@ -350,9 +350,6 @@ class _FxProduct(OpDef):
 
     def out_shape(self, c, x: TensorType, w: TensorType) -> tuple:
         raise NotImplementedError
-
-    def reduction(self, c, x: TensorType, w: TensorType) -> int:
-        return x.shape[-1]
 
     def accumulate(self, c, x: np.ndarray, w: np.ndarray) -> np.ndarray:
         raise NotImplementedError
@@ -392,11 +389,8 @@ class _FxProduct(OpDef):
         acc = saturate(acc, np.int32)
         return Rescale.of(self._acc_quant(c), c.out_frac_bits).apply(acc, axis, out_dtype(c).np)
 
-    def macs(self, c):
-        return c.out_types[0].numel * self.reduction(c, *c.in_types[:2])
 
-
-class FxMatMul(_FxProduct):
+class FxMatMul(_FxProduct, MatrixProduct):
     """a (i8 fixed, per tensor) @ b (i8 weight: fixed or symmetric affine, per tensor or per
     column) + bias (i32 [N], optional) -> i8 fixed<out_frac_bits>; numpy matmul shapes."""
 
@@ -405,10 +399,10 @@ class FxMatMul(_FxProduct):
     x_dtypes = (I8, I16)         # i16 a: attention probabilities from an i16 fx_softmax
 
     def weight_axis(self, w):
-        return _b_axis(w)
+        return self.column_axis(w)
 
     def out_shape(self, c, a, b):
-        return _matmul_shape(a, b)
+        return matmul_shape(a, b)
 
     def infer(self, c, a, b, bias=None):
         require(bias is None or b.rank >= 2, "a bias needs a 2-D (or batched) b")
@@ -429,6 +423,9 @@ class FxLinear(_FxProduct):
     def weight_axis(self, w):
         return 0
 
+    def weight_axes(self, c, w):
+        return (1,)
+
     def out_shape(self, c, x, w):
         require(x.rank >= 1 and w.rank == 2 and w.shape[1] == x.shape[-1],
                 f"w must be [N, {x.shape[-1] if x.rank else '?'}], got {w} for x {x}")
@@ -439,25 +436,22 @@ class FxLinear(_FxProduct):
         return int_matmul(x.reshape(-1, k), w.T).reshape(*x.shape[:-1], w.shape[0])
 
 
-class FxConv2d(_FxProduct):
+class FxConv2d(_FxProduct, Convolution):
     """2-D convolution as conv2d (NCHW or NHWC x; w [O, C/groups, KH, KW] fixed or symmetric
     affine, per tensor or per output channel on axis 0; b i32 [O]) -> i8 fixed<out_frac_bits>."""
 
     name = "fx_conv2d"
     operands = ("x", "w", "b?")
-    attrs = {**_CONV_ATTRS, **_OUT, **_WIDE}
+    attrs = {**CONV_ATTRS, **_OUT, **_WIDE}
 
     def weight_axis(self, w):
         return 0
 
     def out_shape(self, c, x, w):
-        return _conv_shape(c, x, w)
+        return self.conv_shape(c, x, w)
 
     def channel_axis(self, shape, x):
         return 3 if x.layout is Layout.nhwc else 1
-
-    def reduction(self, c, x, w):
-        return w.shape[1] * w.shape[2] * w.shape[3]
 
     def accumulate(self, c, x, w):
         layout = c.in_types[0].layout
@@ -877,7 +871,7 @@ class FxMsDeformAttn(OpDef):
         require(value.rank == 4 and loc.rank == 6 and aw.rank == 5 and loc.shape[-1] == 2
                 and loc.shape[:5] == aw.shape and value.shape[0] == loc.shape[0]
                 and value.shape[2] == loc.shape[2], f"shapes do not fit: {value}, {loc}, {aw}")
-        levels = _levels(c.spatial_shapes)
+        levels = level_shapes(c.spatial_shapes)
         require(len(c.spatial_shapes) == 2 * loc.shape[3] and
                 value.shape[1] == sum(h * w for h, w in levels),
                 f"spatial_shapes {list(c.spatial_shapes)} do not fit value {value} and "
@@ -904,7 +898,7 @@ class FxMsDeformAttn(OpDef):
         bs, _, heads, d = value.shape
         acc = np.zeros((bs, loc.shape[1], heads, d), np.int32)
         start = 0
-        for lvl, (h, w) in enumerate(_levels(c.spatial_shapes)):
+        for lvl, (h, w) in enumerate(level_shapes(c.spatial_shapes)):
             v = value[:, start:start + h * w].transpose(0, 2, 1, 3).reshape(-1, d)
             start += h * w
             self._sample_level(c, acc, v, (h, w), loc[:, :, :, lvl], aw[:, :, :, lvl])

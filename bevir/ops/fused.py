@@ -16,9 +16,10 @@ import numpy as np
 
 from ..ir.graph import Node
 from ..ir.types import TensorType
-from .common import broadcast_types, float_operands, require
-from .linalg import Conv2d
 from ..ir.opdef import Attr, Bool, Ctx, Float, OpDef, Str, get_op
+from .common import broadcast_types, float_operands, require
+from .layout_rules import ELEMENTWISE, NATIVE
+from .linalg import CONV_ATTRS, Contraction, Convolution
 
 #: activation name -> (the op that computes it, {op attribute: fused-op attribute})
 ACTIVATION_OPS: dict[str, tuple[str, dict[str, str]]] = {
@@ -58,13 +59,14 @@ def _activation_infer(c: Ctx, t: TensorType) -> TensorType:
     return t
 
 
-class Conv2dAct(OpDef):
+class Conv2dAct(Convolution):
     """conv2d (with its bias) followed by an activation (none, relu or clip). Operands and
     attributes as conv2d's, plus the activation; layout and MACs are conv2d's."""
 
     name = "conv2d_act"
+    nhwc = NATIVE
     operands = ("x", "w", "b?")
-    attrs = {**Conv2d.attrs, **activation_attrs(("relu", "clip"))}
+    attrs = {**CONV_ATTRS, **activation_attrs(("relu", "clip"))}
 
     def infer(self, c, x, w, b=None):
         return _activation_infer(c, get_op("conv2d").infer(c, x, w, b))
@@ -72,11 +74,8 @@ class Conv2dAct(OpDef):
     def compute(self, c, x, w, b=None):
         return apply_activation(c, get_op("conv2d").compute(c, x, w, b))
 
-    def macs(self, c):
-        return get_op("conv2d").macs(c)
 
-
-class Linear(OpDef):
+class Linear(Contraction):
     """a @ b (b transposed with ``trans_b``, which needs a 2-D b), plus ``bias``
     (broadcast to the product's shape, not beyond), then an activation (none, relu, clip,
     gelu): matmul, add and the activation op in that order; gemm without alpha, beta or
@@ -103,14 +102,15 @@ class Linear(OpDef):
             y = get_op("add").compute(c, y, bias)
         return apply_activation(c, y)
 
-    def macs(self, c):
-        return get_op("matmul").macs(c)
+    def weight_axes(self, c, w):
+        return (1,) if c.trans_b else (w.rank - 2,)
 
 
 class AddRelu(OpDef):
     """relu(a + b), broadcasting as add."""
 
     name = "add_relu"
+    nhwc = ELEMENTWISE
     operands = ("a", "b")
 
     def infer(self, c, a, b):

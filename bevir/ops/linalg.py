@@ -4,8 +4,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir.types import Layout, TensorType
-from .common import float_operands, require
 from ..ir.opdef import Bool, Float, Int, Ints, OpDef
+from .common import float_operands, require
+from .layout_rules import NATIVE
 
 
 def conv_out_size(size: int, k: int, stride: int, pad: int, dilation: int) -> int:
@@ -184,32 +185,96 @@ def from_nhwc(y: np.ndarray, layout: Layout) -> np.ndarray:
     return y if layout is Layout.nhwc else y.transpose(0, 3, 1, 2)
 
 
-class Conv2d(OpDef):
-    """2-D convolution. x: [N,C,H,W] (plain or nchw) or [N,H,W,C] (nhwc); w: [O, C/groups,
-    KH, KW]; b: [O]. ``pads`` = [top, left, bottom, right]."""
+# ---- the product families: one shape rule and one MAC count each --------------------------
+class Contraction(OpDef):
+    """Ops whose results are sums of products: MACs = result elements x reduction length.
+    ``reduction`` is the number of products summed per result element; ``weight_axes``
+    the axes of the second operand (the weight) those products run over."""
 
-    name = "conv2d"
-    operands = ("x", "w", "b?")
-    attrs = {"strides": Ints((1, 1)), "pads": Ints((0, 0, 0, 0)),
-             "dilations": Ints((1, 1)), "groups": Int(1)}
+    def reduction(self, c, x: TensorType, w: TensorType) -> int:
+        return x.shape[-1]
 
-    def infer(self, c, x, w, b=None):
-        float_operands(x, w, *([b] if b else []))
+    def weight_axes(self, c, w: TensorType) -> tuple[int, ...]:
+        raise NotImplementedError(f"op '{self.name}' does not say which weight axes it reduces")
+
+    def macs(self, c):
+        return c.out_types[0].numel * self.reduction(c, *c.in_types[:2])
+
+
+CONV_ATTRS = {"strides": Ints((1, 1)), "pads": Ints((0, 0, 0, 0)), "dilations": Ints((1, 1)),
+              "groups": Int(1)}
+
+
+def nchw_dims(t: TensorType) -> tuple[int, int, int, int]:
+    """(N, C, H, W) of a 4-D type in either layout."""
+    n, a, b, d = t.shape
+    return (n, d, a, b) if t.layout is Layout.nhwc else (n, a, b, d)
+
+
+class Convolution(Contraction):
+    """The 2-D convolutions (conv2d, conv2d_act, qlinear_conv, conv_integer, fx_conv2d):
+    x [N,C,H,W] (plain or nchw) or [N,H,W,C] (nhwc), w [O, C/groups, KH, KW], ``pads`` =
+    [top, left, bottom, right]; results in x's layout."""
+
+    attrs = CONV_ATTRS
+
+    def conv_shape(self, c, x: TensorType, w: TensorType) -> tuple[int, ...]:
+        """The result shape, in x's layout (VerifyError for operands that do not fit)."""
         require(x.rank == 4 and w.rank == 4, f"expects 4-D input and weight, got {x} and {w}")
         require(len(c.strides) == 2 and len(c.dilations) == 2 and len(c.pads) == 4,
                 "strides and dilations take 2 values, pads 4")
-        n, ch, h, wd = _nchw_dims(x)
+        n, ch, h, wd = nchw_dims(x)
         o, cg, kh, kw = w.shape
         require(c.groups >= 1 and ch % c.groups == 0 and o % c.groups == 0
                 and cg == ch // c.groups,
                 f"weight {list(w.shape)} does not fit {ch} input channels in {c.groups} groups")
-        require(b is None or b.shape == (o,), f"bias must be [{o}], got {b}")
         oh = conv_out_size(h, kh, c.strides[0], c.pads[0] + c.pads[2], c.dilations[0])
         ow = conv_out_size(wd, kw, c.strides[1], c.pads[1] + c.pads[3], c.dilations[1])
         require(oh > 0 and ow > 0, "output would be empty")
-        shape = (n, oh, ow, o) if x.layout is Layout.nhwc else (n, o, oh, ow)
-        return TensorType(shape, x.dtype, x.layout)
+        return (n, oh, ow, o) if x.layout is Layout.nhwc else (n, o, oh, ow)
 
+    def reduction(self, c, x, w):
+        return w.shape[1] * w.shape[2] * w.shape[3]
+
+    def weight_axes(self, c, w):
+        return (1, 2, 3)
+
+
+def matmul_shape(a: TensorType, b: TensorType) -> tuple[int, ...]:
+    """numpy.matmul's result shape: batched, broadcasting, 1-D operands promoted."""
+    require(a.rank >= 1 and b.rank >= 1, "matmul operands must have rank >= 1")
+    sa = a.shape if a.rank > 1 else (1,) + a.shape
+    sb = b.shape if b.rank > 1 else b.shape + (1,)
+    require(sa[-1] == sb[-2], f"inner dimensions differ: {list(a.shape)} @ {list(b.shape)}")
+    batch = np.broadcast_shapes(sa[:-2], sb[:-2])
+    return batch + (sa[-2],) * (a.rank > 1) + (sb[-1],) * (b.rank > 1)
+
+
+class MatrixProduct(Contraction):
+    """The numpy-matmul products (matmul, qlinear_matmul, matmul_integer, fx_matmul): b's
+    columns are the output channels, its rows the reduction."""
+
+    def weight_axes(self, c, w):
+        return (w.rank - 2,) if w.rank >= 2 else (0,)
+
+    @staticmethod
+    def column_axis(b: TensorType) -> int | None:
+        """The axis along which b may be quantized per channel: its columns (N)."""
+        return b.rank - 1 if b.rank >= 2 else None
+
+
+class Conv2d(Convolution):
+    """2-D convolution (see :class:`Convolution`); b: [O]."""
+
+    name = "conv2d"
+    nhwc = NATIVE
+    operands = ("x", "w", "b?")
+
+    def infer(self, c, x, w, b=None):
+        float_operands(x, w, *([b] if b else []))
+        shape = self.conv_shape(c, x, w)
+        require(b is None or b.shape == (w.shape[0],), f"bias must be [{w.shape[0]}], got {b}")
+        return TensorType(shape, x.dtype, x.layout)
     def compute(self, c, x, w, b=None):
         layout = c.in_types[0].layout
         if c.groups == 1 and w.shape[1] < NCHW_CHANNEL_LIMIT:
@@ -223,17 +288,8 @@ class Conv2d(OpDef):
             y += b
         return from_nhwc(y, layout)
 
-    def macs(self, c):
-        out, w = c.out_types[0], c.in_types[1]
-        return out.numel * w.shape[1] * w.shape[2] * w.shape[3]
 
-
-def _nchw_dims(t: TensorType) -> tuple[int, int, int, int]:
-    n, a, b, d = t.shape
-    return (n, d, a, b) if t.layout is Layout.nhwc else (n, a, b, d)
-
-
-class MatMul(OpDef):
+class MatMul(MatrixProduct):
     """numpy.matmul: batched, broadcasting, 1-D operands promoted as numpy does."""
 
     name = "matmul"
@@ -241,23 +297,13 @@ class MatMul(OpDef):
 
     def infer(self, c, a, b):
         float_operands(a, b)
-        require(a.rank >= 1 and b.rank >= 1, "matmul operands must have rank >= 1")
-        sa = a.shape if a.rank > 1 else (1,) + a.shape
-        sb = b.shape if b.rank > 1 else b.shape + (1,)
-        require(sa[-1] == sb[-2], f"inner dimensions differ: {list(a.shape)} @ {list(b.shape)}")
-        batch = np.broadcast_shapes(sa[:-2], sb[:-2])
-        shape = batch + (sa[-2],) * (a.rank > 1) + (sb[-1],) * (b.rank > 1)
-        return TensorType(shape, a.dtype)
+        return TensorType(matmul_shape(a, b), a.dtype)
 
     def compute(self, c, a, b):
         return np.matmul(a, b)
 
-    def macs(self, c):
-        a = c.in_types[0]
-        return c.out_types[0].numel * a.shape[-1]
 
-
-class Gemm(OpDef):
+class Gemm(Contraction):
     """alpha * op(a) @ op(b) + beta * c, op = optional transpose; a and b are 2-D.
     With trans_b it is a linear layer (torch's weight layout)."""
 
@@ -286,6 +332,8 @@ class Gemm(OpDef):
             y = y + (bias if c.beta == 1.0 else bias * a.dtype.type(c.beta))
         return y.astype(a.dtype, copy=False)
 
-    def macs(self, c):
-        a = c.in_types[0]
-        return c.out_types[0].numel * (a.shape[0] if c.trans_a else a.shape[1])
+    def reduction(self, c, a, b):
+        return a.shape[0] if c.trans_a else a.shape[1]
+
+    def weight_axes(self, c, w):
+        return (1,) if c.trans_b else (0,)

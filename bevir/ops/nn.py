@@ -10,8 +10,9 @@ from itertools import product
 import numpy as np
 
 from ..ir.types import Layout, TensorType
+from ..ir.opdef import Bool, Float, Int, Ints, LayoutRule, OpDef, Str
 from .common import float_operands, norm_axis, require
-from ..ir.opdef import Bool, Float, Int, Ints, OpDef, Str
+from .layout_rules import NATIVE, size_attr
 from .shape import moved
 
 
@@ -89,6 +90,7 @@ class MaxPool2d(OpDef):
     """2-D max pooling; padding never wins (it is -inf, or the integer dtype's minimum)."""
 
     name = "maxpool2d"
+    nhwc = NATIVE
     operands = ("x",)
     attrs = {**_POOL_ATTRS, "dilations": Ints((1, 1))}
 
@@ -112,6 +114,7 @@ class AvgPool2d(OpDef):
     count only what they cover, as ONNX AveragePool and torch do)."""
 
     name = "avgpool2d"
+    nhwc = NATIVE
     operands = ("x",)
     attrs = {**_POOL_ATTRS, "count_include_pad": Bool(False)}
 
@@ -143,6 +146,7 @@ class GlobalAvgPool(OpDef):
     """Mean over the spatial axes (all but N and C), kept as size 1."""
 
     name = "global_avgpool"
+    nhwc = NATIVE
     operands = ("x",)
 
     def infer(self, c, x):
@@ -171,6 +175,7 @@ class BatchNorm(OpDef):
     (axis 1, or 3 for nhwc), computed in float32."""
 
     name = "batch_norm"
+    nhwc = NATIVE
     operands = ("x", "scale", "bias", "mean", "var")
     attrs = {"epsilon": Float(1e-5)}
 
@@ -274,11 +279,20 @@ def _nearest(lo: np.ndarray, frac: np.ndarray, rounding: str) -> np.ndarray:
     return lo + up
 
 
+def _resize_ok(node) -> str | None:
+    # linear resizes run axis by axis: the order of the resized axes must not change
+    size, shape = node.attrs["size"], node.inputs[0].type.shape
+    if node.attrs["mode"] == "linear" and size[1] != shape[1]:
+        return "a linear resize of the channel axis"
+    return None
+
+
 class Resize(OpDef):
     """ONNX Resize (opset 13/19) to ``size``, the full output shape, scale = out / in per
     axis: nearest for any dtype, or separable multilinear (floats) over resized axes."""
 
     name = "resize"
+    nhwc = LayoutRule(attrs=size_attr, check=_resize_ok)
     operands = ("x",)
     attrs = {"size": Ints(), "mode": Str("nearest", ("nearest", "linear")),
              "coordinate_transformation_mode": Str("half_pixel", (

@@ -18,10 +18,11 @@ import numpy as np
 
 from ..ir.types import AffineQuant, DType, Layout, TensorType
 from .common import broadcast_types, norm_axis, require
-from .linalg import (F32_EXACT, NCHW_CHANNEL_LIMIT, _nchw_dims, conv2d_nchw, conv2d_nhwc,
-                     conv_out_size, exact_chunk, exact_int_matmul, from_nhwc,
-                     int_conv2d_nhwc, to_nhwc)
-from ..ir.opdef import Bool, Float, Floats, Int, Ints, OpDef, Str
+from ..ir.opdef import Bool, Float, Floats, Int, Ints, LayoutRule, OpDef, Str
+from .layout_rules import AXIS, ELEMENTWISE, NATIVE, converted, nhwc_type
+from .linalg import (CONV_ATTRS, F32_EXACT, NCHW_CHANNEL_LIMIT, Convolution, MatrixProduct,
+                     conv2d_nchw, conv2d_nhwc, exact_chunk, exact_int_matmul, from_nhwc,
+                     int_conv2d_nhwc, matmul_shape, to_nhwc)
 
 F32, F64 = np.float32, np.float64
 _Q8 = ("i8", "u8")
@@ -155,6 +156,7 @@ class Quantize(OpDef):
     the division in float32; per tensor (axis unset) or per channel along ``axis``."""
 
     name = "quantize"
+    nhwc = AXIS
     operands = ("x",)
     attrs = {"dtype": Str(choices=_Q8 + ("i16",)), "scale": Floats(), "zero_point": Ints(),
              "axis": Int(None)}
@@ -176,6 +178,7 @@ class Dequantize(OpDef):
     multiply), with the scale and zero point of q's type."""
 
     name = "dequantize"
+    nhwc = ELEMENTWISE
     operands = ("x",)
 
     def infer(self, c, x):
@@ -193,24 +196,7 @@ class Dequantize(OpDef):
 
 
 # ---- integer convolution and matrix products --------------------------------------------
-_CONV_ATTRS = {"strides": Ints((1, 1)), "pads": Ints((0, 0, 0, 0)), "dilations": Ints((1, 1)),
-               "groups": Int(1)}
 _OUT_ATTRS = {"out_dtype": Str(choices=_Q8), "out_scale": Float(), "out_zero_point": Int(0)}
-
-
-def _conv_shape(c, x: TensorType, w: TensorType) -> tuple:
-    require(x.rank == 4 and w.rank == 4, f"expects 4-D input and weight, got {x} and {w}")
-    require(len(c.strides) == 2 and len(c.dilations) == 2 and len(c.pads) == 4,
-            "strides and dilations take 2 values, pads 4")
-    n, ch, h, wd = _nchw_dims(x)
-    o, cg, kh, kw = w.shape
-    require(c.groups >= 1 and ch % c.groups == 0 and o % c.groups == 0
-            and cg == ch // c.groups,
-            f"weight {list(w.shape)} does not fit {ch} input channels in {c.groups} groups")
-    oh = conv_out_size(h, kh, c.strides[0], c.pads[0] + c.pads[2], c.dilations[0])
-    ow = conv_out_size(wd, kw, c.strides[1], c.pads[1] + c.pads[3], c.dilations[1])
-    require(oh > 0 and ow > 0, "output would be empty")
-    return (n, oh, ow, o) if x.layout is Layout.nhwc else (n, o, oh, ow)
 
 
 def _zero_points(c) -> tuple:
@@ -264,15 +250,16 @@ def _channels(v: np.ndarray, axis: int, rank: int) -> np.ndarray:
     return v.reshape(shape)
 
 
-class QLinearConv(OpDef):
+class QLinearConv(Convolution):
     """ONNX QLinearConv: x (i8/u8, per-tensor quant), w (i8/u8, per tensor or per output
     channel, axis 0), b (i32, optional); the int32 accumulator of (x - x_zp)(w - w_zp) + b
     is requantized by MlasRequantizeOutput with the float32 multiplier
     (x_scale * w_scale) / y_scale. Attributes as conv2d, plus the output quantization."""
 
     name = "qlinear_conv"
+    nhwc = NATIVE
     operands = ("x", "w", "b?")
-    attrs = {**_CONV_ATTRS, **_OUT_ATTRS}
+    attrs = {**CONV_ATTRS, **_OUT_ATTRS}
 
     def infer(self, c, x, w, b=None):
         _qlinear_pair(x, w)
@@ -281,7 +268,7 @@ class QLinearConv(OpDef):
         require(b is None or (b.dtype is DType.i32 and b.shape == (w.shape[0],)),
                 f"bias must be i32 [{w.shape[0]}], got {b}")
         require(wq.axis is None or wq.channels == w.shape[0], "w per-channel size mismatch")
-        return _out_type(c, _conv_shape(c, x, w), x.layout)
+        return _out_type(c, self.conv_shape(c, x, w), x.layout)
 
     def compute(self, c, x, w, b=None):
         xt, wt, yt = c.in_types[0], c.in_types[1], c.out_types[0]
@@ -292,10 +279,6 @@ class QLinearConv(OpDef):
             return requantize(acc, _channels(mult, axis, acc.ndim), zp, dtype)
         return _int_conv(c, x, w, b, finish, dtype)
 
-    def macs(self, c):
-        out, w = c.out_types[0], c.in_types[1]
-        return out.numel * w.shape[1] * w.shape[2] * w.shape[3]
-
 
 def conv_multiplier(xq: AffineQuant, wq: AffineQuant, yq: AffineQuant) -> np.ndarray:
     """onnxruntime's requantization multiplier, per output channel: float32 x_scale *
@@ -303,42 +286,25 @@ def conv_multiplier(xq: AffineQuant, wq: AffineQuant, yq: AffineQuant) -> np.nda
     return (F32(xq.scale[0]) * np.asarray(wq.scale, F32)) / F32(yq.scale[0])
 
 
-class ConvInteger(OpDef):
+class ConvInteger(Convolution):
     """ONNX ConvInteger: the exact int32 sum of (x - x_zp)(w - w_zp), zero points from the
     operand types (none: 0); w's per tensor or per output channel (axis 0)."""
 
     name = "conv_integer"
+    nhwc = NATIVE
     operands = ("x", "w")
-    attrs = dict(_CONV_ATTRS)
+    attrs = dict(CONV_ATTRS)
 
     def infer(self, c, x, w):
         _q8(x, "x")
         _q8(w, "w")
         affine(x, "x", allow_none=True)
         affine(w, "w", per_channel_axis=0, allow_none=True)
-        shape = _conv_shape(c, x, w)
+        shape = self.conv_shape(c, x, w)
         return TensorType(shape, DType.i32, x.layout)
 
     def compute(self, c, x, w):
         return _int_conv(c, x, w, None, lambda acc, axis: acc.astype(np.int32), np.int32)
-
-    def macs(self, c):
-        out, w = c.out_types[0], c.in_types[1]
-        return out.numel * w.shape[1] * w.shape[2] * w.shape[3]
-
-
-def _matmul_shape(a: TensorType, b: TensorType) -> tuple:
-    require(a.rank >= 1 and b.rank >= 1, "matmul operands must have rank >= 1")
-    sa = a.shape if a.rank > 1 else (1,) + a.shape
-    sb = b.shape if b.rank > 1 else b.shape + (1,)
-    require(sa[-1] == sb[-2], f"inner dimensions differ: {list(a.shape)} @ {list(b.shape)}")
-    batch = np.broadcast_shapes(sa[:-2], sb[:-2])
-    return batch + (sa[-2],) * (a.rank > 1) + (sb[-1],) * (b.rank > 1)
-
-
-def _b_axis(b: TensorType) -> int | None:
-    """The axis along which b may be quantized per channel: its columns (N)."""
-    return b.rank - 1 if b.rank >= 2 else None
 
 
 def _int_matmul(c, a, b) -> np.ndarray:
@@ -350,7 +316,7 @@ def _int_matmul(c, a, b) -> np.ndarray:
                             exact_chunk(_code_span(at) * _code_span(bt)))
 
 
-class QLinearMatMul(OpDef):
+class QLinearMatMul(MatrixProduct):
     """ONNX QLinearMatMul: a per tensor, b per tensor or per column (axis rank-1); the
     exact int32 product of (a - a_zp)(b - b_zp) requantized with the float32 multiplier
     (a_scale * b_scale) / y_scale, as QLinearConv."""
@@ -362,8 +328,8 @@ class QLinearMatMul(OpDef):
     def infer(self, c, a, b):
         _qlinear_pair(a, b, ("a", "b"))
         affine(a, "a")
-        affine(b, "b", per_channel_axis=_b_axis(b))
-        return _out_type(c, _matmul_shape(a, b))
+        affine(b, "b", per_channel_axis=MatrixProduct.column_axis(b))
+        return _out_type(c, matmul_shape(a, b))
 
     def compute(self, c, a, b):
         at, bt, yt = c.in_types[0], c.in_types[1], c.out_types[0]
@@ -371,11 +337,8 @@ class QLinearMatMul(OpDef):
         mult = conv_multiplier(at.quant, bt.quant, yt.quant)
         return requantize(acc, mult, yt.quant.zero_point[0], yt.dtype.np)
 
-    def macs(self, c):
-        return c.out_types[0].numel * c.in_types[0].shape[-1]
 
-
-class MatMulInteger(OpDef):
+class MatMulInteger(MatrixProduct):
     """ONNX MatMulInteger: the exact int32 product of (a - a_zp)(b - b_zp), zero points
     from the types (none: 0), b's per tensor or per column."""
 
@@ -386,14 +349,11 @@ class MatMulInteger(OpDef):
         _q8(a, "a")
         _q8(b, "b")
         affine(a, "a", allow_none=True)
-        affine(b, "b", per_channel_axis=_b_axis(b), allow_none=True)
-        return TensorType(_matmul_shape(a, b), DType.i32)
+        affine(b, "b", per_channel_axis=MatrixProduct.column_axis(b), allow_none=True)
+        return TensorType(matmul_shape(a, b), DType.i32)
 
     def compute(self, c, a, b):
         return _int_matmul(c, a, b).astype(np.int32)
-
-    def macs(self, c):
-        return c.out_types[0].numel * c.in_types[0].shape[-1]
 
 
 # ---- elementwise (com.microsoft) ---------------------------------------------------------
@@ -450,6 +410,15 @@ class _QBinary(OpDef):
         return table[index]
 
 
+def _qlinear_add_ok(node) -> str | None:
+    before = [v.type for v in node.inputs]
+    after = [nhwc_type(v.type) if converted(v) else v.type for v in node.inputs]
+    if _vector_kind(*before, node.output.type.shape) != _vector_kind(
+            *after, nhwc_type(node.output.type).shape):
+        return "its onnxruntime kernel variant would change"
+    return None
+
+
 class QLinearAdd(_QBinary):
     """com.microsoft QLinearAdd, as MLAS's AVX2 kernel (qladd_avx2.cpp, compiled with FMA
     contraction): V is the operand that varies within each span (a, unless a is the single
@@ -458,6 +427,7 @@ class QLinearAdd(_QBinary):
     round half to even, saturate."""
 
     name = "qlinear_add"
+    nhwc = LayoutRule(check=_qlinear_add_ok)
 
     def formula(self, c, a, b, a_first):
         ta, tb, tc = c.in_types[0], c.in_types[1], c.out_types[0]
@@ -478,6 +448,7 @@ class QLinearMul(_QBinary):
     half to even, saturate."""
 
     name = "qlinear_mul"
+    nhwc = ELEMENTWISE
 
     def formula(self, c, a, b, a_first):
         ta, tb, tc = c.in_types[0], c.in_types[1], c.out_types[0]
@@ -491,6 +462,10 @@ class QLinearMul(_QBinary):
 
 
 # ---- pooling, concat and lookup tables ---------------------------------------------------
+def _not_channels_last(node) -> str | None:
+    return "already channels_last" if node.attrs.get("channels_last") else None
+
+
 class QLinearGlobalAvgPool(OpDef):
     """com.microsoft QLinearGlobalAveragePool (MlasQLinearGlobalAveragePoolNchw/Nhwc): the
     int32 sum over the image minus x_zp * image_size, requantized with the float32
@@ -498,6 +473,7 @@ class QLinearGlobalAvgPool(OpDef):
     is an error, as onnxruntime's "parameter out of computation range"."""
 
     name = "qlinear_global_avgpool"
+    nhwc = LayoutRule(native=True, data=(0,), check=_not_channels_last)
     operands = ("x",)
     attrs = {"out_scale": Float(), "out_zero_point": Int(0), "channels_last": Bool(False)}
 
@@ -591,6 +567,7 @@ class QLinearSigmoid(_QLookup):
     lookup_table and mlas_logistic)."""
 
     name = "qlinear_sigmoid"
+    nhwc = ELEMENTWISE
     attrs = {"out_scale": Float(), "out_zero_point": Int(0)}
 
     def fn(self, c, v):
@@ -602,6 +579,7 @@ class QLinearLeakyRelu(_QLookup):
     (float32)."""
 
     name = "qlinear_leaky_relu"
+    nhwc = ELEMENTWISE
     attrs = {"alpha": Float(0.01), "out_scale": Float(), "out_zero_point": Int(0)}
 
     def fn(self, c, v):
@@ -613,6 +591,7 @@ class QLinearConcat(OpDef):
     goes through a 256-entry requantization table (lookup_table with the identity)."""
 
     name = "qlinear_concat"
+    nhwc = AXIS
     operands = ("*xs",)
     attrs = {"axis": Int(), **_OUT_ATTRS}
 

@@ -7,14 +7,14 @@ passes through data movement; per-channel quantization does not (its axis may mo
 """
 from __future__ import annotations
 
-from dataclasses import replace
 from math import prod
 
 import numpy as np
 
 from ..ir.types import DType, Layout, TensorType
+from ..ir.opdef import Bool, Float, Int, Ints, LayoutRule, OpDef, Str, Tensor
 from .common import norm_axis, require, same_dtype
-from ..ir.opdef import Bool, Float, Int, Ints, OpDef, Str, Tensor
+from .layout_rules import AXIS, axes_attr, layout_perm, pads_attr, permute_quant
 
 
 def norm_axes(axes, rank: int) -> tuple[int, ...]:
@@ -35,6 +35,7 @@ def moved(x: TensorType, shape, layout: Layout | None = None) -> TensorType:
 
 class Concat(OpDef):
     name = "concat"
+    nhwc = AXIS
     operands = ("*xs",)
     attrs = {"axis": Int()}
 
@@ -61,6 +62,7 @@ class Split(OpDef):
     """Split into consecutive pieces of ``sizes`` along ``axis`` (zero sizes allowed)."""
 
     name = "split"
+    nhwc = AXIS
     operands = ("x",)
     attrs = {"axis": Int(0), "sizes": Ints()}
 
@@ -86,6 +88,7 @@ def _slices(c, shape) -> tuple[slice, ...]:
 
 class Slice(OpDef):
     name = "slice"
+    nhwc = LayoutRule(attrs=axes_attr)
     operands = ("x",)
     attrs = {"starts": Ints(), "ends": Ints(), "axes": Ints(), "steps": Ints()}
 
@@ -142,27 +145,6 @@ class Transpose(OpDef):
 
     def compute(self, c, x):
         return x.transpose(c.perm)
-
-
-#: NHWC axis i holds NCHW axis NCHW_TO_NHWC[i]; NHWC_TO_NCHW is its inverse
-NCHW_TO_NHWC = (0, 2, 3, 1)
-NHWC_TO_NCHW = (0, 3, 1, 2)
-
-
-def layout_perm(src: Layout, dst: Layout) -> tuple[int, ...]:
-    """The transpose permutation that moves a 4-D tensor from layout ``src`` to ``dst``.
-    A ``plain`` 4-D tensor is read as NCHW (as conv2d reads it), so plain <-> nchw moves
-    nothing and only changes the tag."""
-    if (src is Layout.nhwc) == (dst is Layout.nhwc):
-        return (0, 1, 2, 3)
-    return NCHW_TO_NHWC if dst is Layout.nhwc else NHWC_TO_NCHW
-
-
-def permute_quant(quant, perm: tuple[int, ...]):
-    """``quant`` of a tensor after ``transpose(perm)``: a per-channel axis follows its axis."""
-    if quant is None or quant.axis is None:
-        return quant
-    return replace(quant, axis=perm.index(quant.axis))
 
 
 class LayoutTransform(OpDef):
@@ -260,6 +242,7 @@ class Pad(OpDef):
     """Pad by ``pads`` = [begin_0..begin_n, end_0..end_n]; negative pads crop (before padding)."""
 
     name = "pad"
+    nhwc = LayoutRule(attrs=pads_attr)
     operands = ("x",)
     attrs = {"pads": Ints(), "mode": Str("constant", ("constant", "reflect", "edge", "wrap")),
              "value": Float(0.0)}

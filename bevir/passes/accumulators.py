@@ -1,7 +1,9 @@
 """Static int32 accumulator bounds of the fixed-point product ops.
 
-``fx_linear``, ``fx_matmul`` and ``fx_conv2d`` accumulate exact integer products into an
-int32 (saturating, docs/numerics.md). :func:`accumulator_bounds` bounds every accumulator
+Every contraction (an op deriving :class:`~bevir.ops.linalg.Contraction`: ``fx_linear``,
+``fx_matmul``, ``fx_conv2d``) with a fixed-point result accumulates exact integer products
+into an int32 (saturating, docs/numerics.md); the op says how long its reduction is and
+which weight axes it runs over. :func:`accumulator_bounds` bounds every accumulator
 from what is known before running: the operand dtypes (an i8 code is at most 128 in
 magnitude), the constant weights and biases (per output channel: 128 * sum |w| + |b|), and
 for attention probabilities from ``fx_softmax`` their row sum (at most 2**f + n/2 codes).
@@ -17,6 +19,8 @@ import numpy as np
 
 from ..errors import PassError
 from ..ir.graph import Graph, Node, Value
+from ..ir.types import FixedPointQuant
+from ..ops.linalg import Contraction
 
 INT32_MAX = (1 << 31) - 1
 
@@ -62,21 +66,18 @@ def _weighted(node: Node, w: np.ndarray, reduce_axes: tuple[int, ...]) -> int:
 
 
 def _bound(node: Node) -> int | None:
-    if node.op not in ("fx_linear", "fx_conv2d", "fx_matmul"):
+    opdef = node.opdef
+    if not isinstance(opdef, Contraction) or not isinstance(node.outputs[0].type.quant,
+                                                               FixedPointQuant):
         return None
     x, w = node.inputs[0], node.inputs[1]
-    if node.op == "fx_linear":                      # w [N, K]
-        return _weighted(node, w.const, (1,)) if w.is_const else None
-    if node.op == "fx_conv2d":                      # w [O, C, KH, KW]
-        return _weighted(node, w.const, (1, 2, 3)) if w.is_const else None
-    if node.op == "fx_matmul":
-        k = x.type.shape[-1]
-        if w.is_const and w.type.rank == 2:
-            return _weighted(node, w.const, (0,))
-        rows = _row_sum(x, k)
-        lhs = rows if rows is not None else _code_max(x) * k
-        return lhs * _code_max(w)
-    return None
+    c = opdef.ctx(node)
+    if w.is_const:
+        return _weighted(node, w.const, opdef.weight_axes(c, w.type))
+    k = opdef.reduction(c, x.type, w.type)         # a product of two activations
+    rows = _row_sum(x, k)
+    lhs = rows if rows is not None else _code_max(x) * k
+    return lhs * _code_max(w)
 
 
 def accumulator_bounds(graph: Graph) -> list[AccumulatorBound]:

@@ -35,19 +35,18 @@ the patterns removed), ``converted`` (nodes moved to NHWC), ``layout_transforms_
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
-from typing import Any, ClassVar
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
 from ..errors import PassError
 from ..ir.graph import Graph, Node, Value
 from ..ir.types import Layout, TensorType
+from ..ir.opdef import Ctx, LayoutRule
 from ..ops import get_op
-from ..ops.quant import _vector_kind
-from ..ir.opdef import Ctx
-from ..ops.shape import NCHW_TO_NHWC, NHWC_TO_NCHW, layout_perm, permute_quant
+from ..ops.layout_rules import NCHW_TO_NHWC, NHWC_TO_NCHW, converted, layout_perm, nhwc_type
 from .analysis import AnalysisManager
 from .patterns import Match, NoMatch, PatternPass, RewritePattern, Rewriter, match_pattern, op
 from .rewrites import rewrite_permitted
@@ -93,101 +92,9 @@ def count_transposes(graph: Graph) -> int:
                and moves_data(_perm_of(n), n.inputs[0].type.shape))
 
 
-# ---- what each op does in NHWC -------------------------------------------------------------
-def _axis(a: int) -> int:
-    """An NCHW axis's position in NHWC."""
-    return NCHW_TO_NHWC.index(a % 4)
-
-
-def _permuted(values: Sequence[Any]) -> tuple:
-    """Per-axis values (NCHW order) in NHWC order."""
-    return tuple(values[p] for p in NCHW_TO_NHWC)
-
-
-def _axis_attr(node: Node) -> dict:
-    a = node.attrs.get("axis")
-    return {**node.attrs, "axis": None if a is None else _axis(a)}
-
-
-def _axes_attr(node: Node) -> dict:
-    return {**node.attrs, "axes": tuple(_axis(a) for a in node.attrs["axes"])}
-
-
-def _pads_attr(node: Node) -> dict:
-    pads = node.attrs["pads"]
-    return {**node.attrs, "pads": _permuted(pads[:4]) + _permuted(pads[4:])}
-
-
-def _size_attr(node: Node) -> dict:
-    return {**node.attrs, "size": _permuted(node.attrs["size"])}
-
-
-def _resize_ok(node: Node) -> str | None:
-    # linear resizes run axis by axis: the order of the resized axes must not change
-    size, shape = node.attrs["size"], node.inputs[0].type.shape
-    if node.attrs["mode"] == "linear" and size[1] != shape[1]:
-        return "a linear resize of the channel axis"
-    return None
-
-
-def _qlinear_add_ok(node: Node) -> str | None:
-    before = [v.type for v in node.inputs]
-    after = [_nhwc_type(v.type) if _converted(v) else v.type for v in node.inputs]
-    if _vector_kind(*before, node.output.type.shape) != _vector_kind(
-            *after, _nhwc_type(node.output.type).shape):
-        return "its onnxruntime kernel variant would change"
-    return None
-
-
-def _not_channels_last(node: Node) -> str | None:
-    return "already channels_last" if node.attrs.get("channels_last") else None
-
-
-@dataclass(frozen=True)
-class LayoutRule:
-    """How an op runs in NHWC. ``native``: it computes in NHWC itself and seeds regions;
-    ``data``: the operand indices that carry the layout (None: every operand, as for
-    elementwise ops); ``attrs``: the node's attributes in NHWC; ``check``: a reason to keep
-    a node as it is."""
-
-    native: bool = False
-    data: tuple[int, ...] | None = None
-    attrs: Callable[[Node], dict] | None = None
-    check: Callable[[Node], str | None] | None = None
-
-
-_NATIVE = LayoutRule(native=True, data=(0,))
-_ELEMENTWISE = LayoutRule()
-RULES: dict[str, LayoutRule] = {
-    **{name: _NATIVE for name in ("conv2d", "conv2d_act", "qlinear_conv", "conv_integer", "maxpool2d",
-                                  "avgpool2d", "global_avgpool", "batch_norm")},
-    "qlinear_global_avgpool": LayoutRule(native=True, data=(0,), check=_not_channels_last),
-    **{name: _ELEMENTWISE for name in (
-        "relu", "sigmoid", "tanh", "exp", "log", "sqrt", "erf", "neg", "abs", "reciprocal",
-        "sin", "cos", "gelu", "identity", "clip", "cast", "not", "add", "sub", "mul", "div",
-        "max", "min", "pow", "atan2", "equal", "less", "greater", "where", "add_relu",
-        "dequantize",
-        "qlinear_mul", "qlinear_sigmoid", "qlinear_leaky_relu")},
-    "quantize": LayoutRule(attrs=_axis_attr),
-    "qlinear_add": LayoutRule(check=_qlinear_add_ok),
-    "concat": LayoutRule(attrs=_axis_attr),
-    "qlinear_concat": LayoutRule(attrs=_axis_attr),
-    "split": LayoutRule(attrs=_axis_attr),
-    "slice": LayoutRule(attrs=_axes_attr),
-    "pad": LayoutRule(attrs=_pads_attr),
-    "resize": LayoutRule(attrs=_size_attr, check=_resize_ok),
-}
-
-
-def _nhwc_type(t: TensorType) -> TensorType:
-    """The NHWC type of an NCHW (or plain 4-D) type; a lower-rank type is first extended
-    to rank 4 with leading unit dimensions, as broadcasting reads it."""
-    extra = 4 - t.rank
-    quant = t.quant
-    if quant is not None and quant.axis is not None:
-        quant = replace(quant, axis=quant.axis + extra)
-    return TensorType(_permuted((1,) * extra + t.shape), t.dtype, Layout.nhwc,
-                      permute_quant(quant, NCHW_TO_NHWC))
+# ---- what each op does in NHWC: its ``nhwc`` interface -------------------------------------
+def _rule(node: Node) -> LayoutRule | None:
+    return node.opdef.nhwc
 
 
 def _is_region_value(v: Value | None) -> bool:
@@ -195,32 +102,26 @@ def _is_region_value(v: Value | None) -> bool:
     return v is not None and not v.is_const and v.type.rank == 4 and v.type.layout in _FROM_NCHW
 
 
-def _converted(v: Value | None) -> bool:
-    """Whether an operand of an elementwise node changes in NHWC: 4-D values, and
-    constants that are not scalars (they broadcast against the permuted axes)."""
-    return v is not None and (v.type.rank == 4 or (v.is_const and v.type.numel > 1))
-
-
 def layout_operands(node: Node) -> list[int]:
     """The operand indices of ``node`` that move to NHWC with it."""
-    rule = RULES[node.op]
+    rule = _rule(node)
     if rule.data is not None:
         return [i for i in rule.data if i < len(node.inputs) and node.inputs[i] is not None]
-    return [i for i, v in enumerate(node.inputs) if _converted(v)]
+    return [i for i, v in enumerate(node.inputs) if converted(v)]
 
 
 def why_not_nhwc(node: Node) -> str | None:
     """Why ``node`` cannot run in NHWC, or None when it can."""
-    rule = RULES.get(node.op)
+    rule = _rule(node)
     if rule is None:
-        return f"op '{node.op}' has no NHWC form here"
+        return f"op '{node.op}' has no NHWC form here (it declares no nhwc rule)"
     if any(v.type.rank != 4 or v.type.layout not in _FROM_NCHW for v in node.outputs):
         return "its results are not 4-D NCHW tensors"
     for i in layout_operands(node):
         v = node.inputs[i]
         if not (_is_region_value(v) or (v.is_const and v.type.rank <= 4)):
             return f"operand %{v.name} ({v.type}) is not a 4-D NCHW tensor"
-    if rule.data is None and any(v is not None and not _converted(v) and v.type.numel != 1
+    if rule.data is None and any(v is not None and not converted(v) and v.type.numel != 1
                                  for v in node.inputs):
         return "an operand of lower rank would broadcast differently"
     return rule.check(node) if rule.check else None
@@ -235,7 +136,7 @@ def find_regions(graph: Graph) -> list[list[Node]]:
     seen: set[Node] = set()
     regions = []
     for seed in graph.nodes:
-        if seed in ok and seed not in seen and RULES[seed.op].native:
+        if seed in ok and seed not in seen and _rule(seed).native:
             region = _grow(seed, ok)
             seen |= region
             regions.append(sorted(region, key=order.__getitem__))
@@ -261,7 +162,7 @@ def _region_values(node: Node) -> list[Value]:
 
 def _neighbours(v: Value) -> list[Node]:
     """The producer of ``v`` and its users that read it as a layout operand."""
-    users = [n for n, i in v.uses if n.op in RULES and i in layout_operands(n)]
+    users = [n for n, i in v.uses if _rule(n) is not None and i in layout_operands(n)]
     return ([v.producer] if v.producer is not None else []) + users
 
 
@@ -297,11 +198,11 @@ class _Converter:
         inputs = list(node.inputs)
         for i in layout_operands(node):
             inputs[i] = self._nhwc(inputs[i], node)
-        rule = RULES[node.op]
+        rule = _rule(node)
         attrs = rule.attrs(node) if rule.attrs else node.attrs
         new = self.graph.create_node(node.op, inputs, attrs, loc=node.loc, before=node,
                                      names=[f"{v.name}.nhwc" for v in node.outputs])
-        want = [_nhwc_type(v.type) for v in node.outputs]
+        want = [nhwc_type(v.type) for v in node.outputs]
         if [v.type for v in new.outputs] != want:
             raise PassError(f"to-nhwc: the NHWC form infers {[str(v.type) for v in new.outputs]}, "
                             f"expected {[str(t) for t in want]}", node=node.name, op=node.op,
@@ -314,7 +215,7 @@ class _Converter:
         """``v`` in NHWC: converted already, a permuted constant, or a transform of it."""
         if id(v) not in self.map:
             if v.is_const:
-                t = _nhwc_type(v.type)
+                t = nhwc_type(v.type)
                 array = np.ascontiguousarray(v.const.reshape((1,) * (4 - v.type.rank) + v.type.shape)
                                              .transpose(NCHW_TO_NHWC))
                 self.map[id(v)] = self.graph.add_const(array, self.graph.unique_name(f"{v.name}.nhwc"), t)
