@@ -157,6 +157,18 @@ class LayoutRule:
     check: Callable[[Any], str | None] | None = None
 
 
+@dataclass(frozen=True)
+class FixedLowering:
+    """What the quantize pass turns a float op into (its ``fixed_point`` interface).
+    ``how`` names one of the pass's lowering strategies (``product``, ``unary``, ``binary``,
+    ``mul``, ``div``, ``reduce``, ``clip``, ``log``, ``softmax``, ``concat``, ``layer_norm``,
+    ``deform_attn``; see bevir/passes/quantize.py), ``target`` the fx op it emits where the
+    strategy takes one."""
+
+    how: str
+    target: str | None = None
+
+
 _REGISTRY: dict[str, OpDef] = {}
 
 
@@ -173,6 +185,14 @@ class OpDef:
     # ---- interfaces: what passes and backends ask the op (None: not implemented) --------
     #: how the op maps through NCHW -> NHWC (to-nhwc); None: it has no NHWC form
     nhwc: ClassVar[LayoutRule | None] = None
+    #: what quantize lowers the op to in fixed point; None: it stays float
+    fixed_point: ClassVar[FixedLowering | None] = None
+    #: ``decompose(self, builder, node)``: the same computation in primitive ops (the
+    #: decompose pass); None: the op is primitive
+    decompose: ClassVar[Callable | None] = None
+    #: code generation (TVM compute) and the GPNPU cycle cost: slots the backend fills
+    tvm_lowering: ClassVar[Callable | None] = None
+    cycle_cost: ClassVar[Callable | None] = None
 
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)
@@ -193,6 +213,15 @@ class OpDef:
         return 0
 
     # ---- derived -----------------------------------------------------------------------
+    def interfaces(self) -> list[str]:
+        """The interfaces this op implements, by name (see the class attributes above)."""
+        base = OpDef
+        have = [name for name in ("infer", "compute", "macs")
+                if getattr(type(self), name) is not getattr(base, name)]
+        have += [name for name in ("nhwc", "fixed_point", "decompose", "tvm_lowering",
+                                   "cycle_cost") if getattr(self, name) is not None]
+        return have
+
     def arity(self) -> tuple[int, int | None]:
         """(min, max) operand count; max None when variadic."""
         lo = sum(1 for o in self.operands if not o.endswith("?") and not o.startswith("*"))

@@ -3,3 +3,10 @@ from ..ir.opdef import Attr, Bool, Ctx, Float, Floats, Int, Ints, OpDef, Str, Te
 from . import attention, elementwise, linalg, nn, quant, reduce, shape  # noqa: F401  (registers the ops)
 from . import fixed  # noqa: F401  (the fixed-point integer ops)
 from . import fused  # noqa: F401  (the fused ops of the fuse pass)
+
+
+def interface_table() -> str:
+    """One line per registered op: its name and the interfaces it implements."""
+    ops = all_ops()
+    width = max(map(len, ops))
+    return "\n".join(f"{name:<{width}}  {' '.join(op.interfaces())}" for name, op in ops.items())

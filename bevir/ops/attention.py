@@ -12,7 +12,7 @@ import numpy as np
 from ..ir.types import TensorType
 from .common import float_operands, require
 from .nn import softmax_np
-from ..ir.opdef import Int, Ints, OpDef, Str
+from ..ir.opdef import FixedLowering, Int, Ints, OpDef, Str
 
 
 def _linear(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -300,6 +300,7 @@ class MsDeformAttn(OpDef):
     (bs, Nq, H, L, P, 2), attention_weights (bs, Nq, H, L, P) -> (bs, Nq, H*d)."""
 
     name = "ms_deform_attn"
+    fixed_point = FixedLowering("deform_attn")
     operands = ("value", "sampling_locations", "attention_weights")
     attrs = {"spatial_shapes": Ints()}
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir.types import DType, TensorType
-from ..ir.opdef import Bool, Float, OpDef, Str
+from ..ir.opdef import Bool, FixedLowering, Float, OpDef, Str
 from .common import broadcast_types, float_operands, require, same_dtype
 from .layout_rules import ELEMENTWISE
 
@@ -49,14 +49,16 @@ class Unary(OpDef):
         return np.asarray(type(self).fn(x), dtype=x.dtype)
 
 
-def unary(name: str, fn, doc: str = "") -> type[Unary]:
-    return type(name.title(), (Unary,), {"name": name, "fn": staticmethod(fn), "doc": doc})
+def unary(name: str, fn, doc: str = "", **interfaces) -> type[Unary]:
+    return type(name.title(), (Unary,), {"name": name, "fn": staticmethod(fn), "doc": doc,
+                                         **interfaces})
 
 
 class Relu(Unary):
     """max(x, 0); integer operands too (the type, quantization included, is kept)."""
 
     name = "relu"
+    fixed_point = FixedLowering("unary", "fx_relu")
 
     def infer(self, c, x):
         require(x.dtype.is_float or x.dtype.is_int, f"expects a numeric operand, got {x.dtype}")
@@ -66,10 +68,11 @@ class Relu(Unary):
         return np.maximum(x, x.dtype.type(0))
 
 
-Sigmoid = unary("sigmoid", _sigmoid, "1 / (1 + exp(-x))")
+Sigmoid = unary("sigmoid", _sigmoid, "1 / (1 + exp(-x))",
+                fixed_point=FixedLowering("unary", "fx_sigmoid"))
 Tanh = unary("tanh", np.tanh)
-Exp = unary("exp", np.exp)
-Log = unary("log", np.log)
+Exp = unary("exp", np.exp, fixed_point=FixedLowering("unary", "fx_exp"))
+Log = unary("log", np.log, fixed_point=FixedLowering("log", "fx_log"))
 Sqrt = unary("sqrt", np.sqrt)
 Erf = unary("erf", _erf)
 Neg = unary("neg", np.negative)
@@ -103,6 +106,7 @@ class Clip(OpDef):
     """min(max(x, min), max); a bound left unset does not clip."""
 
     name = "clip"
+    fixed_point = FixedLowering("clip")
     nhwc = ELEMENTWISE
     operands = ("x",)
     attrs = {"min": Float(None), "max": Float(None)}
@@ -140,16 +144,16 @@ class Binary(OpDef):
         return np.asarray(fn(a, b)).astype(a.dtype, copy=False)
 
 
-def binary(name: str, fn, int_fn=None, commutative: bool = False) -> type[Binary]:
+def binary(name: str, fn, int_fn=None, commutative: bool = False, **interfaces) -> type[Binary]:
     return type(name.title(), (Binary,), {"name": name, "fn": staticmethod(fn),
                                           "int_fn": staticmethod(int_fn or fn),
-                                          "commutative": commutative})
+                                          "commutative": commutative, **interfaces})
 
 
-Add = binary("add", np.add, commutative=True)
-Sub = binary("sub", np.subtract)
-Mul = binary("mul", np.multiply, commutative=True)
-Div = binary("div", np.divide, _int_div)
+Add = binary("add", np.add, commutative=True, fixed_point=FixedLowering("binary", "fx_add"))
+Sub = binary("sub", np.subtract, fixed_point=FixedLowering("binary", "fx_sub"))
+Mul = binary("mul", np.multiply, commutative=True, fixed_point=FixedLowering("mul"))
+Div = binary("div", np.divide, _int_div, fixed_point=FixedLowering("div"))
 Max = binary("max", np.maximum, commutative=True)
 Min = binary("min", np.minimum, commutative=True)
 Pow = binary("pow", np.power)

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..ir.graph import Node
 from ..ir.types import TensorType
-from ..ir.opdef import Attr, Bool, Ctx, Float, OpDef, Str, get_op
+from ..ir.opdef import Attr, Bool, Ctx, FixedLowering, Float, OpDef, Str, get_op
 from .common import broadcast_types, float_operands, require
 from .layout_rules import ELEMENTWISE, NATIVE
 from .linalg import CONV_ATTRS, Contraction, Convolution
@@ -64,6 +64,7 @@ class Conv2dAct(Convolution):
     attributes as conv2d's, plus the activation; layout and MACs are conv2d's."""
 
     name = "conv2d_act"
+    fixed_point = FixedLowering("product")
     nhwc = NATIVE
     operands = ("x", "w", "b?")
     attrs = {**CONV_ATTRS, **activation_attrs(("relu", "clip"))}
@@ -82,6 +83,7 @@ class Linear(Contraction):
     trans_a is the same computation."""
 
     name = "linear"
+    fixed_point = FixedLowering("product")
     operands = ("a", "b", "bias?")
     attrs = {"trans_b": Bool(False), **activation_attrs(("relu", "clip", "gelu"))}
 

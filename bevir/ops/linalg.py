@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir.types import Layout, TensorType
-from ..ir.opdef import Bool, Float, Int, Ints, OpDef
+from ..ir.opdef import Bool, FixedLowering, Float, Int, Ints, OpDef
 from .common import float_operands, require
 from .layout_rules import NATIVE
 
@@ -267,6 +267,7 @@ class Conv2d(Convolution):
     """2-D convolution (see :class:`Convolution`); b: [O]."""
 
     name = "conv2d"
+    fixed_point = FixedLowering("product")
     nhwc = NATIVE
     operands = ("x", "w", "b?")
 
@@ -293,6 +294,7 @@ class MatMul(MatrixProduct):
     """numpy.matmul: batched, broadcasting, 1-D operands promoted as numpy does."""
 
     name = "matmul"
+    fixed_point = FixedLowering("product")
     operands = ("a", "b")
 
     def infer(self, c, a, b):
@@ -308,6 +310,7 @@ class Gemm(Contraction):
     With trans_b it is a linear layer (torch's weight layout)."""
 
     name = "gemm"
+    fixed_point = FixedLowering("product")
     operands = ("a", "b", "c?")
     attrs = {"alpha": Float(1.0), "beta": Float(1.0), "trans_a": Bool(False),
              "trans_b": Bool(False)}

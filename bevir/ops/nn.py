@@ -10,7 +10,7 @@ from itertools import product
 import numpy as np
 
 from ..ir.types import Layout, TensorType
-from ..ir.opdef import Bool, Float, Int, Ints, LayoutRule, OpDef, Str
+from ..ir.opdef import Bool, FixedLowering, Float, Int, Ints, LayoutRule, OpDef, Str
 from .common import float_operands, norm_axis, require
 from .layout_rules import NATIVE, size_attr
 from .shape import moved
@@ -208,6 +208,7 @@ class LayerNorm(OpDef):
     (both broadcast over those axes). Two-pass mean and variance in (at least) float32."""
 
     name = "layer_norm"
+    fixed_point = FixedLowering("layer_norm")
     operands = ("x", "scale?", "bias?")
     attrs = {"axis": Int(-1), "epsilon": Float(1e-5)}
 
@@ -242,6 +243,7 @@ def softmax_np(x: np.ndarray, axis: int) -> np.ndarray:
 
 class Softmax(OpDef):
     name = "softmax"
+    fixed_point = FixedLowering("softmax")
     operands = ("x",)
     attrs = {"axis": Int(-1)}
 

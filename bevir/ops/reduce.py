@@ -10,7 +10,7 @@ import numpy as np
 
 from ..ir.types import Layout, TensorType
 from .common import float_operands, require
-from ..ir.opdef import Bool, Ints, OpDef
+from ..ir.opdef import Bool, FixedLowering, Ints, OpDef
 from .shape import norm_axes
 
 
@@ -50,14 +50,16 @@ class Reduce(OpDef):
 
 
 def reduction(name: str, fn, floats_only: bool = False, keeps_quant: bool = False,
-              doc: str = "") -> type[Reduce]:
+              doc: str = "", **interfaces) -> type[Reduce]:
     return type("Reduce" + name.title(), (Reduce,), {
         "name": "reduce_" + name, "fn": staticmethod(fn), "floats_only": floats_only,
-        "keeps_quant": keeps_quant, "doc": doc})
+        "keeps_quant": keeps_quant, "doc": doc, **interfaces})
 
 
-ReduceMean = reduction("mean", lambda x, a, k: np.mean(x, axis=a, keepdims=k), floats_only=True)
-ReduceSum = reduction("sum", lambda x, a, k: np.sum(x, axis=a, keepdims=k, dtype=x.dtype))
+ReduceMean = reduction("mean", lambda x, a, k: np.mean(x, axis=a, keepdims=k), floats_only=True,
+                       fixed_point=FixedLowering("reduce", "fx_reduce_mean"))
+ReduceSum = reduction("sum", lambda x, a, k: np.sum(x, axis=a, keepdims=k, dtype=x.dtype),
+                      fixed_point=FixedLowering("reduce", "fx_reduce_sum"))
 ReduceMax = reduction("max", lambda x, a, k: np.max(x, axis=a, keepdims=k,
                                                     initial=_bound(x.dtype, False)),
                       keeps_quant=True)

@@ -12,7 +12,7 @@ from math import prod
 import numpy as np
 
 from ..ir.types import DType, Layout, TensorType
-from ..ir.opdef import Bool, Float, Int, Ints, LayoutRule, OpDef, Str, Tensor
+from ..ir.opdef import Bool, FixedLowering, Float, Int, Ints, LayoutRule, OpDef, Str, Tensor
 from .common import norm_axis, require, same_dtype
 from .layout_rules import AXIS, axes_attr, layout_perm, pads_attr, permute_quant
 
@@ -35,6 +35,7 @@ def moved(x: TensorType, shape, layout: Layout | None = None) -> TensorType:
 
 class Concat(OpDef):
     name = "concat"
+    fixed_point = FixedLowering("concat")
     nhwc = AXIS
     operands = ("*xs",)
     attrs = {"axis": Int()}

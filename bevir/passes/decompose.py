@@ -17,7 +17,7 @@ from .rewrites import rewrite_permitted
 
 
 def decomposable(node: Node) -> bool:
-    return callable(getattr(node.opdef, "decompose", None))
+    return node.opdef.decompose is not None
 
 
 class Decompose(Pass):

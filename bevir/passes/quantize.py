@@ -131,6 +131,13 @@ def _integer_valued(v: Value) -> bool:
         _integer_valued(x) for x in p.inputs if x is not None)
 
 
+#: the lowering strategies ops name in their ``fixed_point`` interface (methods of _Lowering)
+STRATEGIES = ("product", "unary", "binary", "mul", "div", "reduce", "clip", "log", "softmax",
+              "concat", "layer_norm", "deform_attn")
+#: strategies that take a chain of float producers with them: they run first
+CHAIN_STRATEGIES = ("deform_attn", "log")
+
+
 class _Lowering:
     """The state of one quantize run: the graph, ranges, config and the i8 twins of values."""
 
@@ -236,7 +243,7 @@ class _Lowering:
         return None if None in qs else qs
 
     # ---- lowerings: (node, rule, out frac) -> None, or a reason to leave it float -----------
-    def product(self, node: Node, rule: Rule, fy: int) -> str | None:
+    def product(self, node: Node, rule: Rule, fy: int, target: None) -> str | None:
         conv = node.op in ("conv2d", "conv2d_act")
         x, w, b, trans_b = _conv_parts(node) if conv else _linear_parts(node)
         act = node.attrs.get("activation", "none")
@@ -285,27 +292,23 @@ class _Lowering:
             return {}
         return {"out_dtype": "i16", "out_frac_bits": self.frac(node.output, np.int16)}
 
-    def unary(self, op: str) -> Callable[[Node, Rule, int], str | None]:
-        def lower(node: Node, rule: Rule, fy: int) -> str | None:
-            qs = self.operands(node, node.inputs[:1])
-            if qs is None:
-                return "uncalibrated input"
-            self.replace(node, op, qs, {"out_frac_bits": fy})
-            return None
-        return lower
+    def unary(self, node: Node, rule: Rule, fy: int, target: str) -> str | None:
+        qs = self.operands(node, node.inputs[:1])
+        if qs is None:
+            return "uncalibrated input"
+        self.replace(node, target, qs, {"out_frac_bits": fy})
+        return None
 
-    def binary(self, op: str) -> Callable[[Node, Rule, int], str | None]:
-        def lower(node: Node, rule: Rule, fy: int) -> str | None:
-            if all(v.is_const for v in node.inputs):
-                return "both operands are constants"
-            qs = self.operands(node)
-            if qs is None:
-                return "uncalibrated input"
-            self.replace(node, op, qs, {"out_frac_bits": fy})
-            return None
-        return lower
+    def binary(self, node: Node, rule: Rule, fy: int, target: str) -> str | None:
+        if all(v.is_const for v in node.inputs):
+            return "both operands are constants"
+        qs = self.operands(node)
+        if qs is None:
+            return "uncalibrated input"
+        self.replace(node, target, qs, {"out_frac_bits": fy})
+        return None
 
-    def mul(self, node: Node, rule: Rule, fy: int) -> str | None:
+    def mul(self, node: Node, rule: Rule, fy: int, target: None) -> str | None:
         a, b = node.inputs
         if a.is_const:
             a, b = b, a
@@ -318,7 +321,7 @@ class _Lowering:
         self.replace(node, "fx_mul", [aq, bq], {"out_frac_bits": fy})
         return None
 
-    def div(self, node: Node, rule: Rule, fy: int) -> str | None:
+    def div(self, node: Node, rule: Rule, fy: int, target: None) -> str | None:
         x, d = node.inputs
         xq = self.fixed(x, node) if not x.is_const else None
         if xq is None:
@@ -337,17 +340,15 @@ class _Lowering:
                                                     "max_count": max(255, math.ceil(e.hi))})
         return None
 
-    def reduce(self, op: str) -> Callable[[Node, Rule, int], str | None]:
-        def lower(node: Node, rule: Rule, fy: int) -> str | None:
-            qs = self.operands(node)
-            if qs is None:
-                return "uncalibrated input"
-            self.replace(node, op, qs, {"axes": node.attrs["axes"],
+    def reduce(self, node: Node, rule: Rule, fy: int, target: str) -> str | None:
+        qs = self.operands(node)
+        if qs is None:
+            return "uncalibrated input"
+        self.replace(node, target, qs, {"axes": node.attrs["axes"],
                                         "keepdims": node.attrs["keepdims"], "out_frac_bits": fy})
-            return None
-        return lower
+        return None
 
-    def clip(self, node: Node, rule: Rule, fy: int) -> str | None:
+    def clip(self, node: Node, rule: Rule, fy: int, target: None) -> str | None:
         """clip on the codes, the bounds rounded to the input's frac bits."""
         xq = self.fixed(node.inputs[0], node)
         if xq is None:
@@ -358,19 +359,19 @@ class _Lowering:
         self._swap(node, self._create("clip", [xq], bounds, node))
         return None
 
-    def log(self, node: Node, rule: Rule, fy: int) -> str | None:
+    def log(self, node: Node, rule: Rule, fy: int, target: str) -> str | None:
         """BEVFormer's inverse_sigmoid (log(max(x, eps) / max(1 - x, eps)) of x clamped to
-        [0, 1]) as one table; another log as fx_log."""
+        [0, 1]) as one table; another log as ``target`` (fx_log)."""
         x, eps = _inverse_sigmoid(node)
         if x is None:
-            return self.unary("fx_log")(node, rule, fy)
+            return self.unary(node, rule, fy, target)
         xq = self.fixed(x, node)
         if xq is None:
             return "uncalibrated input"
         self.replace(node, "fx_inverse_sigmoid", [xq], {"out_frac_bits": fy, "eps": eps})
         return None
 
-    def softmax(self, node: Node, rule: Rule, fy: int) -> str | None:
+    def softmax(self, node: Node, rule: Rule, fy: int, target: None) -> str | None:
         xq = self.twin(node.inputs[0], DType.i16) or self.fixed(node.inputs[0], node)
         if xq is None:
             return "uncalibrated input"
@@ -381,7 +382,7 @@ class _Lowering:
             "out_frac_bits": 15 if wide else max(1, min(7, fy))})
         return None
 
-    def concat(self, node: Node, rule: Rule, fy: int) -> str | None:
+    def concat(self, node: Node, rule: Rule, fy: int, target: None) -> str | None:
         """concat on the codes, each operand requantized to the result's frac bits."""
         qs = self.operands(node)
         if qs is None:
@@ -391,7 +392,7 @@ class _Lowering:
         self._swap(node, self._create("concat", qs, node.attrs, node))
         return None
 
-    def layer_norm(self, node: Node, rule: Rule, fy: int) -> str | None:
+    def layer_norm(self, node: Node, rule: Rule, fy: int, target: None) -> str | None:
         x, scale, bias = (list(node.inputs) + [None, None])[:3]
         if node.attrs["axis"] not in (-1, x.type.rank - 1):
             return "normalizes another axis than the last"
@@ -419,7 +420,7 @@ class _Lowering:
         return None
 
     # ---- deformable attention ---------------------------------------------------------------
-    def deform_attn(self, node: Node, rule: Rule, fy: int) -> str | None:
+    def deform_attn(self, node: Node, rule: Rule, fy: int, target: None) -> str | None:
         value, loc, aw = node.inputs
         vq, aq = self.fixed(value, node), self.fixed(aw, node)
         if vq is None or aq is None:
@@ -466,24 +467,26 @@ class _Lowering:
         q = self.fixed(v, node, DType.i32, frac=f, bound=LOC_BOUND)
         return "uncalibrated sampling locations" if q is None else q
 
-    def table(self) -> dict[str, Callable[[Node, Rule, int], str | None]]:
-        return {"linear": self.product, "gemm": self.product, "matmul": self.product,
-                "conv2d": self.product, "conv2d_act": self.product,
-                "relu": self.unary("fx_relu"), "sigmoid": self.unary("fx_sigmoid"),
-                "exp": self.unary("fx_exp"), "log": self.log,
-                "add": self.binary("fx_add"), "sub": self.binary("fx_sub"),
-                "mul": self.mul, "div": self.div, "clip": self.clip, "concat": self.concat,
-                "reduce_sum": self.reduce("fx_reduce_sum"),
-                "reduce_mean": self.reduce("fx_reduce_mean"),
-                "softmax": self.softmax, "layer_norm": self.layer_norm,
-                "ms_deform_attn": self.deform_attn}
+    def strategy(self, node: Node) -> Callable[[Node, Rule, int], str | None] | None:
+        """How ``node`` lowers, from its op's ``fixed_point`` interface (None: it stays
+        float); a strategy the pass does not have is an error naming the op."""
+        spec = node.opdef.fixed_point
+        if spec is None:
+            return None
+        how = getattr(self, spec.how, None) if spec.how in STRATEGIES else None
+        if how is None:
+            raise PassError(f"op '{node.op}' declares the fixed-point lowering '{spec.how}'; "
+                            f"quantize has {sorted(STRATEGIES)}", node=node.name, op=node.op,
+                            loc=node.loc)
+        return lambda n, rule, fy: how(n, rule, fy, spec.target)
 
     def run(self) -> None:
-        lowerings = self.table()
-        # ops that lower a chain of float producers with them go first
-        first = ("ms_deform_attn", "log")
-        for node in sorted(self.graph.nodes, key=lambda n: n.op not in first):
-            lower = lowerings.get(node.op)
+        # strategies that lower a chain of float producers with them go first
+        def chain_first(n: Node) -> bool:
+            spec = n.opdef.fixed_point
+            return spec is None or spec.how not in CHAIN_STRATEGIES
+        for node in sorted(self.graph.nodes, key=chain_first):
+            lower = self.strategy(node)
             if lower is None or self._dead(node):
                 continue
             if not self.is_active(node):
