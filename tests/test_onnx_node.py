@@ -135,7 +135,8 @@ class _Summary:
     def pytest_terminal_summary(self, terminalreporter):
         terminalreporter.write_line(
             f"onnx node tests: {len(CASES)} cases collected for supported ops, "
-            f"{_counts['passed']} passed, {_counts['skipped']} skipped, "
+            f"{_counts['passed']} passed, {_counts['skipped']} skipped ({len(SKIPS)} listed in "
+            f"{MANIFEST.name}), "
             f"{_counts['failed']} failed ({len(_adapted['restamped'])} re-stamped into "
             f"opsets 11..21, {len(_adapted['frozen'])} with inputs frozen to constants)")
 
