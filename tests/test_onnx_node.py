@@ -1,10 +1,17 @@
 """The ONNX backend node test cases shipped with the onnx package, through bevir.from_onnx.
 
-Only the cases whose ops all have a converter are collected. A case that the importer
-refuses (UnsupportedError: an opset, dtype, attribute or dynamic shape bevir does not
-take) is skipped with the error as the reason; every case that imports must match the
-expected outputs (with the backend's own tolerances, rtol 1e-3 / atol 1e-7; exact for
-integers and bools). A one-line summary is printed at the end of the session.
+Only the cases whose ops all have a converter are collected. Every case must import and
+match the expected outputs (with the backend's own tolerances, rtol 1e-3 / atol 1e-7;
+exact for integers and bools), except the cases listed in ``data/onnx_node_skips.json``:
+those the importer is expected to refuse (UnsupportedError: an opset, dtype, attribute or
+dynamic shape bevir does not take), each with the importer's message as its reason. A
+case refused but not listed fails ("newly refused"), so does a listed case refused for
+another reason or one that imports ("listed as skip but passes"); a listed name that is
+no longer a collected case, and a supported op whose node cases are all listed, fail
+their own tests. After a change to the importer, ``python -m tests.test_onnx_node`` (from
+the repository root) rewrites the manifest from the current refusals: review its diff, a
+refusal from a supported converter that should take the case is a bug, not a skip. A
+one-line summary is printed at the end of the session.
 
 Two adaptations let more cases exercise the importer, without changing what they check:
 
@@ -19,7 +26,10 @@ Two adaptations let more cases exercise the importer, without changing what they
 """
 from __future__ import annotations
 
+import json
 import warnings
+from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -27,7 +37,7 @@ import pytest
 from onnx import numpy_helper
 
 import bevir
-from bevir.frontends.onnx import NonConstantInputError, supported_ops
+from bevir.frontends.onnx import _CONVERTERS, NonConstantInputError, supported_ops
 
 with warnings.catch_warnings():   # the case generators cast out-of-range values on purpose
     warnings.simplefilter("ignore")
@@ -37,8 +47,12 @@ with warnings.catch_warnings():   # the case generators cast out-of-range values
 
 _SUPPORTED = supported_ops()
 
-#: cases whose failure is a known bug in an op definition (not the importer): name -> reason
-KNOWN_OP_BUGS: dict[str, str] = {}
+MANIFEST = Path(__file__).parent / "data" / "onnx_node_skips.json"
+#: the cases the importer is expected to refuse: name -> the importer's message
+SKIPS: dict[str, str] = json.loads(MANIFEST.read_text())
+
+#: supported ops whose collected node cases are all listed skips: op type -> why
+NO_PASSING_CASES: dict[str, str] = {}
 
 
 def _default_opset(model) -> int:
@@ -121,7 +135,8 @@ class _Summary:
     def pytest_terminal_summary(self, terminalreporter):
         terminalreporter.write_line(
             f"onnx node tests: {len(CASES)} cases collected for supported ops, "
-            f"{_counts['passed']} passed, {_counts['skipped']} skipped, "
+            f"{_counts['passed']} passed, {_counts['skipped']} skipped ({len(SKIPS)} listed in "
+            f"{MANIFEST.name}), "
             f"{_counts['failed']} failed ({len(_adapted['restamped'])} re-stamped into "
             f"opsets 11..21, {len(_adapted['frozen'])} with inputs frozen to constants)")
 
@@ -138,34 +153,36 @@ def _array(x) -> np.ndarray:
     return numpy_helper.to_array(x) if isinstance(x, onnx.TensorProto) else np.asarray(x)
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_node(case):
-    if case.name in KNOWN_OP_BUGS:
-        pytest.skip(KNOWN_OP_BUGS[case.name])
+def _op_types(case) -> set[str]:
+    return {n.op_type for n in case.model.graph.node}
+
+
+def _imported(case):
+    """The case's model through bevir.from_onnx (adapted as the module docstring says) and
+    its feeds; raises UnsupportedError when the importer refuses it."""
     model = case.model
     inits = {t.name for t in model.graph.initializer}
     in_names = [i.name for i in model.graph.input if i.name not in inits]
-    out_names = [o.name for o in model.graph.output]
     assert len(case.data_sets) == 1
-    inputs, expected = case.data_sets[0]
-    feeds = {n: _array(a) for n, a in zip(in_names, inputs)}
+    feeds = {n: _array(a) for n, a in zip(in_names, case.data_sets[0][0])}
     restamped = _restamped(model)
     if restamped is not None:
         model = restamped
         _adapted["restamped"].add(case.name)
     while True:
         try:
-            graph = bevir.from_onnx(model)
-            break
+            return bevir.from_onnx(model), feeds
         except NonConstantInputError as e:
             if e.value_name not in feeds:
-                pytest.skip(str(e))
+                raise
             model = _freeze(model, e.value_name, feeds.pop(e.value_name))
             _adapted["frozen"].add(case.name)
-        except bevir.UnsupportedError as e:
-            pytest.skip(str(e))
+
+
+def _check_outputs(case, graph, feeds) -> None:
     got = bevir.run(graph, feeds)
-    for name, ref in zip(out_names, expected):
+    out_names = [o.name for o in case.model.graph.output]
+    for name, ref in zip(out_names, case.data_sets[0][1]):
         ref = _array(ref)
         out = np.asarray(got[name])
         assert out.shape == ref.shape, f"{name}: shape {out.shape} != {ref.shape}"
@@ -174,3 +191,99 @@ def test_node(case):
             np.testing.assert_allclose(out, ref, rtol=case.rtol, atol=case.atol, err_msg=name)
         else:
             np.testing.assert_array_equal(out, ref, err_msg=name)
+
+
+def check_node_case(case) -> None:
+    """One node case against the manifest: a listed case must be refused with its listed
+    message (then it skips), any other must import and match the expected outputs."""
+    listed = SKIPS.get(case.name)
+    try:
+        graph, feeds = _imported(case)
+    except bevir.UnsupportedError as e:
+        if listed is None:
+            pytest.fail(f"newly refused: {case.name}: {e} (fix the importer, or list the "
+                        f"case in {MANIFEST.name} with this reason)", pytrace=False)
+        if str(e) != listed:
+            pytest.fail(f"{case.name} is refused for another reason than {MANIFEST.name} "
+                        f"lists: {e} (listed: {listed})", pytrace=False)
+        pytest.skip(listed)
+    if listed is None:
+        _check_outputs(case, graph, feeds)
+        return
+    try:
+        _check_outputs(case, graph, feeds)
+    except AssertionError as e:
+        pytest.fail(f"{case.name} is listed as skip ({listed}) but imports now, and does "
+                    f"not match: {e}", pytrace=False)
+    pytest.fail(f"listed as skip but passes: remove it from the manifest ({case.name} in "
+                f"{MANIFEST.name})", pytrace=False)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_node(case):
+    check_node_case(case)
+
+
+def test_skip_manifest_lists_collected_cases_sorted():
+    stale = sorted(set(SKIPS) - {c.name for c in CASES})
+    assert not stale, f"{MANIFEST.name} lists cases that are not collected any more: {stale}"
+    assert list(SKIPS) == sorted(SKIPS), f"keep {MANIFEST.name} sorted by case name"
+
+
+def test_every_supported_op_has_node_cases_expected_to_pass():
+    """Per op type, the collected cases that use it minus the listed skips: at least one,
+    for every supported op that has node cases, unless NO_PASSING_CASES says why not."""
+    collected, expected = Counter(), Counter()
+    for case in CASES:
+        collected.update(_op_types(case))
+        if case.name not in SKIPS:
+            expected.update(_op_types(case))
+    none_pass = {op: f"{collected[op]} cases, all listed" for op in collected if expected[op] < 1}
+    assert none_pass.keys() == NO_PASSING_CASES.keys(), (
+        f"supported ops without a node case expected to pass: {none_pass} "
+        f"(exempted: {sorted(NO_PASSING_CASES)})")
+
+
+#: converters whose breaking once went unnoticed (their cases moved from pass to skip)
+_GUARDED = ("Selu", "Elu", "HardSigmoid", "ReduceL2", "PRelu", "Softplus", "GlobalMaxPool")
+
+
+@pytest.mark.parametrize("op_type", _GUARDED)
+def test_a_broken_converter_fails_its_node_cases(op_type, monkeypatch):
+    case = next(c for c in CASES if op_type in _op_types(c) and c.name not in SKIPS)
+    check_node_case(case)           # passes with the real converter
+
+    def broken(c):
+        raise bevir.UnsupportedError("broken on purpose", op=c.op_type, node=c.loc)
+
+    monkeypatch.setattr(_CONVERTERS[op_type], "fn", broken)
+    with pytest.raises(pytest.fail.Exception, match=f"newly refused: {case.name}: "):
+        check_node_case(case)
+
+
+def test_a_stale_manifest_entry_fails(monkeypatch):
+    passing = next(c for c in CASES if c.name not in SKIPS)
+    monkeypatch.setitem(SKIPS, passing.name, "once refused")
+    with pytest.raises(pytest.fail.Exception, match="listed as skip but passes: remove it"):
+        check_node_case(passing)
+    refused = next(c for c in CASES if c.name in SKIPS and c.name != passing.name)
+    monkeypatch.setitem(SKIPS, refused.name, "refused for the reason listed")
+    with pytest.raises(pytest.fail.Exception, match="refused for another reason"):
+        check_node_case(refused)
+
+
+def write_manifest() -> None:
+    """Rewrite the manifest from the importer's current refusals (review the diff)."""
+    refusals = {}
+    for case in CASES:
+        try:
+            _imported(case)
+        except bevir.UnsupportedError as e:
+            refusals[case.name] = str(e)
+    MANIFEST.parent.mkdir(exist_ok=True)
+    MANIFEST.write_text(json.dumps(dict(sorted(refusals.items())), indent=1) + "\n")
+    print(f"{MANIFEST}: {len(refusals)} of {len(CASES)} cases refused")
+
+
+if __name__ == "__main__":
+    write_manifest()

@@ -866,15 +866,17 @@ def _batch_norm(c: NodeCtx):
 
 @converts("LayerNormalization", attrs=("axis", "epsilon", "stash_type"))
 def _layer_norm(c: NodeCtx):
-    if any(c.output_used(i) for i in (1, 2)):
-        raise c.unsupported("outputs Mean/InvStdDev are not supported (only Y)")
     if c.attr("stash_type", 1) != 1:
         raise c.unsupported(f"attribute 'stash_type' = {c.attr('stash_type')}")
     x, scale, bias = c.input(0), c.input(1), c.input(2)
     c.require_float(x, scale, bias)
-    axis = _norm(int(c.attr("axis", -1)), x.type.rank, c)
-    return c.emit("layer_norm", [x, scale, bias], {"axis": axis,
-                                                   "epsilon": float(c.attr("epsilon", 1e-5))})
+    attrs = {"axis": _norm(int(c.attr("axis", -1)), x.type.rank, c),
+             "epsilon": float(c.attr("epsilon", 1e-5))}
+    y = c.emit("layer_norm", [x, scale, bias], attrs)
+    if not any(c.output_used(i) for i in (1, 2)):
+        return y
+    # Mean / InvStdDev (float32): a separate op, so that layer_norm keeps one result
+    return [y, *c.emit("layer_norm_stats", [x], attrs)]
 
 
 def _coerced_2d(c: NodeCtx, x: Value, fn) -> Value:

@@ -9,7 +9,7 @@ from itertools import product
 
 import numpy as np
 
-from ..ir.types import Layout, TensorType
+from ..ir.types import DType, Layout, TensorType
 from ..ir.opdef import Bool, FixedLowering, Float, Int, Ints, LayoutRule, OpDef, Str
 from .common import float_operands, norm_axis, require
 from .layout_rules import NATIVE, size_attr
@@ -222,16 +222,44 @@ class LayerNorm(OpDef):
         return x
 
     def compute(self, c, x, scale=None, bias=None):
-        acc = _acc(x.dtype)
-        axes = tuple(range(norm_axis(c.axis, x.ndim), x.ndim))
-        d = x.astype(acc, copy=False) - x.mean(axis=axes, keepdims=True, dtype=acc)
-        var = np.mean(np.square(d), axis=axes, keepdims=True)
-        y = d / np.sqrt(var + acc.type(c.epsilon))
+        _, d, var = _moments(x, c.axis)
+        y = d / np.sqrt(var + var.dtype.type(c.epsilon))
         if scale is not None:
             y *= scale
         if bias is not None:
             y += bias
         return y.astype(x.dtype, copy=False)
+
+
+def _moments(x: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(mean, x - mean, variance) over axes axis..rank-1, kept as size-1 dims: layer_norm's
+    two-pass statistics in (at least) float32, shared with layer_norm_stats."""
+    acc = _acc(x.dtype)
+    axes = tuple(range(norm_axis(axis, x.ndim), x.ndim))
+    mean = x.mean(axis=axes, keepdims=True, dtype=acc)
+    d = x.astype(acc, copy=False) - mean
+    return mean, d, np.mean(np.square(d), axis=axes, keepdims=True)
+
+
+class LayerNormStats(OpDef):
+    """ONNX LayerNormalization's Mean and InvStdDev outputs (stash_type float32): the
+    statistics layer_norm normalizes ``x`` with, over axes axis..rank-1 kept as size-1 dims;
+    inv_std_dev = 1 / sqrt(variance + epsilon)."""
+
+    name = "layer_norm_stats"
+    operands = ("x",)
+    attrs = {"axis": Int(-1), "epsilon": Float(1e-5)}
+
+    def infer(self, c, x):
+        float_operands(x)
+        axis = norm_axis(c.axis, x.rank)
+        stats = TensorType(x.shape[:axis] + (1,) * (x.rank - axis), DType.f32)
+        return stats, stats
+
+    def compute(self, c, x):
+        mean, _, var = _moments(x, c.axis)
+        inv = 1 / np.sqrt(var + var.dtype.type(c.epsilon))
+        return mean.astype(np.float32, copy=False), inv.astype(np.float32, copy=False)
 
 
 def softmax_np(x: np.ndarray, axis: int) -> np.ndarray:
