@@ -16,6 +16,7 @@ from examples.bevformer.config import CONFIGS  # noqa: E402
 from examples.bevformer.decode import compare_detections, decode  # noqa: E402
 from examples.bevformer.inputs import make_inputs  # noqa: E402
 from examples.bevformer.weights import build_model, make_checkpoint, save_checkpoint  # noqa: E402
+from tests.e2e_digests import e2e_argv, output_digests, stored  # noqa: E402
 
 CFG = CONFIGS["test"]
 
@@ -54,11 +55,12 @@ def test_one_graph_matches_pytorch(model, tmp_path, decompose, with_prev):
 
 def test_e2e_script_writes_its_artifacts(tmp_path):
     # the CLI with an official-style .pth checkpoint (here the seed-0 synthetic weights)
-    pth = tmp_path / "weights.pth"
-    save_checkpoint(pth, make_checkpoint(CFG, seed=0))
-    assert e2e.main(["--config", "test", "--checkpoint", str(pth), "--out", str(tmp_path)]) == 0
+    assert e2e.main(e2e_argv(tmp_path)) == 0
     report = json.loads((tmp_path / "report.json").read_text())
-    assert report["weights"] == {"synthetic": "false", "source": str(pth)}
+    assert report["weights"] == {"synthetic": "false", "source": str(tmp_path / "weights.pth")}
+    # float golden and INT8 outputs byte-identical to the stored digests (see
+    # tests/e2e_digests.py: regenerate only for an intended numerics change)
+    assert output_digests(tmp_path) == stored()
     for name in ("checkpoint.safetensors", "test_vectors.safetensors", "config.json", "model.bevir",
                  "model.safetensors", "golden_outputs.safetensors", "int8_outputs.safetensors",
                  "report.json", "backbone_int8.onnx", "model_int8.bevir", "int8_layers.json",
