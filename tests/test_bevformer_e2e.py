@@ -1,6 +1,9 @@
 """The whole BEVFormer (test config) as one bevir graph reproduces the PyTorch model."""
+import copy
+import functools
 import json
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -12,12 +15,42 @@ from bevir.passes.quant_config import QuantConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from examples.bevformer import e2e  # noqa: E402
+from examples.bevformer import model as model_module  # noqa: E402
 from examples.bevformer.config import CONFIGS  # noqa: E402
 from examples.bevformer.decode import compare_detections, decode  # noqa: E402
 from examples.bevformer.inputs import make_inputs  # noqa: E402
 from examples.bevformer.weights import build_model, make_checkpoint, save_checkpoint  # noqa: E402
+from tests.e2e_digests import e2e_argv, output_digests, stored  # noqa: E402
 
 CFG = CONFIGS["test"]
+
+# ---- requirements ----------------------------------------------------------------------------
+#: float: the golden float32 graph is as accurate as PyTorch's float32 run of the same model,
+#: both measured against its float64 run: at most one bit lost (factor 2) in the max abs error
+#: per output. Measured on `test` (golden / PyTorch): 0.54..1.57, i.e. at most 0.65 bit.
+FLOAT_ERROR_FACTOR = 2.0
+#: INT8 against the float golden, on `test` (measured: BEV IoU 8/10, mean IoU 0.534, label
+#: 4/10, score diff max 0.051 mean 0.024, SQNR cls 27.4 dB bbox 31.9 dB):
+#: - the reference flow's check (its notebook, step 5: MIN_IOU_MATCH = 8): at least 8 of the
+#:   top-10 boxes match by BEV IoU > 0.5. Margin 0: the synthetic model sits at the bound.
+INT8_MIN_IOU_MATCH = 8
+#: - mean IoU of the top-10 best matches at least the reference flow's per-box match
+#:   threshold (0.5): the average box would pass (its passing run: 0.867). Margin 0.034.
+INT8_MIN_MEAN_IOU = 0.5
+#: - top-10 score difference no larger than in the reference flow's passing INT8 run
+#:   (4-core vs CPU: max 0.071, mean 0.0267). Margins 0.020 and 0.002.
+INT8_MAX_SCORE_DIFF, INT8_MEAN_SCORE_DIFF = 0.071, 0.0267
+#: - label match (no figure stated by the reference flow; its passing run had 8/10, which
+#:   the synthetic model does not reach): a floor above chance. With 10 classes an unrelated
+#:   labelling matches a position with probability 1/10; 3 or more of 10 then has
+#:   probability 7 % (binomial), so >= 3 says the INT8 ranking keeps the float model's
+#:   class decisions. Margin 1.
+INT8_MIN_LABEL_MATCH = 3
+#: - SQNR (no figure stated): a floor, output error power at most 1 % of the signal (20 dB).
+#:   Below it the error is a fault rather than rounding: one INT8 rounding is 50 dB
+#:   (6.02 * 8 + 1.76) and the model costs 40 dB noise only 2 dB (float_noise_sensitivity).
+#:   Margins 7.4 and 11.9 dB.
+INT8_MIN_SQNR_DB = 20.0
 
 
 @pytest.fixture(scope="module")
@@ -25,17 +58,52 @@ def model():
     return build_model(CFG, seed=0).eval()
 
 
+class _Float64Torch(types.ModuleType):
+    """torch, with float32 meaning float64: the model's explicit float32 tensors (grids,
+    reference points) follow a float64 run."""
+    float32 = torch.float64
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+
+@pytest.fixture(scope="module")
+def float64_outputs(model):
+    """with_prev -> (cls_scores, bbox_preds) of the model run in float64 (once per input set)."""
+    return functools.cache(lambda with_prev: float64_reference(
+        model, model_args(make_inputs(CFG, 0, with_prev_bev=with_prev))))
+
+
+def model_args(inputs: dict) -> tuple:
+    return inputs["img"], inputs["lidar2img"], inputs["can_bus"], inputs.get("prev_bev")
+
+
+def float64_reference(model, args) -> tuple[np.ndarray, np.ndarray]:
+    """The same model and inputs evaluated in float64."""
+    with pytest.MonkeyPatch.context() as m, torch.no_grad():
+        m.setattr(model_module, "torch", _Float64Torch("torch"))
+        out = copy.deepcopy(model).double()(*[a if a is None else a.double() for a in args])
+    return tuple(o.numpy() for o in out)
+
+
 @pytest.mark.parametrize("decompose", [False, True], ids=["custom-ops", "decomposed"])
 @pytest.mark.parametrize("with_prev", [True, False], ids=["prev_bev", "first-frame"])
-def test_one_graph_matches_pytorch(model, tmp_path, decompose, with_prev):
+def test_one_graph_matches_pytorch(model, float64_outputs, tmp_path, decompose, with_prev):
     inputs = make_inputs(CFG, 0, with_prev_bev=with_prev)
     graph = e2e.build_graph(model, inputs, tmp_path, decompose=decompose)
     assert [v.name for v in graph.inputs] == ["img", "lidar2img", "can_bus"] + ["prev_bev"] * with_prev
     golden = bevir.run(graph, e2e.golden_inputs(graph, inputs))
     with torch.no_grad():
-        cls, bbox = model(inputs["img"], inputs["lidar2img"], inputs["can_bus"], inputs.get("prev_bev"))
-    assert np.abs(golden["cls_scores"] - cls.numpy()).max() <= 1e-3
-    assert np.abs(golden["bbox_preds"] - bbox.numpy()).max() <= 1e-3
+        cls, bbox = model(*model_args(inputs))
+    for name, torch32, exact in zip(("cls_scores", "bbox_preds"), (cls, bbox),
+                                    float64_outputs(with_prev)):
+        assert exact.dtype == np.float64
+        err_golden = np.abs(golden[name] - exact).max()
+        err_torch = np.abs(torch32.numpy() - exact).max()
+        print(f"\n{name}: max |golden - f64| {err_golden:.3g}, |torch32 - f64| {err_torch:.3g}, "
+              f"|golden - torch32| {np.abs(golden[name] - torch32.numpy()).max():.3g}")
+        assert err_torch > 0, name                   # the reference really ran in float64
+        assert err_golden <= FLOAT_ERROR_FACTOR * err_torch, name
     cmp = compare_detections(decode(golden["cls_scores"], golden["bbox_preds"], CFG), decode(cls, bbox, CFG))
     assert cmp["bev_iou_match"] == 10 and cmp["top10_label_match"] == 10
     counts = graph.op_counts()
@@ -54,11 +122,12 @@ def test_one_graph_matches_pytorch(model, tmp_path, decompose, with_prev):
 
 def test_e2e_script_writes_its_artifacts(tmp_path):
     # the CLI with an official-style .pth checkpoint (here the seed-0 synthetic weights)
-    pth = tmp_path / "weights.pth"
-    save_checkpoint(pth, make_checkpoint(CFG, seed=0))
-    assert e2e.main(["--config", "test", "--checkpoint", str(pth), "--out", str(tmp_path)]) == 0
+    assert e2e.main(e2e_argv(tmp_path)) == 0
     report = json.loads((tmp_path / "report.json").read_text())
-    assert report["weights"] == {"synthetic": "false", "source": str(pth)}
+    assert report["weights"] == {"synthetic": "false", "source": str(tmp_path / "weights.pth")}
+    # float golden and INT8 outputs byte-identical to the stored digests (see
+    # tests/e2e_digests.py: regenerate only for an intended numerics change)
+    assert output_digests(tmp_path) == stored()
     for name in ("checkpoint.safetensors", "test_vectors.safetensors", "config.json", "model.bevir",
                  "model.safetensors", "golden_outputs.safetensors", "int8_outputs.safetensors",
                  "report.json", "backbone_int8.onnx", "model_int8.bevir", "int8_layers.json",
@@ -67,8 +136,12 @@ def test_e2e_script_writes_its_artifacts(tmp_path):
     assert report["comparison"]["bev_iou_match"] == 10
     int8 = report["int8"]
     assert int8["fx_ops"] > 100 and int8["quantize"]["lowered-gemm"] > 0
-    assert int8["sqnr_db"]["cls_scores"] > 20 and int8["sqnr_db"]["bbox_preds"] > 20
-    assert int8["comparison"]["bev_iou_match"] >= 8             # the reference flow's check
+    assert min(int8["sqnr_db"].values()) > INT8_MIN_SQNR_DB
+    cmp = int8["comparison"]
+    assert cmp["bev_iou_match"] >= INT8_MIN_IOU_MATCH and cmp["mean_iou"] >= INT8_MIN_MEAN_IOU
+    assert cmp["top10_label_match"] >= INT8_MIN_LABEL_MATCH
+    assert cmp["score_diff_max"] <= INT8_MAX_SCORE_DIFF
+    assert cmp["score_diff_mean"] <= INT8_MEAN_SCORE_DIFF
     # the INT8 backbone hands over through one bridge; what stays float between the image
     # and the outputs is the box decoding (host post-processing in the reference flow)
     q = bevir.load(tmp_path / "model_int8.bevir")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import sys
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +29,15 @@ RNG_SEED = 0
 
 
 # ---- helpers ---------------------------------------------------------------------------------
+@pytest.fixture(autouse=True)
+def torch_seed(request):
+    """Each test draws its torch inputs and module weights from its own stream, seeded from
+    its name (zlib.crc32: the same in every process), and leaves the global one untouched."""
+    with torch.random.fork_rng():
+        torch.manual_seed(zlib.crc32(request.node.name.encode()))
+        yield
+
+
 def feed(graph: Graph, seed: int = RNG_SEED) -> dict[str, np.ndarray]:
     """Random inputs: floats normal (scale 2), integers uniform over their dtype."""
     rng = np.random.default_rng(seed)
@@ -240,7 +250,6 @@ def test_fuse_linear_activation_through_torch_linear_reshapes():
         def forward(self, x):
             return self.fc2(torch.relu(self.fc1(x))).clamp(-1.0, 1.0)
 
-    torch.manual_seed(0)
     g = bevir.from_torch(Mlp(), [torch.randn(2, 5, 8)])
     fuse = rewrite(g, "canonicalize,fuse,cse,dce", tol=0.0)
     assert applied(fuse) == {"fuse-linear-activation": 2}
@@ -309,17 +318,17 @@ class LayerNormPow(nn.Module):
         return d / torch.sqrt(d.pow(2).mean(-1, keepdim=True) + 1e-5)
 
 
-@pytest.mark.parametrize("module, tol, affine", [(LayerNormTwoSubs(), 0.0, True),
-                                                 (LayerNormPow(), 0.0, False),
-                                                 (LayerNormRsqrt(), 1e-6, False)],
+@pytest.mark.parametrize("module, tol, affine", [(LayerNormTwoSubs, 0.0, True),
+                                                 (LayerNormPow, 0.0, False),
+                                                 (LayerNormRsqrt, 1e-6, False)],
                          ids=["two-subs-div-affine", "pow-div", "mul-rsqrt"])
 def test_recognize_layer_norm(module, tol, affine):
-    g = bevir.from_torch(module, [torch.randn(2, 5, 8)])
+    g = bevir.from_torch(module(), [torch.randn(2, 5, 8)])
     fuse = rewrite(g, tol=tol)
     assert ops(g) == ["layer_norm"]
     ln = g.nodes[0]
     assert ln.attrs["axis"] == -1 and [v is not None for v in ln.inputs] == [True, affine, affine]
-    assert math.isclose(ln.attrs["epsilon"], 1e-6 if isinstance(module, LayerNormRsqrt) else 1e-5,
+    assert math.isclose(ln.attrs["epsilon"], 1e-6 if module is LayerNormRsqrt else 1e-5,
                         rel_tol=1e-6)
     want = {"recognize-layer-norm": 1}
     if affine:
@@ -388,10 +397,9 @@ class GeluInner(nn.Module):
         return x * ((1.0 + torch.erf(x / math.sqrt(2.0))) * 0.5)
 
 
-@pytest.mark.parametrize("module", [GeluDiv(), GeluMul(), GeluHalf(), GeluInner()],
-                         ids=lambda m: type(m).__name__)
+@pytest.mark.parametrize("module", [GeluDiv, GeluMul, GeluHalf, GeluInner], ids=lambda m: m.__name__)
 def test_recognize_gelu(module):
-    g = bevir.from_torch(module, [torch.randn(4, 16)])
+    g = bevir.from_torch(module(), [torch.randn(4, 16)])
     fuse = rewrite(g)
     assert ops(g) == ["gelu"] and applied(fuse) == {"recognize-gelu": 1}
 
@@ -420,10 +428,10 @@ class SoftmaxPlain(nn.Module):
         return torch.exp(x) / torch.exp(x).sum(dim=1, keepdim=True)
 
 
-@pytest.mark.parametrize("module, axis, tol", [(SoftmaxShifted(), 2, 0.0), (SoftmaxPlain(), 1, 1e-6)],
+@pytest.mark.parametrize("module, axis, tol", [(SoftmaxShifted, 2, 0.0), (SoftmaxPlain, 1, 1e-6)],
                          ids=["shifted", "plain"])
 def test_recognize_softmax(module, axis, tol):
-    g = bevir.from_torch(module, [torch.randn(2, 6, 10)])
+    g = bevir.from_torch(module(), [torch.randn(2, 6, 10)])
     fuse = rewrite(g, tol=tol)
     assert ops(g) == ["softmax"] and g.nodes[0].attrs["axis"] == axis
     assert applied(fuse) == {"recognize-softmax": 1}
@@ -594,10 +602,13 @@ def test_bevformer_canonicalize_fuse_to_nhwc_cse_dce(bevformer, tmp_path, decomp
     n_before = len(graph.nodes)
     canonical = graph.clone()
     bevir.optimize(canonical, "canonicalize,cse,dce")
-    numerics = VerifyNumerics(feed_, atol=1e-4)
+    # no atol: the exact passes (canonicalize, to-nhwc, cse, dce: tolerance 0) are held to
+    # bit-identity, fuse to its declared tolerance times each output's magnitude
+    numerics = VerifyNumerics(feed_)
     pm = PassManager("canonicalize,fuse,to-nhwc,cse,dce", instruments=[numerics])
     pm.run(graph)
-    assert len(numerics.checks) >= 5 and all(c.ok for c in numerics.checks)
+    assert len(numerics.checks) == 5 and all(c.ok for c in numerics.checks)
+    assert all(set(c.diffs.values()) == {0.0} for c in numerics.checks if c.pass_text != "fuse")
     assert count_layout_transforms(graph) == 1      # the image input's; the bridge folds away
     bevir.verify(graph)
     after = bevir.run(graph, feed_)
@@ -606,9 +617,10 @@ def test_bevformer_canonicalize_fuse_to_nhwc_cse_dce(bevformer, tmp_path, decomp
     diff = max(float(np.abs(after[k] - before[k]).max()) for k in before)
     print(f"\nBEVFormer test ({'decomposed' if decompose else 'custom ops'}): nodes {n_before} -> "
           f"{len(canonical.nodes)} (canonicalize,cse,dce) -> {len(graph.nodes)} (with fuse); "
-          f"fired {fired}; max diff {diff:g}")
+          f"fired {fired}; max diff {diff:g}\n{numerics.report()}")
     assert len(graph.nodes) < len(canonical.nodes) < n_before
-    assert diff <= 1e-4
+    # the whole pipeline within the tolerance the fired patterns declare (the rest is exact)
+    assert_within(before, after, max((get_pattern(n).tolerance for n in fired), default=0.0))
     assert fired["fuse-conv-activation"] > 0 and fired["fuse-linear-activation"] > 0
     counts = graph.op_counts()
     assert counts["conv2d_act"] == fired["fuse-conv-activation"]

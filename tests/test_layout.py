@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 import bevir
 from bevir import Builder, DType, Layout, TensorType
@@ -204,7 +205,6 @@ def test_per_channel_axis_moves_from_1_to_3():
 # ---- a QOperator INT8 net from onnxruntime's quantizer ---------------------------------------
 @pytest.fixture(scope="module")
 def int8_net(tmp_path_factory):
-    torch = pytest.importorskip("torch")
     from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
                                           quantize_static)
     torch.manual_seed(0)
@@ -422,7 +422,6 @@ def test_shared_back_transforms_are_per_consumer():
 
 # ---- BEVFormer (test config) -------------------------------------------------------------------
 def test_bevformer_test_graph_through_to_nhwc(tmp_path):
-    pytest.importorskip("torch")
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from examples.bevformer import e2e
     from examples.bevformer.config import CONFIGS
@@ -438,8 +437,9 @@ def test_bevformer_test_graph_through_to_nhwc(tmp_path):
     bevir.optimize(baseline, "canonicalize,cse,dce")
     before = (count_layout_transforms(graph), count_transposes(graph), len(graph.nodes))
 
-    stats = Statistics()
-    PassManager("canonicalize,to-nhwc,cse,dce", instruments=[stats]).run(graph)
+    # every pass here declares tolerance 0: VerifyNumerics holds each to bit-identity
+    stats, numerics = Statistics(), VerifyNumerics(feed)
+    PassManager("canonicalize,to-nhwc,cse,dce", instruments=[stats, numerics]).run(graph)
     bevir.verify(graph)
     got = bevir.run(graph, feed)
     after = (count_layout_transforms(graph), count_transposes(graph), len(graph.nodes))
@@ -448,7 +448,9 @@ def test_bevformer_test_graph_through_to_nhwc(tmp_path):
           f"{before[1]} -> {after[1]}, nodes {before[2]} -> {after[2]} (canonicalize,cse,dce "
           f"alone: {len(baseline.nodes)}), max |diff| {diff:g}, bit-identical "
           f"{all(np.array_equal(ref[k], got[k]) for k in ref)}\n{stats.report()}")
-    assert diff <= 1e-5
+    assert all(np.array_equal(ref[k], got[k]) for k in ref), diff
+    assert [c.pass_text for c in numerics.checks if c.changed] == ["canonicalize", "to-nhwc",
+                                                                    "cse", "dce"]
     assert_convs_nhwc(graph)
     # The fewest transforms this graph allows: the image input is declared NCHW
     # [6,3,H,W] and the convolutions run in NHWC, so one transform must follow it; the

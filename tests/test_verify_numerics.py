@@ -100,6 +100,12 @@ class Scale(Pass):
             graph.set_output(name, graph.create_node("mul", [v, c]).output)
 
 
+class ExactScale(Scale):
+    """Scale, but claiming bit-identity (tolerance 0)."""
+    name = "test-vn-exact-scale"
+    tolerance = 0.0
+
+
 class NudgeConst(Pass):
     """Adds 10 to the first element of every integer constant; claims a big tolerance,
     which a quantized graph must ignore."""
@@ -322,6 +328,14 @@ def test_change_above_tolerance_fails():
 def test_atol_widens_float_bound():
     bevir.optimize(float_graph(), "test-vn-scale{factor=1.01}",
                    instruments=[VerifyNumerics(atol=10.0)])
+
+
+def test_atol_never_loosens_a_pass_that_declares_tolerance_0():
+    vn = VerifyNumerics(atol=1e-3)
+    with pytest.raises(PassError, match=r"output 'y' max abs diff \S+ \(must be bit-identical\)"):
+        bevir.optimize(float_graph(), "test-vn-exact-scale{factor=1.000001}", instruments=[vn])
+    (check,) = vn.checks
+    assert 0 < check.diffs["y"] < 1e-3 and check.bounds == {"y": 0.0, "z": 0.0}
 
 
 def test_integer_outputs_must_be_bit_identical_whatever_the_tolerance():

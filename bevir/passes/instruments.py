@@ -249,10 +249,12 @@ class VerifyNumerics(Instrument):
     ``inputs``: probe inputs (name -> array); default :func:`probe_inputs` of the graph
     with ``seed``. The graph runs on them before the pipeline and after each
     semantics-preserving pass that changed it (unchanged passes cost nothing), and each
-    output is compared with the results before that pass: integer and bool outputs, and
-    every output of a quantized graph, must be bit-identical; float outputs may differ by
-    ``max(pass.tolerance * max|output|, atol)``. Passes with ``semantics_preserving =
-    False`` are not checked; the next check starts from their result.
+    output is compared with the results before that pass: integer and bool outputs, every
+    output of a quantized graph, and every output of a pass that declares ``tolerance =
+    0.0`` must be bit-identical (``atol`` never loosens a pass that claims exactness);
+    float outputs of a pass with a nonzero tolerance may differ by ``max(pass.tolerance *
+    max|output|, atol)``. Passes with ``semantics_preserving = False`` are not checked; the
+    next check starts from their result.
 
     On a mismatch it re-runs the pass on a copy of its input under
     :func:`~bevir.passes.rewrites.limit_rewrites`, bisecting on the budget for the first
@@ -348,12 +350,14 @@ class VerifyNumerics(Instrument):
             err.pass_name = pass_.name if pass_ is not None else None
             raise err from e
 
-    def _exact(self, ref: np.ndarray) -> bool:
-        """Whether an output must stay bit-identical: not float, or a quantized graph."""
-        return ref.dtype.kind != "f" or self._quantized
+    def _exact(self, ref: np.ndarray, pass_: Pass) -> bool:
+        """Whether an output must stay bit-identical: not float, a quantized graph, or a
+        pass that declares itself exact (tolerance 0), whatever ``atol`` says."""
+        return ref.dtype.kind != "f" or self._quantized or pass_.tolerance == 0.0
 
     def _bounds(self, pass_: Pass) -> dict[str, float]:
-        return {k: 0.0 if self._exact(ref) else max(pass_.tolerance * _magnitude(ref), self.atol)
+        return {k: 0.0 if self._exact(ref, pass_)
+                else max(pass_.tolerance * _magnitude(ref), self.atol)
                 for k, ref in self._reference.items()}
 
     def _compare(self, pass_: Pass, actual: Mapping[str, np.ndarray]) -> NumericsCheck:
@@ -364,7 +368,7 @@ class VerifyNumerics(Instrument):
     def _mismatch(self, pass_: Pass, check: NumericsCheck,
                   actual: dict[str, np.ndarray]) -> PassError:
         culprit, how = self._find_rewrite(pass_) if self.bisect else (None, "bisection is off")
-        outputs = "; ".join(self._describe(k, check, actual) for k in check.failing)
+        outputs = "; ".join(self._describe(k, check, actual, pass_) for k in check.failing)
         found = f"first differing {culprit} ({how})" if culprit else how
         message = f"pass '{pass_.name}' changed the results: {outputs}; {found}"
         path = self._write_reproducer(pass_, actual, message)
@@ -374,7 +378,8 @@ class VerifyNumerics(Instrument):
             err.node, err.op, err.loc = culprit.node, culprit.op, culprit.loc
         return err
 
-    def _describe(self, name: str, check: NumericsCheck, actual: dict[str, np.ndarray]) -> str:
+    def _describe(self, name: str, check: NumericsCheck, actual: dict[str, np.ndarray],
+                  pass_: Pass) -> str:
         ref, bound = self._reference[name], check.bounds[name]
         got = actual.get(name)
         if got is None:
@@ -382,7 +387,7 @@ class VerifyNumerics(Instrument):
         if got.shape != ref.shape or got.dtype != ref.dtype:
             return (f"output '{name}' is {got.dtype}{list(got.shape)}, "
                     f"was {ref.dtype}{list(ref.shape)}")
-        need = "must be bit-identical" if self._exact(ref) else f"allowed {bound:.3g}"
+        need = "must be bit-identical" if self._exact(ref, pass_) else f"allowed {bound:.3g}"
         return f"output '{name}' max abs diff {check.diffs[name]:.3g} ({need})"
 
     # ---- bisection ---------------------------------------------------------------------
