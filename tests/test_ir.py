@@ -8,10 +8,8 @@ import bevir
 from bevir import (AffineQuant, Builder, DType, FixedPointQuant, Layout, ParseError, TensorType,
                    VerifyError)
 
-rng = np.random.default_rng(0)
-
-
 def small_cnn() -> bevir.Graph:
+    rng = np.random.default_rng(0)                    # the same weights in every test
     b = Builder("cnn")
     x = b.input("x", TensorType((1, 3, 8, 8), layout=Layout.nchw))
     w = b.const(rng.standard_normal((4, 3, 3, 3), np.float32), "conv.w")
@@ -73,7 +71,7 @@ def test_erase_refuses_used_node():
         g.erase(g.nodes[0])
 
 
-def test_clone_is_independent_and_equal():
+def test_clone_is_independent_and_equal(rng):
     g = small_cnn()
     c = g.clone()
     assert str(c) == str(g)
@@ -135,7 +133,7 @@ def test_networkx_view_and_dominators():
 
 
 # ---- text format -------------------------------------------------------------------------
-def test_text_round_trip_and_semantics():
+def test_text_round_trip_and_semantics(rng):
     g = small_cnn()
     text = str(g)
     assert 'loc("/conv/Conv")' in text and '%"conv.w"' not in text
@@ -249,7 +247,7 @@ def test_random_graphs_round_trip(g, seed):
 
 
 # ---- interpreter -------------------------------------------------------------------------
-def test_run_fetches_intermediates_and_names_failing_node():
+def test_run_fetches_intermediates_and_names_failing_node(rng):
     g = small_cnn()
     x = {"x": rng.standard_normal((1, 3, 8, 8), np.float32)}
     out = bevir.run(g, x, fetch=["0"])

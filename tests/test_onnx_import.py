@@ -7,14 +7,14 @@ import warnings
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
+import torch
 from onnx import TensorProto, helper, numpy_helper
 
 import bevir
 from bevir.frontends.onnx import NonConstantInputError, OnnxLoadError
 
-torch = pytest.importorskip("torch")
-ort = pytest.importorskip("onnxruntime")
 nn = torch.nn
 
 
