@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+import torch
 from onnx import numpy_helper
 from safetensors.numpy import save_file
 
@@ -18,7 +19,6 @@ from bevir.cli import main
 from bevir.frontends.ort_quantize import QuantizeError, module_path
 from bevir.passes.calibrate import Ranges, ranges_of
 
-torch = pytest.importorskip("torch")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from examples.bevformer.backbone import ResNetFPN, randomize_bn  # noqa: E402
 

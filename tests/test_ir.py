@@ -8,10 +8,8 @@ import bevir
 from bevir import (AffineQuant, Builder, DType, FixedPointQuant, Layout, ParseError, TensorType,
                    VerifyError)
 
-rng = np.random.default_rng(0)
-
-
 def small_cnn() -> bevir.Graph:
+    rng = np.random.default_rng(0)                    # the same weights in every test
     b = Builder("cnn")
     x = b.input("x", TensorType((1, 3, 8, 8), layout=Layout.nchw))
     w = b.const(rng.standard_normal((4, 3, 3, 3), np.float32), "conv.w")
@@ -73,7 +71,7 @@ def test_erase_refuses_used_node():
         g.erase(g.nodes[0])
 
 
-def test_clone_is_independent_and_equal():
+def test_clone_is_independent_and_equal(rng):
     g = small_cnn()
     c = g.clone()
     assert str(c) == str(g)
@@ -135,7 +133,7 @@ def test_networkx_view_and_dominators():
 
 
 # ---- text format -------------------------------------------------------------------------
-def test_text_round_trip_and_semantics():
+def test_text_round_trip_and_semantics(rng):
     g = small_cnn()
     text = str(g)
     assert 'loc("/conv/Conv")' in text and '%"conv.w"' not in text
@@ -249,7 +247,7 @@ def test_random_graphs_round_trip(g, seed):
 
 
 # ---- interpreter -------------------------------------------------------------------------
-def test_run_fetches_intermediates_and_names_failing_node():
+def test_run_fetches_intermediates_and_names_failing_node(rng):
     g = small_cnn()
     x = {"x": rng.standard_normal((1, 3, 8, 8), np.float32)}
     out = bevir.run(g, x, fetch=["0"])
@@ -284,3 +282,48 @@ def test_interpreter_frees_values_after_last_use():
     Spy(b.graph).run({"x": np.ones((4, 4), np.float32)})
     # when the 4th relu runs, only the 3rd one's result (its operand) is still alive
     assert alive["%3"] == ["%2"]
+
+
+def _identity_graph(dtype: str) -> bevir.Graph:
+    b = Builder("inputs")
+    x = b.input("codes", TensorType((4,), dtype))
+    b.output("y", b.reshape(x, shape=(2, 2)))
+    return b.graph
+
+
+@pytest.mark.parametrize("dtype, fed", [
+    ("i8", np.array([1, -2, 127, -128], np.int64)),      # int64 codes in range
+    ("u8", np.array([0, 1, 200, 255], np.int32)),
+    ("i8", np.array([0, 1, 100, 127], np.uint8)),        # unsigned into signed, in range
+    ("i32", np.array([1, 2, -3, 2**31 - 1], np.int64)),
+    ("f32", np.array([0.1, -2.5, np.inf, np.nan])),      # float64 rounds to float32
+    ("f16", np.array([0.5, 1, -2, 65504], np.float32)),
+    ("bool", np.array([True, False, True, True])),
+])
+def test_inputs_convert_when_no_value_changes(dtype, fed):
+    y = bevir.run(_identity_graph(dtype), {"codes": fed})["y"]
+    assert y.dtype == DType(dtype).np
+    assert np.array_equal(y.ravel(), fed.astype(y.dtype), equal_nan=True)
+    if DType(dtype).is_int:
+        assert y.ravel().tolist() == fed.tolist()                    # the very values
+
+
+@pytest.mark.parametrize("dtype, fed, msg", [
+    ("i8", np.array([1, 2, 300, 4]), r"input %codes: int64 value 300 is outside the i8 "
+                                     r"range \[-128, 127\]"),
+    ("u8", np.array([0, -1, 2, 3], np.int8), r"input %codes: int8 value -1 is outside the u8"),
+    ("i32", np.array([0, 0, 2**31, 0]), r"value 2147483648 is outside the i32"),
+    ("i8", np.array([1.0, 2, 3, 4]), r"input %codes has dtype float64 \(float\), expected i8 "
+                                     r"\(integer\)"),
+    ("i8", np.array([True, False, True, True]), r"input %codes has dtype bool \(bool\)"),
+    ("bool", np.array([1, 0, 1, 1], np.int8), r"input %codes has dtype int8 \(integer\), "
+                                              r"expected bool"),
+    ("f32", np.array([1, 2, 3, 4]), r"input %codes has dtype int64 \(integer\), expected f32"),
+    ("f32", np.array([1.0, 1e300, 0, 0]), r"input %codes: float64 value 1e\+300 overflows f32"),
+    ("f16", np.array([1.0, 7e4, 0, 0], np.float32), r"value 70000.0 overflows f16"),
+])
+def test_inputs_of_the_wrong_kind_or_out_of_range_are_refused(dtype, fed, msg):
+    """No silent wrap (int64 300 into an i8 input used to become 44) and no cast across
+    kinds: the error names the input."""
+    with pytest.raises(bevir.InterpreterError, match=msg):
+        bevir.run(_identity_graph(dtype), {"codes": fed})

@@ -7,14 +7,14 @@ import warnings
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
+import torch
 from onnx import TensorProto, helper, numpy_helper
 
 import bevir
 from bevir.frontends.onnx import NonConstantInputError, OnnxLoadError
 
-torch = pytest.importorskip("torch")
-ort = pytest.importorskip("onnxruntime")
 nn = torch.nn
 
 
@@ -332,6 +332,37 @@ def test_symbolic_input_dim():
                    [_vi("x", TensorProto.FLOAT, ["batch", 3])], [_vi("y", TensorProto.FLOAT, None)])
     with pytest.raises(bevir.UnsupportedError, match="batch"):
         bevir.from_onnx(model)
+
+
+def _conv_relu(declared) -> onnx.ModelProto:
+    """[1, 3, 8, 8] -> Conv (pads 1) -> Relu -> y [1, 4, 8, 8], y declared as ``declared``."""
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+             helper.make_node("Relu", ["c"], ["y"], name="relu")]
+    return _model(nodes, [_vi("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                  [_vi("y", TensorProto.FLOAT, declared)],
+                  [_const("w", np.ones((4, 3, 3, 3), np.float32))])
+
+
+@pytest.mark.parametrize("declared", [[1, 4, 8, 8], ["batch", 4, "h", "w"], [None] * 4, None],
+                         ids=["exact", "symbolic", "unknown-dims", "no-shape"])
+def test_declared_output_shape_that_agrees_is_accepted(declared):
+    g = bevir.from_onnx(_conv_relu(declared))
+    assert g.outputs["y"].type.shape == (1, 4, 8, 8)
+
+
+@pytest.mark.parametrize("declared, text", [
+    ([1, 4, 8, 9], "[1, 4, 8, 9]"),
+    (["batch", 5, 8, 8], "['batch', 5, 8, 8]"),
+    ([1, 4, 64], "[1, 4, 64]"),
+    ([1, 4, 8, 8, 1], "[1, 4, 8, 8, 1]"),
+    ([], "[]"),
+])
+def test_declared_output_shape_that_contradicts_inference_is_refused(declared, text):
+    with pytest.raises(bevir.VerifyError) as e:
+        bevir.from_onnx(_conv_relu(declared))
+    assert e.value.message == f"graph output 'y' declares shape {text}, its nodes compute " \
+                              "[1, 4, 8, 8]"
+    assert (e.value.op, e.value.loc) == ("relu", "relu")
 
 
 @pytest.mark.parametrize("node, what", [

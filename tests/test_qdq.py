@@ -14,6 +14,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+import torch
 from onnx import TensorProto as TP
 from onnx import helper as oh
 from onnx import numpy_helper as nh
@@ -504,7 +505,6 @@ _SHAPE = (2, 3, 32, 48)
 
 @pytest.fixture(scope="module")
 def float_resnet(tmp_path_factory):
-    torch = pytest.importorskip("torch")
     torch.manual_seed(0)
     nn = torch.nn
 

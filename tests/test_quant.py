@@ -7,11 +7,14 @@ the ResNet-like flow checks the default optimization level as well.
 from __future__ import annotations
 
 import warnings
+import zlib
+from fractions import Fraction
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+import torch
 from onnx import TensorProto as TP
 from onnx import helper as oh
 from onnx import numpy_helper as nh
@@ -21,8 +24,10 @@ from bevir.errors import BevirError, UnsupportedError
 from bevir.frontends.onnx import NonConstantInputError
 from bevir.ir.types import AffineQuant, DType, TensorType
 from bevir.ops import get_op
-from bevir.ops.quant import fma32, lookup_table, mlas_logistic
+from bevir.ops import quant as quant_ops
+from bevir.ops.quant import lookup_table, mlas_logistic
 
+F32 = np.float32
 _ET = {np.uint8: TP.UINT8, np.int8: TP.INT8}
 
 
@@ -170,7 +175,7 @@ _CONV_CASES = {
 
 @pytest.mark.parametrize("name", list(_CONV_CASES))
 def test_qlinear_conv_bit_exact(name):
-    rng = np.random.default_rng(hash(name) % 2**32)
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
     for _ in range(2):
         _assert_bit_exact(*_qlinear_conv_model(rng, **_CONV_CASES[name]))
 
@@ -383,26 +388,95 @@ def test_mlas_logistic_equals_onnxruntime_sigmoid_bit_for_bit():
                [_vi("y", TP.FLOAT, None)], [])
     ref = _ort(m, {"x": x})["y"]
     assert int(np.sum(mlas_logistic(x) != ref)) == 0
-
-
-def test_fma32_rounds_once():
-    rng = np.random.default_rng(8)
-    a, b, c = (rng.standard_normal(10000).astype(np.float32) for _ in range(3))
-    exact = [float(np.float32(np.longdouble(x) * np.longdouble(y) + np.longdouble(z)))
-             for x, y, z in zip(a[:50], b[:50], c[:50])]
-    assert np.array_equal(fma32(a[:50], b[:50], c[:50]), np.float32(exact)) or \
-        np.finfo(np.longdouble).nmant <= 52     # no wider long double to check against
-    # a case where double rounding through float64 would be wrong
-    x, y = np.float32(1 + 2**-12), np.float32(1 + 2**-12)
-    z = np.float32(-(2**-24) * 1.0) + np.float32(2**-70)
-    assert fma32(x, y, z) == np.float32(x.astype(np.float64) * y + np.float64(z))
     assert np.all(mlas_logistic(np.float32([-30, 0, 30])) == np.float32([0, 0.5, 1]))
+
+
+# ---- fma32: a*b + c rounded once, as the FMA3 instruction ---------------------------------
+def _nearest_f32(q: Fraction) -> np.float32:
+    """The float32 nearest to the rational ``q``, ties to even. float(q) is the nearest
+    float64; rounding that to float32 lands on the answer or on one of its neighbours."""
+    r = np.float32(float(q))
+    near = [r, np.nextafter(r, F32(np.inf)), np.nextafter(r, F32(-np.inf))]
+    return min(near, key=lambda f: (abs(Fraction(float(f)) - q),
+                                    int(np.asarray(f).view(np.int32)) & 1))
+
+
+def _naive_fma32(a, b, c) -> np.ndarray:
+    """Double rounding: a*b + c rounded to float64, then to float32."""
+    return (np.asarray(a, np.float64) * np.asarray(b, np.float64) + np.asarray(c, np.float64)
+            ).astype(F32)
+
+
+def _exact_fma32(a, b, c) -> np.ndarray:
+    """a*b + c computed exactly (rationals), rounded once to float32."""
+    return np.array([_nearest_f32(Fraction(float(x)) * Fraction(float(y)) + Fraction(float(z)))
+                     for x, y, z in zip(a.ravel(), b.ravel(), c.ravel())], F32).reshape(a.shape)
+
+
+def _check_fma32(a, b, c) -> None:
+    """bevir's fma32 (looked up at call time, so a replaced one is what runs) against the
+    exact a*b + c rounded once, bit for bit."""
+    a, b, c = np.broadcast_arrays(*(np.asarray(v, F32) for v in (a, b, c)))
+    want = _exact_fma32(a, b, c)
+    got = np.asarray(quant_ops.fma32(a, b, c))
+    bad = np.flatnonzero(got.view(np.int32) != want.view(np.int32))
+    assert got.dtype == F32 and bad.size == 0, \
+        f"{bad.size} of {want.size} differ, first a={a.flat[bad[0]]!r} b={b.flat[bad[0]]!r} " \
+        f"c={c.flat[bad[0]]!r}: {got.flat[bad[0]]!r} != {want.flat[bad[0]]!r}"
+
+
+def _midpoint_cases(rng, n: int):
+    """a*b exactly halfway between two float32 neighbours and c a float32 far below
+    float64's resolution there, pushing the exact sum towards the odd neighbour: one rounding
+    gives the odd one; rounding to float64 first lands on the midpoint, which then ties to
+    the even one. a = +-(1 + i/2**12) * 2**e, b = (1 + j/2**12) * 2**f with i, j odd below
+    2**10: a*b = 2**(e+f) * (1 + k/2**24), k odd."""
+    i, j = (rng.integers(0, 2**9, n) * 2 + 1 for _ in range(2))
+    e, f = rng.integers(-15, 16, n), rng.integers(-15, 16, n)
+    sign = rng.choice([-1.0, 1.0], n)
+    k = (i + j) * 2**12 + i * j
+    towards_lo = ((k - 1) // 2) % 2 == 1            # the lower neighbour's mantissa is odd
+    push = np.where(towards_lo, -1.0, 1.0) * sign
+    tiny = (1 + rng.integers(0, 2**23, n) / 2**23) * np.exp2(-55.0 - rng.integers(0, 30, n))
+    a = (sign * (1 + i / 2**12) * np.exp2(e)).astype(F32)
+    b = ((1 + j / 2**12) * np.exp2(f)).astype(F32)
+    c = (push * tiny * np.exp2(e + f)).astype(F32)
+    return a, b, c
+
+
+def test_fma32_rounds_once(rng):
+    # issue 23's case: a*b = 1 + 2**-11 + 2**-24, a float32 midpoint; + 2**-70 lies above it
+    x = F32(1 + 2**-12)
+    _check_fma32(x, x, F32(2**-70))
+    assert quant_ops.fma32(x, x, F32(2**-70)) == F32(1 + 2**-11 + 2**-23)    # 1.0004884
+    assert _naive_fma32(x, x, F32(2**-70)) == F32(1 + 2**-11)                # 1.0004883
+    a, b, c = _midpoint_cases(rng, 400)
+    assert np.all(_naive_fma32(a, b, c) != _exact_fma32(a, b, c))   # each case tells apart
+    _check_fma32(a, b, c)
+    # ordinary values, products cancelled by c, and broadcasting
+    a = (rng.standard_normal(300) * np.exp2(rng.integers(-30, 30, 300))).astype(F32)
+    b = rng.standard_normal(300).astype(F32)
+    near = (-(a.astype(np.float64) * b) * (1 + rng.standard_normal(300) * 1e-6)).astype(F32)
+    _check_fma32(a, b, np.where(rng.random(300) < 0.5, near, rng.standard_normal(300)))
+    _check_fma32(a[:40, None], b[None, :20], F32(0.1))
+
+
+def test_fma32_test_fails_on_double_rounding(rng, monkeypatch):
+    """The check above can fail: with fma32 replaced by double rounding it does, on the
+    issue's case and on the constructed midpoint cases alike."""
+    monkeypatch.setattr(quant_ops, "fma32", _naive_fma32)
+    x = F32(1 + 2**-12)
+    with pytest.raises(AssertionError):
+        _check_fma32(x, x, F32(2**-70))
+    with pytest.raises(AssertionError, match="400 of 400 differ"):
+        _check_fma32(*_midpoint_cases(rng, 400))
+    with pytest.raises(AssertionError):
+        test_fma32_rounds_once(rng)
 
 
 # ---- (c) a ResNet-like torch model, quantized by onnxruntime ------------------------------------
 @pytest.fixture(scope="module")
 def float_resnet(tmp_path_factory):
-    torch = pytest.importorskip("torch")
     torch.manual_seed(0)
 
     class Block(torch.nn.Module):

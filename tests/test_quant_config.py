@@ -17,7 +17,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 @pytest.fixture(scope="module")
 def bevformer(tmp_path_factory):
-    pytest.importorskip("torch")
     from examples.bevformer import e2e
     from examples.bevformer.config import CONFIGS
     from examples.bevformer.inputs import make_inputs

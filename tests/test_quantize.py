@@ -6,7 +6,7 @@ import pytest
 
 import bevir
 from bevir import Builder, PassError, TensorType
-from bevir.ir.types import AffineQuant, FixedPointQuant
+from bevir.ir.types import AffineQuant
 from bevir.passes.quant_config import QuantConfig
 from bevir.passes.quantize import frac_bits_for, quantize, quantize_weight
 from bevir.sim.compare import layer_error
@@ -97,9 +97,11 @@ def test_frac_bits_and_weight_codes():
     w = np.array([[0.5, -1.0], [0.25, 0.125]], np.float32)
     codes, q = quantize_weight(w, per_channel=True)
     assert codes.tolist() == [[64, -127], [127, 64]] and q.axis == 0   # 63.5 -> 64 (even)
+    assert q.scale == (float(np.float32(1.0) / 127), float(np.float32(0.25) / 127))
+    assert q.zero_point == (0, 0)                                      # symmetric
     codes, q = quantize_weight(w, per_channel=False)
     assert codes.tolist() == [[64, -127], [32, 16]] and q.axis is None
-    assert isinstance(FixedPointQuant((3,)), FixedPointQuant)
+    assert q.scale == (float(np.float32(1.0) / 127),) and q.zero_point == (0,)
 
 
 @pytest.mark.parametrize("act", ["relu", "gelu"])

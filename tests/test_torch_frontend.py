@@ -10,7 +10,7 @@ from bevir.frontends.torch import CustomOp, from_torch
 from bevir.ops import OpDef
 from bevir.ops import Float
 
-torch.manual_seed(0)
+pytestmark = pytest.mark.usefixtures("torch_seed")
 
 
 def run_both(module, args, **kw):

@@ -303,6 +303,7 @@ class _Importer:
         for vi in g.output:
             if vi.name not in self.values:
                 raise UnsupportedError(f"graph output '{vi.name}' is not produced by any node")
+            _check_declared_shape(vi, self.values[vi.name])
             self.graph.set_output(vi.name, self.values[vi.name])
         self._prune()
         return self.graph
@@ -386,6 +387,24 @@ def _value_type(vi: onnx.ValueInfoProto) -> TensorType:
             raise UnsupportedError(f"graph input '{vi.name}' has a symbolic/unknown "
                                    f"dimension{sym} at axis {i}: bevir shapes are static")
     return TensorType(tuple(dims), _ONNX_DTYPES[tt.elem_type])
+
+
+def _check_declared_shape(vi: onnx.ValueInfoProto, v: Value) -> None:
+    """A graph output's declared shape must not contradict the computed one: the rank, and
+    every dimension declared as a number (symbolic or unknown ones match anything)."""
+    from ..errors import VerifyError
+    tt = vi.type.tensor_type
+    if vi.type.WhichOneof("value") != "tensor_type" or not tt.HasField("shape"):
+        return
+    declared = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?")
+                for d in tt.shape.dim]
+    computed = list(v.type.shape)
+    if len(declared) != len(computed) or any(
+            isinstance(d, int) and d != c for d, c in zip(declared, computed)):
+        p = v.producer
+        raise VerifyError(f"graph output '{vi.name}' declares shape {declared}, its nodes "
+                          f"compute {computed}", op=p.op if p else None,
+                          loc=p.loc if p else None)
 
 
 def _toposorted(nodes, available: set[str]) -> list[tuple[int, onnx.NodeProto]]:

@@ -720,11 +720,11 @@ def _read_json(path: Path) -> dict:
     return doc
 
 
-def _read_arrays(path: Path) -> dict[str, np.ndarray]:
+def _read_arrays(path: Path, what: str = "the ranges' array file") -> dict[str, np.ndarray]:
     from safetensors import SafetensorError
     from safetensors.numpy import load_file
     if not path.exists():
-        raise CalibrationError(f"{path}: the ranges' array file is missing")
+        raise CalibrationError(f"{path}: {what} is missing")
     try:
         return load_file(str(path))
     except (SafetensorError, OSError, ValueError) as e:
@@ -1038,7 +1038,7 @@ def load_inputs(path: str | Path, graph: Graph) -> list[dict[str, np.ndarray]]:
     """Samples from a safetensors file keyed by graph input name: each tensor has the
     input's shape (one sample) or a leading sample axis (that many samples)."""
     path = Path(path)
-    arrays = _read_arrays(path)
+    arrays = _read_arrays(path, "the calibration inputs file")
     missing = [v.name for v in graph.inputs if v.name not in arrays]
     if missing:
         raise CalibrationError(f"{path}: no tensor for graph input(s) {missing}")

@@ -11,6 +11,7 @@ import numpy as np
 
 from ..errors import BevirError, InterpreterError
 from ..ir.graph import Graph, Node, Value
+from ..ir.types import DType
 
 
 class Interpreter:
@@ -43,7 +44,8 @@ class Interpreter:
         """Run the graph on ``inputs`` (name -> array).
 
         Returns the graph outputs by name, plus the values named in ``fetch`` (or every
-        value when ``fetch == "all"``) by value name.
+        value when ``fetch == "all"``) by value name. Each input array is checked and
+        converted by :func:`_bind_input`: same kind of dtype, no value changed.
         """
         g = self.graph
         keep_all = fetch == "all"
@@ -87,12 +89,7 @@ class Interpreter:
             if tuple(a.shape) != v.type.shape:
                 raise InterpreterError(f"input %{v.name} has shape {list(a.shape)}, "
                                        f"expected {list(v.type.shape)}")
-            if a.dtype != v.type.dtype.np:
-                if not np.can_cast(a.dtype, v.type.dtype.np, "same_kind"):
-                    raise InterpreterError(f"input %{v.name} has dtype {a.dtype}, "
-                                           f"expected {v.type.dtype}")
-                a = a.astype(v.type.dtype.np)
-            env[id(v)] = a
+            env[id(v)] = _bind_input(v.name, a, v.type.dtype)
 
     @staticmethod
     def _check(node: Node, results: list[np.ndarray]) -> None:
@@ -103,6 +100,47 @@ class Interpreter:
             if not v.type.matches(r):
                 raise InterpreterError(f"result %{v.name} is {r.dtype}{list(r.shape)}, declared "
                                        f"{v.type}", node=node.name, op=node.op, loc=node.loc)
+
+
+def _kind(dtype: np.dtype) -> str:
+    return {"i": "integer", "u": "integer", "f": "float", "b": "bool"}.get(dtype.kind,
+                                                                          str(dtype))
+
+
+def _bind_input(name: str, a: np.ndarray, dtype: DType) -> np.ndarray:
+    """The array a graph input of element type ``dtype`` takes: ``a`` itself when its dtype
+    is ``dtype``, else ``a`` converted when that changes no value beyond float rounding.
+
+    - the kinds must agree: integer (signed or unsigned) for an integer input, float for a
+      float input, bool for a bool input; no cast from one kind to another;
+    - an integer array converts when every value lies in the input's range (int64 codes
+      of an int8 input are fine; 300 is refused, not wrapped to 44);
+    - a float array converts with round-to-nearest (float64 data for a float32 input),
+      unless a finite value would overflow to infinity.
+
+    Anything else raises :class:`InterpreterError` naming the input.
+    """
+    want_np = dtype.np
+    if a.dtype == want_np:
+        return a
+    got, want = _kind(a.dtype), _kind(want_np)
+    if got != want:
+        raise InterpreterError(f"input %{name} has dtype {a.dtype} ({got}), expected {dtype} "
+                               f"({want}); cast it explicitly if that is meant")
+    if got == "integer" and a.size:
+        info = np.iinfo(want_np)
+        bad = (a < info.min) | (a > info.max)
+        if bad.any():
+            raise InterpreterError(f"input %{name}: {a.dtype} value {a[bad].flat[0]} is outside "
+                                   f"the {dtype} range [{info.min}, {info.max}]")
+    with np.errstate(over="ignore"):
+        b = a.astype(want_np)
+    if got == "float":
+        bad = np.isinf(b) & np.isfinite(a)
+        if bad.any():
+            raise InterpreterError(f"input %{name}: {a.dtype} value {a[bad].flat[0]} overflows "
+                                   f"{dtype}")
+    return b
 
 
 def run(graph: Graph, inputs: Mapping[str, np.ndarray], fetch: Iterable[str] | str | None = None,

@@ -1,0 +1,27 @@
+"""Shared fixtures: reproducible random data, one generator per test."""
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+
+
+def stable_seed(name: str) -> int:
+    """A seed from a name that is the same in every process (``hash`` is salted per process)."""
+    return zlib.crc32(name.encode())
+
+
+@pytest.fixture
+def rng(request) -> np.random.Generator:
+    """A generator of its own for each test, seeded from the test's node id: a test draws the
+    same data whichever tests run before it and in whichever process."""
+    return np.random.default_rng(stable_seed(request.node.nodeid))
+
+
+@pytest.fixture
+def torch_seed(request) -> None:
+    """torch's global generator seeded from the test's node id, for tests whose modules and
+    tensors draw from it."""
+    import torch
+    torch.manual_seed(stable_seed(request.node.nodeid))
