@@ -15,6 +15,7 @@ import networkx as nx
 import numpy as np
 
 from ..errors import BevirError, VerifyError
+from .meta import Meta
 from .opdef import get_op
 from .types import TensorType
 
@@ -22,7 +23,7 @@ from .types import TensorType
 class Value:
     """An SSA value: a graph input, a constant, or a node's result."""
 
-    __slots__ = ("name", "type", "producer", "uses", "const", "__weakref__")
+    __slots__ = ("name", "type", "producer", "uses", "const", "meta", "__weakref__")
 
     def __init__(self, name: str, type: TensorType, producer: Node | None = None,
                  const: np.ndarray | None = None):
@@ -34,6 +35,7 @@ class Value:
             const = np.asarray(const)
             const.setflags(write=False)   # constants are shared between clones
         self.const = const
+        self.meta = Meta()          # annotations (see bevir.ir.meta)
 
     @property
     def is_const(self) -> bool:
@@ -51,7 +53,7 @@ class Value:
 class Node:
     """One op application: ``outputs = op(inputs) {attrs}``, remembering where it came from."""
 
-    __slots__ = ("op", "attrs", "inputs", "outputs", "loc", "graph")
+    __slots__ = ("op", "attrs", "inputs", "outputs", "loc", "graph", "meta")
 
     def __init__(self, op: str, inputs: Sequence[Value | None], attrs: Mapping[str, Any],
                  loc: str = ""):
@@ -61,6 +63,7 @@ class Node:
         self.outputs: list[Value] = []
         self.loc = loc                                   # provenance: source node / module path
         self.graph: Graph | None = None
+        self.meta = Meta()                               # annotations (see bevir.ir.meta)
 
     @property
     def opdef(self):
@@ -96,7 +99,8 @@ class Graph:
     """A dataflow graph in SSA form.
 
     ``inputs``: graph arguments; ``outputs``: result name -> value; ``constants``: name ->
-    constant value; ``nodes``: in topological order.
+    constant value; ``nodes``: in topological order; ``meta``: graph-level annotations
+    (e.g. the calibrated ranges; see :mod:`bevir.ir.meta`).
     """
 
     def __init__(self, name: str = "main"):
@@ -105,6 +109,7 @@ class Graph:
         self.outputs: dict[str, Value] = {}
         self.constants: dict[str, Value] = {}
         self.nodes: list[Node] = []
+        self.meta = Meta()
         self.version = 0
         self._names: set[str] = set()
         self._counter = itertools.count()
@@ -214,9 +219,13 @@ class Graph:
         self.version += 1
 
     def replace_all_uses(self, old: Value, new: Value) -> None:
-        """Make every user of ``old`` (graph outputs included) use ``new`` instead."""
+        """Make every user of ``old`` (graph outputs included) use ``new`` instead.
+
+        ``new`` computes what ``old`` did, so it takes over the meta entries of ``old``
+        whose key survives rewrites (those it does not have already)."""
         if old is new:
             return
+        old.meta.carry_to(new.meta, rewrite=True)
         for node, i in list(old.uses):
             node.set_input(i, new)
         for k, v in self.outputs.items():
@@ -285,19 +294,19 @@ class Graph:
         self.version += 1
 
     def clone(self) -> Graph:
-        """A deep copy sharing the (read-only) constant payloads."""
+        """A deep copy sharing the (read-only) constant payloads; meta is copied, so
+        changing the clone's meta leaves this graph's alone."""
         g = Graph(self.name)
+        g.meta = self.meta.copy()
         vmap: dict[int, Value] = {}
         for v in self.inputs:
             vmap[id(v)] = g.add_input(v.name, v.type)
         for v in self.constants.values():
             vmap[id(v)] = g.add_const(v.const, v.name, v.type)
+        for v in itertools.chain(self.inputs, self.constants.values()):
+            vmap[id(v)].meta = v.meta.copy()
         for n in self.nodes:
-            c = Node(n.op, [None if v is None else vmap[id(v)] for v in n.inputs], n.attrs, n.loc)
-            for o in n.outputs:
-                vmap[id(o)] = Value(g._claim(o.name), o.type, producer=c)
-                c.outputs.append(vmap[id(o)])
-            g.insert(c)
+            g.insert(copy_node(n, vmap, g))
         for k, v in self.outputs.items():
             g.set_output(k, vmap[id(v)])
         return g
@@ -310,3 +319,17 @@ class Graph:
         return f"<Graph @{self.name}: {len(self.inputs)} inputs, {len(self.nodes)} nodes, " \
                f"{len(self.constants)} constants, {len(self.outputs)} outputs>"
 
+
+
+def copy_node(n: Node, vmap: dict[int, Value], g: Graph, rename: bool = False) -> Node:
+    """A detached copy of ``n`` for graph ``g``: operands through ``vmap`` (id of the
+    original value -> value of ``g``), results named as the original's (made unique with
+    ``rename``) and added to ``vmap``; attributes, provenance and meta are copied."""
+    c = Node(n.op, [None if v is None else vmap[id(v)] for v in n.inputs], n.attrs, n.loc)
+    c.meta = n.meta.copy()
+    for o in n.outputs:
+        v = Value(g._claim(g.unique_name(o.name) if rename else o.name), o.type, producer=c)
+        v.meta = o.meta.copy()
+        vmap[id(o)] = v
+        c.outputs.append(v)
+    return c

@@ -23,6 +23,8 @@ The pieces, in order below:
 - Integration: :func:`calibrate`, the :class:`Calibration` analysis and the
   ``calibrate`` pass (:class:`Calibrate`). Ranges attached to a graph
   (:meth:`Ranges.attach`) are what ``am.get(Calibration)`` resolves for later passes.
+  They are the graph's meta entry ``"ranges"`` (a registered key): clones, composed graphs
+  and saved graphs carry them.
 """
 from __future__ import annotations
 
@@ -43,6 +45,7 @@ import numpy as np
 
 from ..errors import BevirError, PassError
 from ..ir.graph import Graph, Node, Value
+from ..ir.meta import register_meta_key
 from ..sim.interpreter import Interpreter
 from .analysis import AnalysisManager
 from .manager import Pass
@@ -268,10 +271,14 @@ class TensorRange:
             self.channel_max = np.fmax(self.channel_max, cmax)
 
     def copy(self) -> TensorRange:
-        """A snapshot: later observations of this entry do not change it."""
+        """A snapshot: later observations of this entry (or changes to its arrays) do not
+        change it."""
         hist = self.histogram
+        arrays = {f: getattr(self, f).copy() for f in ("channel_min", "channel_max")
+                  if getattr(self, f) is not None}
         return dataclasses.replace(self, histogram=None if hist is None else
-                                   Histogram(hist.num_bins, hist.counts, hist.threshold))
+                                   Histogram(hist.num_bins, hist.counts, hist.threshold),
+                                   **arrays)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, TensorRange):
@@ -425,6 +432,10 @@ class Ranges:
         self._entries[entry.key.name] = entry
         self._cache = None
 
+    def copy(self) -> Ranges:
+        """An independent copy (every entry copied)."""
+        return Ranges((e.copy() for e in self), self.method)
+
     def update(self, other: Ranges) -> Ranges:
         """Add every entry of ``other`` (its entries win); returns self."""
         for e in other:
@@ -551,9 +562,10 @@ class Ranges:
 
     def attach(self, graph: Graph) -> Ranges:
         """Re-key to ``graph`` and make these the graph's calibration (what the
-        :class:`Calibration` analysis and later passes read); returns self."""
+        :class:`Calibration` analysis and later passes read): its meta entry ``"ranges"``;
+        returns self."""
         self.rekey(graph)
-        _ATTACHED[graph] = self
+        graph.meta[META_KEY] = self
         return self
 
     # ---- ranges -------------------------------------------------------------------------
@@ -683,13 +695,45 @@ def _pair(values: list[Value], entries: list[TensorRange], found: dict[Value, Te
         found[v] = e
 
 
-_ATTACHED: weakref.WeakKeyDictionary[Graph, Ranges] = weakref.WeakKeyDictionary()
-
-
 def ranges_of(graph: Graph) -> Ranges | None:
     """The ranges attached to ``graph`` (by :meth:`Ranges.attach`, :func:`calibrate` or
-    the ``calibrate`` pass), or None. Clones and saved graphs do not carry them."""
-    return _ATTACHED.get(graph)
+    the ``calibrate`` pass), or None: ``graph.meta["ranges"]``, which clones, composed
+    graphs and saved-and-loaded graphs carry."""
+    return graph.meta.get(META_KEY)
+
+
+# ---- ranges as graph meta -----------------------------------------------------------------
+META_KEY = "ranges"
+
+
+def _ranges_to_json(ranges: Ranges) -> dict:
+    arrays: dict[str, np.ndarray] = {}
+    values = [_entry_json(i, e, arrays) for i, e in enumerate(ranges)]
+    return {"method": dataclasses.asdict(ranges.method), "values": values, "arrays": arrays}
+
+
+def _ranges_from_json(doc: dict) -> Ranges:
+    ranges = Ranges(method=RangeMethod(**doc["method"]))
+    for i, d in enumerate(doc["values"]):
+        ranges.add(_entry_from_json(i, d, doc["arrays"]))
+    return ranges
+
+
+def _merge_ranges(first: Ranges | None, second: Ranges, names: Mapping[str, str]) -> Ranges:
+    """Composed graphs: first's entries, then second's under their composed names (a
+    value joined to one of first's keeps first's range)."""
+    out = first.copy() if first is not None else Ranges(method=second.method)
+    for e in second:
+        name = names.get(e.key.name, e.key.name)
+        if out.get(name) is None:
+            c = e.copy()
+            c.key = dataclasses.replace(c.key, name=name)
+            out.add(c)
+    return out
+
+
+register_meta_key(META_KEY, Ranges, _ranges_to_json, _ranges_from_json, copy=Ranges.copy,
+                  merge=_merge_ranges, doc="the calibrated activation ranges (graph meta)")
 
 
 # ---- file helpers -------------------------------------------------------------------------

@@ -285,7 +285,9 @@ def registered_patterns() -> dict[str, type[RewritePattern]]:
 
 class Rewriter:
     """What a pattern's ``rewrite`` uses to change the graph. New nodes go before the
-    match's root and carry the match's provenance; replaced results keep their names."""
+    match's root and carry the match's provenance (``loc``) and the root's meta entries
+    that survive rewrites; replaced results keep their names (and pass their surviving
+    meta on, see :meth:`Graph.replace_all_uses`)."""
 
     def __init__(self, graph: Graph, m: Match):
         self.graph = graph
@@ -303,6 +305,7 @@ class Rewriter:
                                       loc=self.loc if loc is None else loc,
                                       names=[name] * (len(out_types) if out_types else 1)
                                       if name else None, before=self.match.root)
+        self.match.root.meta.carry_to(node.meta, rewrite=True)
         self.created.append(node)
         self.changed = True
         return node
