@@ -108,20 +108,23 @@ class Interpreter:
 
         ``initial_env`` (value name -> array) makes a partial run: the given values are not
         recomputed (a node whose results are all given is skipped), graph inputs may be
-        left out, and only the nodes whose operands are available run; the outputs that
-        could not be computed are left out of the result.
+        left out, and only the nodes that lead to an output or a fetched value and whose
+        operands are available run; the outputs that could not be computed are left out
+        of the result.
         """
         g = self.graph
         keep_all = fetch == "all"
         wanted = set() if fetch is None or keep_all else set(fetch)
         env = self._arrays = {id(v): v.const for v in g.constants.values()}
-        given = self._bind(inputs, initial_env, env)
-        self._overrides = self._resolve_kernels()
         keep = {id(v) for v in g.outputs.values()} | {id(self._value(n)) for n in wanted}
+        given = self._bind(inputs, initial_env, env)
+        plan = None if given is None else self._plan(env, given, None if keep_all else keep)
+        self._overrides = self._resolve_kernels()
         start, end = self.on_node_start, self.on_node_end
+        last_use = {} if keep_all else self._last_use     # fetch="all" frees nothing
         fetched: dict[str, np.ndarray] = {}
         for i, node in enumerate(g.nodes):
-            if given is None or self._ready(node, env, given):
+            if plan is None or node in plan:
                 args = [None if v is None else env[id(v)] for v in node.inputs]
                 try:
                     if start is not None:
@@ -130,22 +133,17 @@ class Interpreter:
                     self._check(node, results)
                     if end is not None:
                         results = self._replaced(node, results, end(node, args, results))
-                except BevirError as e:
-                    if e.node:
-                        raise
-                    raise InterpreterError(e.message, node=node.name, op=node.op,
-                                           loc=node.loc) from e
                 except Exception as e:
-                    raise InterpreterError(f"{type(e).__name__}: {e}", node=node.name,
-                                           op=node.op, loc=node.loc) from e
+                    if isinstance(e, BevirError) and e.node:
+                        raise
+                    raise _node_error(node, e) from e
                 for v, r in zip(node.outputs, results):
                     env[id(v)] = r
                     if keep_all or v.name in wanted:
                         fetched[v.name] = r
-            if not keep_all:
-                for v in self._last_use.get(i, ()):
-                    if id(v) not in keep:
-                        env.pop(id(v), None)
+            for v in last_use.get(i, ()):
+                if id(v) not in keep:
+                    env.pop(id(v), None)
         for name in wanted - set(fetched):
             fetched[name] = self._computed(name, env)
         result = {k: env[id(v)] for k, v in g.outputs.items() if id(v) in env}
@@ -222,12 +220,25 @@ class Interpreter:
                                        "all", node=node.name, op=node.op, loc=node.loc)
         return ids
 
-    @staticmethod
-    def _ready(node: Node, env: dict[int, np.ndarray], given: set[int]) -> bool:
-        """In a partial run: whether the node runs (results not given, operands available)."""
-        if all(id(v) in given for v in node.outputs):
-            return False
-        return all(v is None or id(v) in env for v in node.inputs)
+    def _plan(self, env: dict[int, np.ndarray], given: set[int], wanted: set[int] | None
+              ) -> set[Node]:
+        """The nodes a partial run runs: those whose results are not given, whose operands
+        are available, and whose results lead to a wanted value (None: every value)."""
+        available = set(env)
+        runnable = []
+        for node in self.graph.nodes:
+            if not all(id(v) in given for v in node.outputs) and \
+                    all(v is None or id(v) in available for v in node.inputs):
+                runnable.append(node)
+                available.update(id(v) for v in node.outputs)
+        if wanted is None:
+            return set(runnable)
+        needed, plan = set(wanted), set()
+        for node in reversed(runnable):
+            if any(id(v) in needed for v in node.outputs):
+                plan.add(node)
+                needed.update(id(v) for v in node.inputs if v is not None)
+        return plan
 
     def _replaced(self, node: Node, results: list[np.ndarray], new: list[np.ndarray] | None
                   ) -> list[np.ndarray]:
@@ -255,6 +266,12 @@ class Interpreter:
         out = {n: self.kernels[n.op] for n in self.graph.nodes if n.op in self.kernels}
         out.update((nodes[name], k) for name, k in self.node_kernels.items())
         return out
+
+
+def _node_error(node: Node, e: Exception) -> InterpreterError:
+    """An error from a node's kernel or hooks, as an InterpreterError naming the node."""
+    message = e.message if isinstance(e, BevirError) else f"{type(e).__name__}: {e}"
+    return InterpreterError(message, node=node.name, op=node.op, loc=node.loc)
 
 
 def run(graph: Graph, inputs: Mapping[str, np.ndarray], fetch: Iterable[str] | str | None = None,
