@@ -15,7 +15,7 @@ The pieces, in order below:
   module produces is the one that leaves it); else by name alone.
 - :class:`RangeMethod`: statistics -> range: ``minmax``, ``percentile``, ``mse``,
   ``entropy``.
-- :class:`Selector`, :class:`Calibrator`, :class:`CalibrationInterpreter`: calibration
+- :class:`Selector`, :class:`Calibrator`, :class:`CalibrationObserver`: calibration
   points on chosen values; statistics are streamed node by node while the interpreter
   runs, so activations are never kept.
 - Seeding: :meth:`Ranges.from_tranges` (``bevir-tranges`` files) and
@@ -922,33 +922,28 @@ class Progress:
 
 
 # ---- running ------------------------------------------------------------------------------
-class CalibrationInterpreter(Interpreter):
-    """The golden interpreter with calibration points: after each node, the chosen
-    results fold into their :class:`TensorRange`; graph inputs fold in once per run."""
+class CalibrationObserver:
+    """Calibration points as an interpreter hook: passed as ``on_node_end``, it folds the
+    chosen results into their :class:`TensorRange` after each node; :meth:`observe_inputs`
+    folds in a run's graph inputs."""
 
-    def __init__(self, graph: Graph, points: Mapping[int, TensorRange],
-                 progress: Progress | None = None):
-        super().__init__(graph)
+    def __init__(self, points: Mapping[int, TensorRange], progress: Progress | None = None):
         self.points, self.progress = points, progress
 
-    def run_node(self, node: Node, args: list[np.ndarray | None]) -> list[np.ndarray]:
-        results = super().run_node(node, args)
+    def __call__(self, node: Node, args: list[np.ndarray | None], results: list[np.ndarray]
+                 ) -> None:
         for v, r in zip(node.outputs, results):
             point = self.points.get(id(v))
             if point is not None:
                 point.observe(r)
         if self.progress is not None:
             self.progress.update()
-        return results
 
-    def run(self, inputs: Mapping[str, np.ndarray], fetch: Iterable[str] | str | None = None
-            ) -> dict[str, np.ndarray]:
-        results = super().run(inputs, fetch)
-        for v in self.graph.inputs:
+    def observe_inputs(self, graph: Graph, inputs: Mapping[str, np.ndarray]) -> None:
+        for v in graph.inputs:
             point = self.points.get(id(v))
             if point is not None:
                 point.observe(np.asarray(inputs[v.name]).astype(v.type.dtype.np, copy=False))
-        return results
 
 
 class Calibrator:
@@ -986,7 +981,8 @@ class Calibrator:
             return 0
         work = None if total is None else total * len(self.graph.nodes)
         bar = Progress(work, "calibrate", self.progress)
-        interp = CalibrationInterpreter(self.graph, self.points, bar)
+        observer = CalibrationObserver(self.points, bar)
+        interp = Interpreter(self.graph, on_node_end=observer)
         count = 0
         try:
             for sample in samples:
@@ -994,6 +990,7 @@ class Calibrator:
                     raise CalibrationError(f"calibration sample {count} is a {type(sample).__name__}, "
                                            "not a mapping of input name to array")
                 interp.run(sample)
+                observer.observe_inputs(self.graph, sample)
                 count += 1
         finally:
             bar.close()

@@ -126,31 +126,28 @@ class ErrorReport:
 _ORT_SUFFIX = "_quantized"
 
 
-class _Recorder(Interpreter):
-    """Runs the candidate, keeping the results whose names are wanted."""
+class _Recorder:
+    """An ``on_node_end`` hook for the candidate run: keeps the results whose names are
+    wanted."""
 
-    def __init__(self, graph: Graph, counterpart: Callable[[Value], str | None]):
-        super().__init__(graph)
+    def __init__(self, counterpart: Callable[[Value], str | None]):
         self.counterpart, self.kept = counterpart, {}
 
-    def run_node(self, node: Node, args):
-        results = super().run_node(node, args)
+    def __call__(self, node: Node, args, results) -> None:
         for v, r in zip(node.outputs, results):
             name = self.counterpart(v)
             if name is not None and name not in self.kept:
                 self.kept[name] = (r, v.type, node)
-        return results
 
 
-class _Scorer(Interpreter):
-    """Runs the reference, scoring each kept candidate value as it is produced."""
+class _Scorer:
+    """An ``on_node_end`` hook for the reference run: scores each kept candidate value as
+    it is produced."""
 
-    def __init__(self, graph: Graph, kept: dict):
-        super().__init__(graph)
+    def __init__(self, kept: dict):
         self.kept, self.scores = kept, {}
 
-    def run_node(self, node: Node, args):
-        results = super().run_node(node, args)
+    def __call__(self, node: Node, args, results) -> None:
         for v, r in zip(node.outputs, results):
             if v.name in self.kept:
                 got, type, cnode = self.kept.pop(v.name)
@@ -158,7 +155,6 @@ class _Scorer(Interpreter):
                     sqnr, mx, cos = layer_error(r, dequantize(got, type))
                     self.scores[v.name] = LayerError(v.name, cnode.loc or node.loc, cnode.op,
                                                      sqnr, mx, cos, int(np.size(r)))
-        return results
 
 
 def compare_graphs(reference: Graph, candidate: Graph, inputs: Mapping[str, np.ndarray], *,
@@ -182,9 +178,10 @@ def compare_graphs(reference: Graph, candidate: Graph, inputs: Mapping[str, np.n
         chosen = not patterns or any(fnmatch.fnmatch(loc, p) or fnmatch.fnmatch(v.name, p)
                                      for p in patterns)
         return name if chosen else None
-    rec = _Recorder(candidate, counterpart)
-    rec.run(candidate_inputs if candidate_inputs is not None else inputs)
+    rec = _Recorder(counterpart)
+    Interpreter(candidate, on_node_end=rec).run(
+        candidate_inputs if candidate_inputs is not None else inputs)
     order = list(rec.kept)
-    scorer = _Scorer(reference, rec.kept)
-    scorer.run(inputs)
+    scorer = _Scorer(rec.kept)
+    Interpreter(reference, on_node_end=scorer).run(inputs)
     return ErrorReport([scorer.scores[k] for k in order if k in scorer.scores])

@@ -1,25 +1,80 @@
 """The golden interpreter: runs a graph with the op registry's numpy semantics.
 
-Subclass :class:`Interpreter` and override :meth:`Interpreter.run_node` to observe or
-alter each node's results (calibration and debugging tools do this).
+Hooks (all optional; unused, they cost one ``None`` check per node):
+
+- ``kernels={"conv2d": fn}`` / ``node_kernels={"%y": fn}``: replace an op's (or one
+  node's) kernel; ``fn(node, args) -> list[np.ndarray]`` like :meth:`OpDef.run`;
+- ``on_node_start(node, args)`` before each node, ``on_node_end(node, args, results)``
+  after it (returning a list replaces the results);
+- ``run(inputs, initial_env={name: array})``: start from given values (a partial run);
+- ``interp.env``: the live values by name, during and after a run.
+
+Subclassing and overriding :meth:`Interpreter.run_node` still works. See docs/interpreter.md.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 
 from ..errors import BevirError, InterpreterError
 from ..ir.graph import Graph, Node, Value
 from ..ir.types import DType
+from ..ir.opdef import get_op
+
+Args = list[np.ndarray | None]
+#: a kernel: computes a node's results from its operand arrays (None: omitted operand)
+Kernel = Callable[[Node, Args], list[np.ndarray]]
+NodeStart = Callable[[Node, Args], None]
+#: returns None to keep the results, or a list of arrays to replace them
+NodeEnd = Callable[[Node, Args, list[np.ndarray]], list[np.ndarray] | None]
+
+
+class Env(Mapping[str, np.ndarray]):
+    """The interpreter's live values by value name (read-only): constants, graph inputs
+    and results not yet freed, and after a run the outputs and fetched values."""
+
+    def __init__(self, values: Mapping[str, Value], arrays: dict[int, np.ndarray]):
+        self._values, self._arrays = values, arrays
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        v = self._values.get(name)
+        if v is None or id(v) not in self._arrays:
+            raise KeyError(name)
+        return self._arrays[id(v)]
+
+    def __iter__(self) -> Iterator[str]:
+        return (name for name, v in self._values.items() if id(v) in self._arrays)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
 
 class Interpreter:
-    """Evaluates a graph node by node, freeing each value after its last use."""
+    """Evaluates a graph node by node, freeing each value after its last use.
 
-    def __init__(self, graph: Graph):
+    ``kernels`` (op name -> kernel) and ``node_kernels`` (node name, e.g. ``"%y"``, ->
+    kernel; wins over ``kernels``) replace the golden kernels; ``on_node_start`` and
+    ``on_node_end`` observe each node and may replace its results. All four are public
+    attributes and may be changed between runs.
+    """
+
+    def __init__(self, graph: Graph, *, kernels: Mapping[str, Kernel] | None = None,
+                 node_kernels: Mapping[str, Kernel] | None = None,
+                 on_node_start: NodeStart | None = None, on_node_end: NodeEnd | None = None):
         self.graph = graph
+        self.kernels: dict[str, Kernel] = dict(kernels or {})
+        self.node_kernels: dict[str, Kernel] = dict(node_kernels or {})
+        self.on_node_start, self.on_node_end = on_node_start, on_node_end
         self._last_use = self._last_uses(graph)
+        self._values = {v.name: v for v in graph.values()}
+        self._arrays: dict[int, np.ndarray] = {}
+        self._overrides: dict[Node, Kernel] = {}
+
+    @property
+    def env(self) -> Env:
+        """The current (or last) run's values by name; see :class:`Env`."""
+        return Env(self._values, self._arrays)
 
     @staticmethod
     def _last_uses(graph: Graph) -> dict[int, list[Value]]:
@@ -35,48 +90,66 @@ class Interpreter:
             out.setdefault(i, []).append(vals[vid])
         return out
 
-    def run_node(self, node: Node, args: list[np.ndarray | None]) -> list[np.ndarray]:
-        """Compute one node; the hook for subclasses."""
+    def run_node(self, node: Node, args: Args) -> list[np.ndarray]:
+        """Compute one node: its kernel override if it has one, else the golden semantics.
+        The hook for subclasses (call ``super().run_node``)."""
+        if self._overrides:
+            kernel = self._overrides.get(node)
+            if kernel is not None:
+                out = kernel(node, args)
+                return [np.asarray(o) for o in ([out] if isinstance(out, np.ndarray) else out)]
         return node.opdef.run(node, args)
 
-    def run(self, inputs: Mapping[str, np.ndarray], fetch: Iterable[str] | str | None = None
-            ) -> dict[str, np.ndarray]:
+    def run(self, inputs: Mapping[str, np.ndarray], fetch: Iterable[str] | str | None = None,
+            *, initial_env: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         """Run the graph on ``inputs`` (name -> array).
 
         Returns the graph outputs by name, plus the values named in ``fetch`` (or every
-        value when ``fetch == "all"``) by value name. Each input array is checked and
-        converted by :func:`_bind_input`: same kind of dtype, no value changed.
+        node result when ``fetch == "all"``) by value name; those stay in :attr:`env`.
+        Each input array is checked and converted by :func:`_bind_input`: same kind of
+        dtype, no value changed.
+
+        ``initial_env`` (value name -> array) makes a partial run: the given values are not
+        recomputed (a node whose results are all given is skipped), graph inputs may be
+        left out, and only the nodes that lead to an output or a fetched value and whose
+        operands are available run; the outputs that could not be computed are left out
+        of the result.
         """
         g = self.graph
         keep_all = fetch == "all"
         wanted = set() if fetch is None or keep_all else set(fetch)
-        env: dict[int, np.ndarray] = {id(v): v.const for v in g.constants.values()}
-        self._bind_inputs(inputs, env)
-        outputs = {id(v) for v in g.outputs.values()}
+        env = self._arrays = {id(v): v.const for v in g.constants.values()}
+        keep = {id(v) for v in g.outputs.values()} | {id(self._value(n)) for n in wanted}
+        given = self._bind(inputs, initial_env, env)
+        plan = None if given is None else self._plan(env, given, None if keep_all else keep)
+        self._overrides = self._resolve_kernels()
+        start, end = self.on_node_start, self.on_node_end
+        last_use = {} if keep_all else self._last_use     # fetch="all" frees nothing
         fetched: dict[str, np.ndarray] = {}
         for i, node in enumerate(g.nodes):
-            args = [None if v is None else env[id(v)] for v in node.inputs]
-            try:
-                results = self.run_node(node, args)
-            except BevirError as e:
-                if e.node:
-                    raise
-                raise InterpreterError(e.message, node=node.name, op=node.op, loc=node.loc) from e
-            except Exception as e:
-                raise InterpreterError(f"{type(e).__name__}: {e}", node=node.name, op=node.op,
-                                       loc=node.loc) from e
-            self._check(node, results)
-            for v, r in zip(node.outputs, results):
-                env[id(v)] = r
-                if keep_all or v.name in wanted:
-                    fetched[v.name] = r
-            for v in self._last_use.get(i, ()):
-                if id(v) not in outputs:
+            if plan is None or node in plan:
+                args = [None if v is None else env[id(v)] for v in node.inputs]
+                try:
+                    if start is not None:
+                        start(node, args)
+                    results = self.run_node(node, args)
+                    self._check(node, results)
+                    if end is not None:
+                        results = self._replaced(node, results, end(node, args, results))
+                except Exception as e:
+                    if isinstance(e, BevirError) and e.node:
+                        raise
+                    raise _node_error(node, e) from e
+                for v, r in zip(node.outputs, results):
+                    env[id(v)] = r
+                    if keep_all or v.name in wanted:
+                        fetched[v.name] = r
+            for v in last_use.get(i, ()):
+                if id(v) not in keep:
                     env.pop(id(v), None)
         for name in wanted - set(fetched):
-            v = g.value(name)
-            fetched[name] = env.get(id(v), v.const)
-        result = {k: env[id(v)] for k, v in g.outputs.items()}
+            fetched[name] = self._computed(name, env)
+        result = {k: env[id(v)] for k, v in g.outputs.items() if id(v) in env}
         result.update({k: v for k, v in fetched.items() if k not in result})
         return result
 
@@ -100,6 +173,103 @@ class Interpreter:
             if not v.type.matches(r):
                 raise InterpreterError(f"result %{v.name} is {r.dtype}{list(r.shape)}, declared "
                                        f"{v.type}", node=node.name, op=node.op, loc=node.loc)
+
+
+    # ---- hooks ----------------------------------------------------------------------------
+    def _value(self, name: str) -> Value:
+        v = self._values.get(name)
+        if v is None:
+            raise InterpreterError(f"no value %{name} in graph @{self.graph.name}")
+        return v
+
+    def _computed(self, name: str, env: dict[int, np.ndarray]) -> np.ndarray:
+        """A fetched value that no node of this run produced: an input, a constant, a given
+        value; in a partial run, one that could not be computed is an error."""
+        v = self._value(name)
+        if id(v) not in env:
+            raise InterpreterError(f"value %{name} was not computed: the values it depends on "
+                                   "were not given")
+        return env[id(v)]
+
+    def _bind(self, inputs: Mapping[str, np.ndarray], initial_env: Mapping[str, np.ndarray] | None,
+              env: dict[int, np.ndarray]) -> set[int] | None:
+        """Bind the inputs (and the given values of a partial run, whose ids it returns).
+
+        All graph inputs given: they are checked (and cast) as in a full run. Otherwise, in
+        a partial run, the given ones must match their declared types exactly, like the
+        ``initial_env`` values (which stand for node results)."""
+        complete = all(v.name in inputs for v in self.graph.inputs)
+        if initial_env is None or complete:
+            self._bind_inputs(inputs, env)
+        if initial_env is None:
+            return None
+        given = dict(initial_env) if complete else {**inputs, **initial_env}
+        for name, array in given.items():
+            v = self._value(name)
+            a = np.asarray(array)
+            if not v.type.matches(a):
+                raise InterpreterError(f"initial value %{name} is {a.dtype}{list(a.shape)}, "
+                                       f"declared {v.type}")
+            env[id(v)] = a
+        ids = {id(self._values[n]) for n in given}
+        for node in self.graph.nodes:
+            if 0 < sum(id(v) in ids for v in node.outputs) < len(node.outputs):
+                raise InterpreterError("initial_env gives some of the node's results but not "
+                                       "all", node=node.name, op=node.op, loc=node.loc)
+        return ids
+
+    def _plan(self, env: dict[int, np.ndarray], given: set[int], wanted: set[int] | None
+              ) -> set[Node]:
+        """The nodes a partial run runs: those whose results are not given, whose operands
+        are available, and whose results lead to a wanted value (None: every value)."""
+        available = set(env)
+        runnable = []
+        for node in self.graph.nodes:
+            if not all(id(v) in given for v in node.outputs) and \
+                    all(v is None or id(v) in available for v in node.inputs):
+                runnable.append(node)
+                available.update(id(v) for v in node.outputs)
+        if wanted is None:
+            return set(runnable)
+        needed, plan = set(wanted), set()
+        for node in reversed(runnable):
+            if any(id(v) in needed for v in node.outputs):
+                plan.add(node)
+                needed.update(id(v) for v in node.inputs if v is not None)
+        return plan
+
+    def _replaced(self, node: Node, results: list[np.ndarray], new: list[np.ndarray] | None
+                  ) -> list[np.ndarray]:
+        """The results an ``on_node_end`` callback returned (checked), or the kernel's."""
+        if new is None:
+            return results
+        new = [np.asarray(r) for r in new]
+        self._check(node, new)
+        return new
+
+    def _resolve_kernels(self) -> dict[Node, Kernel]:
+        """node -> its kernel override, checking that every override names an op or a node."""
+        if not self.kernels and not self.node_kernels:
+            return {}
+        for op in self.kernels:
+            try:
+                get_op(op)
+            except BevirError:
+                raise InterpreterError(f"kernel override for unknown op '{op}'", op=op) from None
+        nodes = {n.name: n for n in self.graph.nodes}
+        unknown = sorted(set(self.node_kernels) - set(nodes))
+        if unknown:
+            raise InterpreterError(f"kernel override for node(s) {unknown} not in graph "
+                                   f"@{self.graph.name}")
+        out = {n: self.kernels[n.op] for n in self.graph.nodes if n.op in self.kernels}
+        out.update((nodes[name], k) for name, k in self.node_kernels.items())
+        return out
+
+
+def _node_error(node: Node, e: Exception) -> InterpreterError:
+    """An error from a node's kernel or hooks, as an InterpreterError naming the node."""
+    message = e.message if isinstance(e, BevirError) else f"{type(e).__name__}: {e}"
+    return InterpreterError(message, node=node.name, op=node.op, loc=node.loc)
 
 
 def _kind(dtype: np.dtype) -> str:
@@ -144,6 +314,7 @@ def _bind_input(name: str, a: np.ndarray, dtype: DType) -> np.ndarray:
 
 
 def run(graph: Graph, inputs: Mapping[str, np.ndarray], fetch: Iterable[str] | str | None = None,
-        interpreter: Callable[[Graph], Interpreter] = Interpreter) -> dict[str, np.ndarray]:
+        interpreter: Callable[[Graph], Interpreter] = Interpreter, *,
+        initial_env: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
     """Run ``graph`` on ``inputs`` with the golden interpreter; see :meth:`Interpreter.run`."""
-    return interpreter(graph).run(inputs, fetch)
+    return interpreter(graph).run(inputs, fetch, initial_env=initial_env)
