@@ -8,8 +8,7 @@ from .sim import Interpreter, run  # noqa: F401
 from .passes import optimize  # noqa: F401
 from .passes.calibrate import calibrate  # noqa: F401
 from .passes.quantize import float_ops_between, quantize  # noqa: F401
-from .frontends.onnx import from_onnx  # noqa: F401
-from .frontends.ort_quantize import QuantizeError, QuantizedBackbone, quantize_backbone  # noqa: F401
+from .flows import QuantizeError, QuantizedBackbone, from_onnx, quantize_backbone  # noqa: F401
 
 __version__ = "0.1.0"
 

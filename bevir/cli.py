@@ -51,7 +51,7 @@ def cmd_import(args) -> int:
 
 # ---- quantize-backbone -------------------------------------------------------------------
 def cmd_quantize_backbone(args) -> int:
-    from .frontends.ort_quantize import quantize_backbone
+    from .flows.backbone import quantize_backbone
     import bevir
     qb = quantize_backbone(args.model, args.calibration, args.output, input_name=args.input,
                            scales=args.scales, per_channel=args.per_channel,

@@ -16,7 +16,7 @@ from safetensors.numpy import save_file
 
 import bevir
 from bevir.cli import main
-from bevir.frontends.ort_quantize import QuantizeError, module_path
+from bevir.flows.backbone import QuantizeError, module_path
 from bevir.passes.calibrate import Ranges, ranges_of
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

@@ -28,7 +28,7 @@ from ..ir.graph import Graph, Node, Value
 from ..ir.types import DType, TensorType
 from ..ops import get_op
 
-__all__ = ["from_onnx", "converts", "supported_ops", "NodeCtx", "OnnxLoadError",
+__all__ = ["import_onnx", "load_model", "is_qdq", "converts", "supported_ops", "NodeCtx", "OnnxLoadError",
            "NonConstantInputError",
            "MIN_OPSET", "MAX_OPSET"]
 
@@ -433,7 +433,7 @@ def _toposorted(nodes, available: set[str]) -> list[tuple[int, onnx.NodeProto]]:
     return order
 
 
-def _load(model) -> onnx.ModelProto:
+def load_model(model: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto:
     if isinstance(model, onnx.ModelProto):
         return model
     if isinstance(model, (bytes, bytearray)):
@@ -453,40 +453,37 @@ def _load(model) -> onnx.ModelProto:
     return m
 
 
-def from_onnx(model: str | os.PathLike | onnx.ModelProto, fold_qdq: bool = True) -> Graph:
-    """Import an ONNX model (a path or a ModelProto) as a bevir Graph.
+def is_qdq(model: onnx.ModelProto) -> bool:
+    """Whether ``model`` is in QDQ format (has QuantizeLinear/DequantizeLinear nodes)."""
+    return any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in model.graph.node)
 
-    In a model with QuantizeLinear/DequantizeLinear nodes (QDQ format) dequantized
-    constants stay ``dequantize`` nodes, and the ``fold-qdq`` pass folds the groups into
-    integer ops as onnxruntime does (``fold_qdq=False``: leave them as imported, e.g. to run
-    ``fold-qdq{int8_allowed=true}`` instead).
+
+def import_onnx(model: str | os.PathLike | onnx.ModelProto) -> Graph:
+    """Import an ONNX model (a path or a ModelProto) as a bevir Graph, op for op.
+
+    In a QDQ model dequantized constants stay ``dequantize`` nodes; :func:`bevir.from_onnx`
+    then folds the groups into integer ops with the ``fold-qdq`` pass.
 
     Raises OnnxLoadError for a file that cannot be read and UnsupportedError for an op,
     attribute, dtype, dynamic shape or opset bevir does not support.
     """
-    m = _load(model)
+    m = load_model(model)
     _default_opset(m)
     if m.functions:
         m = onnx.inliner.inline_local_functions(m)
-    qdq = any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in m.graph.node)
-    graph = _Importer(m, keep_dequantize=qdq).run()
-    if qdq and fold_qdq:
-        from ..passes.analysis import AnalysisManager
-        from ..passes.fold_qdq import FoldQDQ
-        FoldQDQ().run(graph, AnalysisManager(graph))   # its errors name the ONNX node
-    return graph
+    return _Importer(m, keep_dequantize=is_qdq(m)).run()
 
 
 # ---- helpers shared by converters -----------------------------------------------------------
 
-def _norm(axis: int, rank: int, c: NodeCtx) -> int:
+def norm_axis(axis: int, rank: int, c: NodeCtx) -> int:
     if not -rank <= axis < max(rank, 1):
         raise c.unsupported(f"axis {axis} out of range for rank {rank}")
     return axis % rank if rank else 0
 
 
 def _norm_axes(axes, rank: int, c: NodeCtx) -> tuple[int, ...]:
-    return tuple(_norm(int(a), rank, c) for a in axes)
+    return tuple(norm_axis(int(a), rank, c) for a in axes)
 
 
 def _scalar(c: NodeCtx, value, like: Value) -> Value:
@@ -528,7 +525,7 @@ def _spatial_pads(c: NodeCtx, in_sizes, kernel, strides, dilations) -> tuple[int
     return tuple(begin + end)
 
 
-def _spatial_params(c: NodeCtx, x: Value, kernel) -> tuple:
+def spatial_params(c: NodeCtx, x: Value, kernel) -> tuple:
     strides = tuple(int(s) for s in c.attr("strides", (1, 1)))
     dil = tuple(int(d) for d in c.attr("dilations", (1, 1)))
     if len(strides) != 2 or len(dil) != 2:
@@ -816,7 +813,7 @@ def _conv(c: NodeCtx):
     if ks is not None and tuple(ks) != kernel:
         raise c.unsupported(f"attribute 'kernel_shape' {list(ks)} differs from the weight's "
                             f"{list(kernel)}")
-    strides, pads, dil = _spatial_params(c, x, kernel)
+    strides, pads, dil = spatial_params(c, x, kernel)
     return c.emit("conv2d", [x, w, b], {"strides": strides, "pads": pads, "dilations": dil,
                                         "groups": int(c.attr("group", 1))})
 
@@ -835,7 +832,7 @@ def _maxpool(c: NodeCtx):
     kernel = tuple(int(k) for k in c.attr("kernel_shape"))
     if len(kernel) != 2:
         raise c.unsupported(f"attribute 'kernel_shape' {list(kernel)}: only 2-D")
-    strides, pads, dil = _spatial_params(c, x, kernel)
+    strides, pads, dil = spatial_params(c, x, kernel)
     return c.emit("maxpool2d", [x], {"kernel": kernel, "strides": strides, "pads": pads,
                                      "dilations": dil,
                                      "ceil_mode": bool(c.attr("ceil_mode", 0))})
@@ -849,7 +846,7 @@ def _avgpool(c: NodeCtx):
     kernel = tuple(int(k) for k in c.attr("kernel_shape"))
     if len(kernel) != 2:
         raise c.unsupported(f"attribute 'kernel_shape' {list(kernel)}: only 2-D")
-    strides, pads, dil = _spatial_params(c, x, kernel)
+    strides, pads, dil = spatial_params(c, x, kernel)
     if dil != (1, 1):
         raise c.unsupported(f"attribute 'dilations' = {list(dil)} is not supported")
     return c.emit("avgpool2d", [x], {"kernel": kernel, "strides": strides, "pads": pads,
@@ -889,7 +886,7 @@ def _layer_norm(c: NodeCtx):
         raise c.unsupported(f"attribute 'stash_type' = {c.attr('stash_type')}")
     x, scale, bias = c.input(0), c.input(1), c.input(2)
     c.require_float(x, scale, bias)
-    attrs = {"axis": _norm(int(c.attr("axis", -1)), x.type.rank, c),
+    attrs = {"axis": norm_axis(int(c.attr("axis", -1)), x.type.rank, c),
              "epsilon": float(c.attr("epsilon", 1e-5))}
     y = c.emit("layer_norm", [x, scale, bias], attrs)
     if not any(c.output_used(i) for i in (1, 2)):
@@ -903,7 +900,7 @@ def _coerced_2d(c: NodeCtx, x: Value, fn) -> Value:
     on the last axis, reshape back."""
     rank = x.type.rank
     default = 1 if c.opset < 13 else -1
-    axis = _norm(int(c.attr("axis", default)), rank, c)
+    axis = norm_axis(int(c.attr("axis", default)), rank, c)
     if c.opset >= 13 or axis == rank - 1:
         return fn(x, axis)
     shape = x.type.shape
@@ -990,7 +987,7 @@ def _reduce(c: NodeCtx):
 @converts("Concat", attrs=("axis",))
 def _concat(c: NodeCtx):
     xs = [v for v in c.inputs if v is not None]
-    axis = _norm(int(c.attr("axis")), xs[0].type.rank, c)
+    axis = norm_axis(int(c.attr("axis")), xs[0].type.rank, c)
     if len(xs) == 1:
         return xs[0]
     return c.emit("concat", xs, {"axis": axis})
@@ -999,7 +996,7 @@ def _concat(c: NodeCtx):
 @converts("Split", attrs=("axis", "split", "num_outputs"))
 def _split(c: NodeCtx):
     x = c.input(0)
-    axis = _norm(int(c.attr("axis", 0)), x.type.rank, c)
+    axis = norm_axis(int(c.attr("axis", 0)), x.type.rank, c)
     dim = x.type.shape[axis]
     if c.opset >= 13:
         if "split" in c.attrs:
@@ -1152,7 +1149,7 @@ def _unsqueeze(c: NodeCtx):
 @converts("Gather", attrs=("axis",))
 def _gather(c: NodeCtx):
     x, idx = c.input(0), c.input(1)
-    axis = _norm(int(c.attr("axis", 0)), x.type.rank, c)
+    axis = norm_axis(int(c.attr("axis", 0)), x.type.rank, c)
     if not idx.type.dtype.is_int:
         raise c.unsupported(f"indices of dtype {idx.type.dtype}")
     if idx.is_const and (idx.const < 0).any():   # negative indices count from the end
@@ -1304,7 +1301,7 @@ def _topk(c: NodeCtx):
     k = c.ints(1, "K")
     if len(k) != 1:
         raise c.unsupported(f"K must have one element, got {k}")
-    axis = _norm(int(c.attr("axis", -1)), x.type.rank, c)
+    axis = norm_axis(int(c.attr("axis", -1)), x.type.rank, c)
     return c.emit("topk", [x], {"k": k[0], "axis": axis, "largest": bool(c.attr("largest", 1)),
                                 "sorted": bool(c.attr("sorted", 1))}, n_out=2)
 
@@ -1368,6 +1365,3 @@ def _range(c: NodeCtx):
         raise c.unsupported("delta of 0")
     n = max(int(math.ceil((l - s) / d)), 0)
     return c.constant((s + np.arange(n) * d).astype(dtype))
-
-
-from . import onnx_quant  # noqa: E402,F401  (registers the quantized-op converters)

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..ir.graph import Value
 from ..ir.types import AffineQuant, DType
-from .onnx import NodeCtx, _norm, _spatial_params, converts
+from .onnx import NodeCtx, converts, norm_axis, spatial_params
 
 _MS = "com.microsoft"
 _8BIT = (DType.i8, DType.u8)
@@ -28,7 +28,7 @@ def _axis(c: NodeCtx, x: Value, scale_i: int) -> tuple[int | None, int | None]:
     a = c.const(scale_i, "scale")
     if a.size == 1 and a.ndim <= 1:
         return None, None
-    axis = _norm(int(c.attr("axis", 1)), max(x.type.rank, 1), c)
+    axis = norm_axis(int(c.attr("axis", 1)), max(x.type.rank, 1), c)
     return axis, x.type.shape[axis]
 
 
@@ -181,7 +181,7 @@ def _conv_attrs(c: NodeCtx, x: Value, w: Value) -> dict:
     if ks is not None and tuple(ks) != kernel:
         raise c.unsupported(f"attribute 'kernel_shape' {list(ks)} differs from the weight's "
                             f"{list(kernel)}")
-    strides, pads, dil = _spatial_params(c, x, kernel)
+    strides, pads, dil = spatial_params(c, x, kernel)
     return {"strides": strides, "pads": pads, "dilations": dil,
             "groups": int(c.attr("group", 1))}
 
@@ -310,5 +310,5 @@ def _qlinear_concat(c: NodeCtx):
     dtype = xs[0].type.dtype
     if any(v.type.dtype is not dtype for v in xs):
         raise c.unsupported("inputs of different dtypes")
-    axis = _norm(int(c.attr("axis")), xs[0].type.rank, c)
+    axis = norm_axis(int(c.attr("axis")), xs[0].type.rank, c)
     return c.emit("qlinear_concat", xs, {"axis": axis, **_out_attrs(c, 0, 1, dtype, "Y")})

@@ -671,7 +671,7 @@ def lut_table(op: str, in_frac_bits: int, out_frac_bits: int, **attrs) -> np.nda
     return _cached_table(op, int(in_frac_bits), int(out_frac_bits), rest)
 
 
-class _FxLookup(OpDef):
+class FxLookup(OpDef):
     """An elementwise function of i8 fixed x as a 256-entry table (lut_table)."""
 
     operands = ("x",)
@@ -692,7 +692,7 @@ class _FxLookup(OpDef):
         return table[x.astype(np.intp) + 128]
 
 
-class FxSigmoid(_FxLookup):
+class FxSigmoid(FxLookup):
     """1 / (1 + exp(-x)) as a table."""
 
     name = "fx_sigmoid"
@@ -701,7 +701,7 @@ class FxSigmoid(_FxLookup):
         return 0.5 * (1.0 + np.tanh(0.5 * v))
 
 
-class FxExp(_FxLookup):
+class FxExp(FxLookup):
     """exp(x) as a table (saturating)."""
 
     name = "fx_exp"
@@ -710,7 +710,7 @@ class FxExp(_FxLookup):
         return np.exp(v)
 
 
-class FxLog(_FxLookup):
+class FxLog(FxLookup):
     """log(x) as a table; x <= 0 gives -128."""
 
     name = "fx_log"
@@ -719,7 +719,7 @@ class FxLog(_FxLookup):
         return np.log(v)
 
 
-class FxInverseSigmoid(_FxLookup):
+class FxInverseSigmoid(FxLookup):
     """BEVFormer's inverse_sigmoid: x clamped to [0, 1], log(max(x, eps) / max(1 - x, eps)),
     as a table."""
 
@@ -731,7 +731,7 @@ class FxInverseSigmoid(_FxLookup):
         return np.log(np.maximum(x, eps) / np.maximum(1.0 - x, eps))
 
 
-class FxGelu(_FxLookup):
+class FxGelu(FxLookup):
     """GELU (erf, or the tanh approximation) as a table."""
 
     name = "fx_gelu"

@@ -9,8 +9,9 @@
     print(timing.report())
 """
 from .analysis import AnalysisManager, CostSummary, Liveness  # noqa: F401
-from .manager import (Instrument, Pass, PassManager, all_passes, get_pass, make_pass,  # noqa: F401
-                      optimize, parse_pipeline, pipeline_text, replay)
+from .core import (Instrument, Pass, all_passes, get_pass, make_pass, parse_pipeline,  # noqa: F401
+                   pipeline_text)
+from .manager import PassManager, optimize, replay  # noqa: F401
 from .instruments import (DumpIR, Reproducer, Statistics, Timing, VerifyEach,  # noqa: F401
                           VerifyNumerics, probe_inputs)
 from .rewrites import RewriteLog, RewriteRecord, limit_rewrites, rewrite_permitted  # noqa: F401

@@ -48,7 +48,7 @@ from ..ir.graph import Graph, Node, Value
 from ..ir.meta import register_meta_key
 from ..sim.interpreter import Interpreter
 from .analysis import AnalysisManager
-from .manager import Pass
+from .core import Pass
 
 FORMAT, VERSION = "bevir-ranges", 1
 TRANGES_FORMAT, TRANGES_VERSION = "bevir-tranges", 1

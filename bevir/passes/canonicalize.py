@@ -22,7 +22,7 @@ from ..errors import BevirError, PassError
 from ..ir.graph import Graph, Node, Value
 from ..ops import get_op
 from .analysis import AnalysisManager
-from .manager import Pass
+from .core import Pass
 from .rewrites import rewrite_permitted
 
 Rewrite = Callable[["Canonicalize", Graph, Node], bool]

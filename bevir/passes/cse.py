@@ -8,7 +8,7 @@ import numpy as np
 
 from ..ir.graph import Graph, Node, Value
 from .analysis import AnalysisManager
-from .manager import Pass
+from .core import Pass
 from .rewrites import rewrite_permitted
 
 

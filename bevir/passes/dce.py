@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from ..ir.graph import Graph
 from .analysis import AnalysisManager, Liveness
-from .manager import Pass
+from .core import Pass
 from .rewrites import rewrite_permitted
 
 

@@ -12,7 +12,7 @@ from ..errors import BevirError, PassError
 from ..ir.builder import Builder
 from ..ir.graph import Graph, Node
 from .analysis import AnalysisManager
-from .manager import Pass
+from .core import Pass
 from .rewrites import rewrite_permitted
 
 

@@ -22,7 +22,7 @@ from ..ir.types import DType, TensorType
 from ..ir.verifier import verify
 from ..sim import run
 from .analysis import AnalysisManager
-from .manager import Instrument, Pass, reproducer_text
+from .core import Instrument, Pass, reproducer_text
 from .rewrites import RewriteLog, RewriteRecord, limit_rewrites
 
 

@@ -38,7 +38,7 @@ from ..errors import BevirError, PassError
 from ..ir.graph import Graph, Node, Value
 from ..ir.types import TensorType
 from .analysis import AnalysisManager
-from .manager import Pass
+from .core import Pass
 from .rewrites import rewrite_permitted
 
 _PATTERNS: dict[str, type[RewritePattern]] = {}

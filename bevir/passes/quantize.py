@@ -43,7 +43,7 @@ from ..ir.types import AffineQuant, DType, FixedPointQuant, TensorType
 from .accumulators import accumulator_bounds
 from .analysis import AnalysisManager
 from .calibrate import ranges_of
-from .manager import Pass
+from .core import Pass
 from ..ops.fixed import NORM_FRAC, quantize_fixed
 from .quant_config import QuantConfig, Rule
 

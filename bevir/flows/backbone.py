@@ -43,10 +43,11 @@ import onnx
 from onnx import numpy_helper
 
 from ..errors import BevirError
+from ..frontends.onnx import load_model
 from ..ir.graph import Graph
 from ..passes.calibrate import (TRANGES_FORMAT, TRANGES_VERSION, Progress, Ranges, TensorRange,
                                 ValueKey)
-from .onnx import _load, from_onnx
+from .onnx import from_onnx
 
 FORMATS = ("qoperator", "qdq")
 QUANT_TYPES = ("int8", "uint8")
@@ -225,7 +226,7 @@ def _fp32_model(model: Any, inputs: Samples, out: Path, name: str, input_name: s
             raise QuantizeError("no calibration inputs to export the model with")
         log.step(f"[1] exporting FP32 ONNX (input {list(sample[0][input_name].shape)}): {path}")
         export_onnx(model, sample[0][input_name], path, input_name)
-    proto = _load(path)
+    proto = load_model(path)
     names = [i.name for i in proto.graph.input]
     if input_name is None:
         if len(names) != 1:
