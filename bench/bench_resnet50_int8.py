@@ -1,5 +1,5 @@
 """INT8 ResNet-50 + FPN backbone at 6x3x480x800, quantized by onnxruntime's quantize_static
-(QOperator, per-tensor symmetric int8) through bevir.quantize_backbone: bevir's golden
+(QOperator, per-tensor symmetric int8) through bevir.flows.quantize_backbone: bevir's golden
 interpreter against onnxruntime, one run each, same machine. Prints times, the ratio and
 the number of differing output elements (0: bit for bit). Each runs once to warm up, then
 once timed.
@@ -39,7 +39,7 @@ def main() -> None:
     calib = rng.standard_normal(shape).astype(np.float32)
     x = rng.standard_normal(shape).astype(np.float32)
     with tempfile.TemporaryDirectory() as d:
-        qb, t_flow = timed(lambda: bevir.quantize_backbone(
+        qb, t_flow = timed(lambda: bevir.flows.quantize_backbone(
             model, [calib], d, format=args.format, per_channel=args.per_channel))
         print(qb.summary())
         sess = ort.InferenceSession(str(qb.int8_onnx), providers=["CPUExecutionProvider"])

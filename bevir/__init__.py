@@ -1,16 +1,33 @@
-"""bevir: a graph-IR compiler library for camera-only 3D detectors on an INT8 GPNPU."""
+"""bevir: a graph-IR compiler library for camera-only 3D detectors on an INT8 GPNPU.
+
+The top level holds what a compiler engineer reaches for first: the IR (``Graph``,
+``Builder``, ``TensorType``..., ``verify``, ``parse`` / ``print_graph``, ``save`` /
+``load``, ``compose``), ``OpDef`` to define ops, the golden model (``run``,
+``Interpreter``), passes (``Pass``, ``PassManager``, ``optimize``, ``calibrate``,
+``quantize``) and the frontends (``from_onnx``, ``from_torch``, ``CustomOp``). End-to-end
+steps live in ``bevir.flows`` (e.g. ``bevir.flows.quantize_backbone``).
+"""
 from .errors import (AttrError, BevirError, InterpreterError, ParseError, PassError,  # noqa: F401
                      UnsupportedError, VerifyError)
 from .ir import (AffineQuant, Builder, DType, FixedPointQuant, Graph, Layout, Node,  # noqa: F401
                  TensorType, Value, compose, load, parse, print_graph, save, verify)
 from . import ops  # noqa: F401  (registers the ops)
+from .ir.opdef import OpDef  # noqa: F401
 from .sim import Interpreter, run  # noqa: F401
-from .passes import optimize  # noqa: F401
+from .passes import Pass, PassManager, optimize  # noqa: F401
 from .passes.calibrate import calibrate  # noqa: F401
-from .passes.quantize import float_ops_between, quantize  # noqa: F401
-from .flows import QuantizeError, QuantizedBackbone, from_onnx, quantize_backbone  # noqa: F401
+from .passes.quantize import quantize  # noqa: F401
+from . import flows  # noqa: F401  (end-to-end steps: bevir.flows.quantize_backbone, ...)
+from .flows import from_onnx  # noqa: F401
 
 __version__ = "0.1.0"
+
+__all__ = ["AffineQuant", "AttrError", "BevirError", "Builder", "CustomOp", "DType",
+           "FixedPointQuant", "Graph", "Interpreter", "InterpreterError", "Layout", "Node",
+           "OpDef", "ParseError", "Pass", "PassError", "PassManager", "TensorType",
+           "UnsupportedError", "Value", "VerifyError", "calibrate", "compose", "flows",
+           "from_onnx", "from_torch", "load", "optimize", "parse", "print_graph", "quantize",
+           "run", "save", "verify"]
 
 
 def __getattr__(name: str):

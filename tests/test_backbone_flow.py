@@ -1,4 +1,4 @@
-"""The backbone flow (bevir.quantize_backbone, ``bevir quantize-backbone``): a reduced
+"""The backbone flow (bevir.flows.quantize_backbone, ``bevir quantize-backbone``): a reduced
 ResNet-50 + FPN through real torch export, onnxruntime's quantize_static and bevir's import,
 its golden model bit for bit against onnxruntime."""
 from __future__ import annotations
@@ -49,7 +49,7 @@ def flow(backbone, samples, tmp_path_factory):
                "img_backbone.layer2.0.conv2.x_scale": np.array([0.02], np.float32),
                "img_backbone.conv1.weight": np.zeros((64, 3, 7, 7), np.float32),  # not a scale
                "pts_bbox_head.cls.x_scale": np.array([0.1], np.float32)}, str(ckpt))  # elsewhere
-    return bevir.quantize_backbone(backbone, samples, d, scales=ckpt, progress=False)
+    return bevir.flows.quantize_backbone(backbone, samples, d, scales=ckpt, progress=False)
 
 
 def _inits(path):
@@ -108,7 +108,7 @@ def test_summary_names_what_was_made(flow):
                                                  ("qdq", False, "uint8"), ("qdq", True, "uint8")])
 def test_other_formats_from_an_onnx_file_are_bit_exact(flow, samples, tmp_path, fmt,
                                                        per_channel, act):
-    qb = bevir.quantize_backbone(flow.fp32_onnx, samples[:1], tmp_path, format=fmt,
+    qb = bevir.flows.quantize_backbone(flow.fp32_onnx, samples[:1], tmp_path, format=fmt,
                                  per_channel=per_channel, activation_type=act,
                                  symmetric=act == "int8", progress=False)
     ops = {n.op_type for n in onnx.load(str(qb.int8_onnx)).graph.node}
@@ -123,7 +123,7 @@ def test_qdq_int8_shared_inputs_keep_float_convs_as_onnxruntime_does(flow, sampl
     """With int8 activations onnxruntime (x86-64) folds a QDQ conv only when its input pair
     is not shared: the first conv of each bottleneck and its shortcut stay float, in bevir
     as in onnxruntime. The summary says so."""
-    qb = bevir.quantize_backbone(flow.fp32_onnx, samples[:1], tmp_path, format="qdq",
+    qb = bevir.flows.quantize_backbone(flow.fp32_onnx, samples[:1], tmp_path, format="qdq",
                                  progress=False)
     assert qb.float_ops() == {"conv2d": 8}
     assert "8 float ops" in qb.summary()
@@ -132,7 +132,7 @@ def test_qdq_int8_shared_inputs_keep_float_convs_as_onnxruntime_does(flow, sampl
 def test_calibration_inputs_from_safetensors_with_a_sample_axis(flow, samples, tmp_path):
     f = tmp_path / "calib.safetensors"
     save_file({"img": np.stack(samples)}, str(f))
-    qb = bevir.quantize_backbone(flow.fp32_onnx, f, tmp_path / "out", progress=False)
+    qb = bevir.flows.quantize_backbone(flow.fp32_onnx, f, tmp_path / "out", progress=False)
     assert qb.ranges["img"].lo == float(min(s.min() for s in samples))
     assert qb.mismatches(samples[0]) == {"feats": 0}
 
@@ -155,7 +155,7 @@ def test_module_path_of_exported_node_names():
 ])
 def test_bad_arguments_raise_quantize_error(flow, samples, tmp_path, kwargs, match):
     with pytest.raises(QuantizeError, match=match):
-        bevir.quantize_backbone(flow.fp32_onnx, samples[:1], tmp_path, progress=False, **kwargs)
+        bevir.flows.quantize_backbone(flow.fp32_onnx, samples[:1], tmp_path, progress=False, **kwargs)
     assert not (tmp_path / "backbone_int8.onnx").exists() or kwargs.get("input_name") is None
 
 
@@ -163,15 +163,15 @@ def test_bad_files_raise_quantize_error(flow, tmp_path):
     bad = tmp_path / "calib.safetensors"
     bad.write_bytes(b"\x00" * 16)
     with pytest.raises(QuantizeError, match="cannot read calibration inputs"):
-        bevir.quantize_backbone(flow.fp32_onnx, bad, tmp_path, progress=False)
+        bevir.flows.quantize_backbone(flow.fp32_onnx, bad, tmp_path, progress=False)
     wrong = tmp_path / "wrong.safetensors"
     save_file({"img": np.zeros((3, 64, 96), np.float32)}, str(wrong))
     with pytest.raises(QuantizeError, match="has rank 4"):
-        bevir.quantize_backbone(flow.fp32_onnx, wrong, tmp_path, progress=False)
+        bevir.flows.quantize_backbone(flow.fp32_onnx, wrong, tmp_path, progress=False)
     truncated = tmp_path / "cut.onnx"
     truncated.write_bytes(flow.fp32_onnx.read_bytes()[:1000])
     with pytest.raises(bevir.BevirError):
-        bevir.quantize_backbone(truncated, wrong, tmp_path, progress=False)
+        bevir.flows.quantize_backbone(truncated, wrong, tmp_path, progress=False)
 
 
 def test_cli_quantize_backbone_and_import(flow, samples, tmp_path, capsys):

@@ -148,13 +148,13 @@ def test_e2e_script_writes_its_artifacts(tmp_path):
     bevir.verify(q)
     assert q.op_counts()["fx_bridge"] == 1 and q.op_counts()["qlinear_conv"] > 10
     cfg = QuantConfig.preset("reference-flow")
-    left = bevir.float_ops_between(q, ["img"]).nodes
+    left = bevir.passes.float_ops_between(q, ["img"]).nodes
     decoding = [n for n in left if n.op != "fx_dequantize"]
     assert decoding and {cfg.rule_for(n).name for n in decoding} == {"box-decoding"}
     # the other float values are the conversions into it
     assert all({cfg.rule_for(u).name for u in n.output.users} == {"box-decoding"}
                for n in left if n.op == "fx_dequantize")
-    assert int8["float_on_path"] == bevir.float_ops_between(q, ["img"]).counts()
+    assert int8["float_on_path"] == bevir.passes.float_ops_between(q, ["img"]).counts()
     assert len(int8["worst_layers"]) == 5 and all(w["group"] for w in int8["worst_layers"])
     assert not {w["op"] for w in int8["worst_layers"]} & set(e2e.CONVERSIONS)
     sens = int8["float_noise_sensitivity_40db"]

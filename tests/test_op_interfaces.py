@@ -58,3 +58,11 @@ def test_an_unknown_lowering_strategy_is_an_error_naming_the_op(monkeypatch):
         assert "op 'relu' declares the fixed-point lowering 'teleport'" in str(e)
     else:
         raise AssertionError("quantize accepted an unknown lowering strategy")
+
+
+def test_the_top_level_api_holds_the_everyday_names_and_flows_live_in_submodules():
+    for name in bevir.__all__:
+        assert getattr(bevir, name) is not None, name
+    assert {"Pass", "PassManager", "Interpreter", "OpDef", "Builder", "from_onnx"} <= set(bevir.__all__)
+    assert not hasattr(bevir, "quantize_backbone")
+    assert callable(bevir.flows.quantize_backbone)

@@ -203,7 +203,7 @@ def test_every_op_of_an_attention_block_is_lowered_between_the_sources_and_outpu
                "reduce_mean", "log", "matmul", "softmax", "sigmoid", "linear"):
         assert stats.get(f"lowered-{op}", 0) >= 1, op
     assert stats["geometry-left"] == 1                  # the camera count (a sum of the mask)
-    assert len(bevir.float_ops_between(g, ["x", "q"])) == 0
+    assert len(bevir.passes.float_ops_between(g, ["x", "q"])) == 0
     ops = {n.op: n for n in g.nodes}
     assert ops["fx_ms_deform_attn"].inputs[1].type.dtype.value == "i32"   # the locations
     assert ops["fx_inverse_sigmoid"].attrs["eps"] == pytest.approx(1e-5)
@@ -236,10 +236,10 @@ def test_float_ops_between_counts_what_stays_float():
     g = _mlp()
     bevir.calibrate(g, _inputs(2))
     quantize(g, _config().override("dec", exclude=True))
-    left = bevir.float_ops_between(g, ["x"])
+    left = bevir.passes.float_ops_between(g, ["x"])
     assert left.counts() == {"matmul": 1, "add": 1, "layer_norm": 1}
     assert "dec.norm" in left.table()
-    assert len(bevir.float_ops_between(g, ["nothing"])) == 0
+    assert len(bevir.passes.float_ops_between(g, ["nothing"])) == 0
 
 
 def test_accumulators_are_bounded_statically_and_overflow_is_reported():

@@ -1,6 +1,6 @@
 """The reference backbone flow: FP32 ONNX -> onnxruntime INT8 ONNX -> tranges -> bevir graph.
 
-    qb = bevir.quantize_backbone(module_or_onnx, images, "out/", scales="scales.json")
+    qb = bevir.flows.quantize_backbone(module_or_onnx, images, "out/", scales="scales.json")
     qb.int8_onnx, qb.tranges, qb.graph, qb.ranges
 
 The steps, as the vendor notebook quantizes the ResNet-50 + FPN backbone:

@@ -91,7 +91,7 @@ CONVERSIONS = ("quantize", "dequantize", "fx_quantize", "fx_dequantize", "fx_req
 
 def int8_graph(model: BEVFormer, inputs: dict, feed: dict, workdir: Path,
                config: QuantConfig | str = "reference-flow", progress: bool | None = None
-               ) -> tuple[bevir.Graph, dict, bevir.QuantizedBackbone | None]:
+               ) -> tuple[bevir.Graph, dict, bevir.flows.QuantizedBackbone | None]:
     """The model quantized as the reference flow does: the backbone to INT8 ONNX by
     onnxruntime (calibrated on the frame's images) and imported, the head linked to it, one
     calibration forward pass, the head lowered to fixed point by ``config``, the hand-over
@@ -103,7 +103,7 @@ def int8_graph(model: BEVFormer, inputs: dict, feed: dict, workdir: Path,
     affine = next((r for r in config.rules if r.activations == "affine"), None)
     qb = None
     if affine is not None and not affine.exclude:
-        qb = bevir.quantize_backbone(split_model(model)[0], inputs["img"].numpy(), workdir,
+        qb = bevir.flows.quantize_backbone(split_model(model)[0], inputs["img"].numpy(), workdir,
                                      per_channel=affine.weights == "per_channel",
                                      progress=progress)
     q = build_graph(model, inputs, workdir, backbone=qb.graph if qb else None)
@@ -126,7 +126,7 @@ def int8_figures(float_out: dict, int8_out: dict, q: bevir.Graph, stats: dict,
     counts = q.op_counts()
     return {"comparison": cmp, "sqnr_db": sqnr, "quantize": stats,
             "fx_ops": sum(v for k, v in counts.items() if k.startswith("fx_")),
-            "float_on_path": bevir.float_ops_between(q, ["img"]).counts(),
+            "float_on_path": bevir.passes.float_ops_between(q, ["img"]).counts(),
             "nodes": len(q.nodes)}
 
 
