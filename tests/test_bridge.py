@@ -8,7 +8,7 @@ import pytest
 
 import bevir
 from bevir import AffineQuant, Builder, DType, FixedPointQuant, TensorType
-from bevir.ops.fixed import bridge_table
+from bevir.ops.numerics import bridge_table
 from bevir.passes.patterns import explain
 
 

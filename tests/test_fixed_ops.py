@@ -1,4 +1,4 @@
-"""bevir's fixed-point ops (bevir/ops/fixed.py).
+"""bevir's fixed-point ops (bevir/ops/fixed_point.py; the numerics in bevir/ops/numerics.py).
 
 Three kinds of checks per op: exactness against an independent pure-Python (or int64
 numpy) reference of the documented integer formulas (np.array_equal); accuracy against
@@ -17,8 +17,8 @@ import bevir
 from bevir import AffineQuant, DType, FixedPointQuant, TensorType
 from bevir.errors import InterpreterError, VerifyError
 from bevir.ops import get_op
-from bevir.ops.fixed import (div_table, lut_table, quantize_multiplier, rshift_round,
-                             softmax_exp_table)
+from bevir.ops.numerics import (div_table, lut_table, quantize_multiplier, rshift_round,
+                                softmax_exp_table)
 
 I8, I16, I32 = DType.i8, DType.i16, DType.i32
 

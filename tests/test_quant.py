@@ -1,4 +1,4 @@
-"""Quantized ONNX import: the integer ops of bevir.ops.quant against onnxruntime, bit for bit.
+"""Quantized ONNX import: the integer ops of bevir.ops.qlinear against onnxruntime, bit for bit.
 
 Every comparison asks for zero differing elements (np.array_equal). onnxruntime runs with
 graph optimizations disabled (ORT_DISABLE_ALL) so that it runs the very nodes of the model;
@@ -24,8 +24,8 @@ from bevir.errors import BevirError, UnsupportedError
 from bevir.frontends.onnx import NonConstantInputError
 from bevir.ir.types import AffineQuant, DType, TensorType
 from bevir.ops import get_op
-from bevir.ops import quant as quant_ops
-from bevir.ops.quant import lookup_table, mlas_logistic
+from bevir.ops import numerics
+from bevir.ops.numerics import lookup_table, mlas_logistic
 
 F32 = np.float32
 _ET = {np.uint8: TP.UINT8, np.int8: TP.INT8}
@@ -221,7 +221,7 @@ def test_qlinear_add_mul_bit_exact(op, dt, b_shape):
 @pytest.mark.parametrize("b_shape", [(2, 64, 32, 33), (1, 64, 1, 1), (1,)])
 def test_qlinear_add_mul_on_large_tensors_bit_exact(op, dt, b_shape):
     """Above TABLE_MIN results come from the table of all code pairs: still onnxruntime's."""
-    from bevir.ops.quant import QLinearAdd
+    from bevir.ops.qlinear import QLinearAdd
     shape = (2, 64, 32, 33)
     assert np.prod(shape) >= QLinearAdd.TABLE_MIN
     rng = np.random.default_rng(3)
@@ -418,7 +418,7 @@ def _check_fma32(a, b, c) -> None:
     exact a*b + c rounded once, bit for bit."""
     a, b, c = np.broadcast_arrays(*(np.asarray(v, F32) for v in (a, b, c)))
     want = _exact_fma32(a, b, c)
-    got = np.asarray(quant_ops.fma32(a, b, c))
+    got = np.asarray(numerics.fma32(a, b, c))
     bad = np.flatnonzero(got.view(np.int32) != want.view(np.int32))
     assert got.dtype == F32 and bad.size == 0, \
         f"{bad.size} of {want.size} differ, first a={a.flat[bad[0]]!r} b={b.flat[bad[0]]!r} " \
@@ -448,7 +448,7 @@ def test_fma32_rounds_once(rng):
     # issue 23's case: a*b = 1 + 2**-11 + 2**-24, a float32 midpoint; + 2**-70 lies above it
     x = F32(1 + 2**-12)
     _check_fma32(x, x, F32(2**-70))
-    assert quant_ops.fma32(x, x, F32(2**-70)) == F32(1 + 2**-11 + 2**-23)    # 1.0004884
+    assert numerics.fma32(x, x, F32(2**-70)) == F32(1 + 2**-11 + 2**-23)    # 1.0004884
     assert _naive_fma32(x, x, F32(2**-70)) == F32(1 + 2**-11)                # 1.0004883
     a, b, c = _midpoint_cases(rng, 400)
     assert np.all(_naive_fma32(a, b, c) != _exact_fma32(a, b, c))   # each case tells apart
@@ -464,7 +464,7 @@ def test_fma32_rounds_once(rng):
 def test_fma32_test_fails_on_double_rounding(rng, monkeypatch):
     """The check above can fail: with fma32 replaced by double rounding it does, on the
     issue's case and on the constructed midpoint cases alike."""
-    monkeypatch.setattr(quant_ops, "fma32", _naive_fma32)
+    monkeypatch.setattr(numerics, "fma32", _naive_fma32)
     x = F32(1 + 2**-12)
     with pytest.raises(AssertionError):
         _check_fma32(x, x, F32(2**-70))

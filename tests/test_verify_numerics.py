@@ -44,7 +44,7 @@ def float_graph(relus: int = 5) -> bevir.Graph:
 
 
 def int_graph() -> bevir.Graph:
-    """Quantized ops (bevir.ops.quant): a foldable quantize of a constant, a duplicated
+    """Quantized ops (bevir.ops.qlinear): a foldable quantize of a constant, a duplicated
     qlinear_add, a reshape chain, a dead node; integer and dequantized outputs."""
     rng = np.random.default_rng(1)
     b = Builder("qnet")

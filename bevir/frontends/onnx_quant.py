@@ -1,7 +1,7 @@
 """ONNX import of quantized (QOperator) models: QuantizeLinear, DequantizeLinear,
 QLinearConv, QLinearMatMul, ConvInteger, MatMulInteger and the com.microsoft contrib ops
 QLinearAdd, QLinearMul, QLinearConcat, QLinearGlobalAveragePool, QLinearSigmoid and
-QLinearLeakyRelu, onto the integer ops of :mod:`bevir.ops.quant`.
+QLinearLeakyRelu, onto the integer ops of :mod:`bevir.ops.qlinear`.
 
 Scales and zero points must be constants. They go into the value types: an operand's
 scale and zero point are recorded on its type (a constant gets a quantized copy, a graph

@@ -4,7 +4,7 @@ onnxruntime's ``quantize_static(..., quant_format=QuantFormat.QDQ)`` writes floa
 in DequantizeLinear -> op -> QuantizeLinear; the importer turns those into ``dequantize``
 -> float op -> ``quantize``. onnxruntime (CPU, default optimization level) replaces such
 groups by its integer kernels, which round differently from the float ops. This pass folds
-exactly the groups onnxruntime folds, into the ops of :mod:`bevir.ops.quant` with the same
+exactly the groups onnxruntime folds, into the ops of :mod:`bevir.ops.qlinear` with the same
 integer semantics, so that the golden model equals onnxruntime bit for bit. It runs, in
 onnxruntime's order:
 

@@ -44,7 +44,7 @@ from .accumulators import accumulator_bounds
 from .analysis import AnalysisManager
 from .calibrate import ranges_of
 from .core import Pass
-from ..ops.fixed import NORM_FRAC, quantize_fixed
+from ..ops.numerics import NORM_FRAC, quantize_fixed
 from .quant_config import QuantConfig, Rule
 
 F32 = np.float32

@@ -7,18 +7,8 @@ the type: real = q * 2**-f. Weights are ``i8`` per tensor or per output channel,
 power of two. Biases and accumulators are ``i32``. Every op takes its result's frac bits as
 the attribute ``out_frac_bits`` and builds the result type from it.
 
-Integer conventions, shared by every op here and by the code generator:
-
-- rounding is *round half up*: ``rshift_round(v, s) = (v + (1 << (s - 1))) >> s``
-  (arithmetic shift, so ties go toward +inf: 2.5 -> 3, -2.5 -> -2); a shift s <= 0 is an
-  exact left shift;
-- requantization (:class:`Rescale`) is ``saturate((acc * m + (1 << (n - 1))) >> n)`` in
-  64-bit integers: m = 1, n = the frac-bit difference for power-of-two scales; otherwise
-  m is an int32 in [2**30, 2**31) and n in [1, 62] (:func:`quantize_multiplier`);
-- saturation clamps to the result dtype's range (int8: [-128, 127]);
-- nonlinear functions are tables or exact integer formulas defined by the functions
-  :func:`lut_table`, :func:`softmax_exp_table`, :func:`div_table` and
-  :func:`rsqrt_fixed`, which the golden model and a code generator share.
+The integer conventions (round half up, Rescale requantization, saturation, the tables)
+are defined once in :mod:`bevir.ops.numerics`, shared with the code generator.
 
 docs/numerics.md ("bevir fixed-point ops") gives each op's formulas and error bounds. Matrix products go through
 BLAS in float32 with the reduction split into blocks of 1024 (every partial sum of int8
@@ -27,122 +17,25 @@ in float64 (exact below 2**53). No integer numpy matmul.
 """
 from __future__ import annotations
 
-import functools
 import math
-from dataclasses import dataclass
 
 import numpy as np
 
 from ..errors import InterpreterError
+from ..ir.opdef import Bool, Float, Int, Ints, OpDef, Str
 from ..ir.types import AffineQuant, DType, FixedPointQuant, Layout, Quant, TensorType
-from ..ir.opdef import Bool, Float, Int, Ints, OpDef, Str, get_op
 from .attention import level_shapes
 from .common import broadcast_types, norm_axis, require
 from .linalg import (CONV_ATTRS, NCHW_CHANNEL_LIMIT, Contraction, Convolution, MatrixProduct,
-                     conv2d_nchw, conv2d_nhwc, exact_chunk, exact_int_matmul, from_nhwc,
-                     matmul_shape, to_nhwc)
+                     conv2d_nchw, conv2d_nhwc, from_nhwc, matmul_shape, to_nhwc)
+from .numerics import (MAX_REDUCTION, NORM_FRAC, RECIP_BITS, Rescale, bilinear_taps,
+                       bridge_table, div_table, int_matmul, lut_table, quantize_fixed,
+                       rshift_round, rsqrt_fixed, saturate, softmax_exp_table)
 
 I8, I16, I32 = DType.i8, DType.i16, DType.i32
 INT_TYPES = (DType.i8, DType.i16, DType.i32, DType.i64, DType.u8)
-#: the longest reduction of an int8 product op (|sum| <= 2**16 * 2**14 = 2**30 fits int32)
-MAX_REDUCTION = 1 << 16
-#: frac bits of the normalized value inside fx_layer_norm
-NORM_FRAC = 16
-#: fx_softmax: frac bits of the exp table and the power of two of the reciprocal
-EXP_FRAC, RECIP_BITS = 15, 46
 
 
-# ---- integer primitives ------------------------------------------------------------------
-def saturate(v: np.ndarray, dtype=np.int8) -> np.ndarray:
-    """Clamp to the range of the integer ``dtype`` and convert."""
-    info = np.iinfo(dtype)
-    return np.clip(v, info.min, info.max).astype(dtype)
-
-
-def rshift_round(v, shift) -> np.ndarray:
-    """round_half_up(v / 2**shift) for int64 ``v``: ``(v + (1 << (shift-1))) >> shift``;
-    a shift <= 0 is the exact left shift ``v << -shift``. ``shift`` broadcasts (per
-    channel, per row)."""
-    v = np.asarray(v, np.int64)
-    s = np.asarray(shift, np.int64)
-    right = np.maximum(s, 0)
-    half = np.where(right > 0, np.left_shift(np.int64(1), np.maximum(right - 1, 0)), 0)
-    return np.left_shift(np.right_shift(v + half, right), np.maximum(-s, 0))
-
-
-def quantize_multiplier(ratio: float) -> tuple[int, int]:
-    """(m, n) with ratio ~= m * 2**-n, m an int32 in [2**30, 2**31): frexp of the float64
-    ratio, mantissa * 2**31 rounded half up (a carry to 2**31 renormalizes)."""
-    require(ratio > 0 and math.isfinite(ratio), f"requantization ratio {ratio} must be positive")
-    f, e = math.frexp(ratio)
-    m = math.floor(f * 2.0 ** 31 + 0.5)
-    if m == 1 << 31:
-        m, e = 1 << 30, e + 1
-    return m, 31 - e
-
-
-@dataclass(frozen=True)
-class Rescale:
-    """Requantization of an accumulator: ``saturate((acc * m + (1 << (n-1))) >> n)``, one
-    (m, n) per tensor or per channel. m = 1 for power-of-two ratios (n may then be <= 0)."""
-
-    multiplier: tuple[int, ...]
-    shift: tuple[int, ...]
-
-    @staticmethod
-    def of(acc: Quant, out_frac: int) -> Rescale:
-        """From the accumulator's quantization to frac bits ``out_frac`` (raises VerifyError
-        for shifts or ratios out of range, or an affine zero point)."""
-        if isinstance(acc, FixedPointQuant):
-            shifts = tuple(f - out_frac for f in acc.frac_bits)
-            require(all(-31 <= s <= 62 for s in shifts),
-                    f"requantization shift {shifts} from frac bits {list(acc.frac_bits)} to "
-                    f"{out_frac} is outside [-31, 62]")
-            return Rescale((1,) * len(shifts), shifts)
-        require(all(z == 0 for z in acc.zero_point), "affine quantization must be symmetric "
-                f"(zero point 0), got zero points {list(acc.zero_point)}")
-        pairs = [quantize_multiplier(math.ldexp(s, out_frac)) for s in acc.scale]
-        require(all(1 <= n <= 62 for _, n in pairs), f"requantization ratio of scale "
-                f"{list(acc.scale)} to frac bits {out_frac} is out of range")
-        return Rescale(tuple(m for m, _ in pairs), tuple(n for _, n in pairs))
-
-    def apply(self, acc: np.ndarray, axis: int | None = None, dtype=np.int8) -> np.ndarray:
-        """Requantize ``acc`` (|acc| < 2**31), per channel along ``axis`` when per channel."""
-        m, n = np.asarray(self.multiplier, np.int64), np.asarray(self.shift, np.int64)
-        if m.size > 1:
-            shape = [1] * acc.ndim
-            shape[axis] = -1
-            m, n = m.reshape(shape), n.reshape(shape)
-        else:
-            m, n = m.reshape(()), n.reshape(())
-        return saturate(rshift_round(np.asarray(acc, np.int64) * m, n), dtype)
-
-
-def int_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """The exact int64 ``a @ b`` (numpy matmul rules) of int8 operands through float32 BLAS,
-    the reduction split by :func:`exact_matmul` (1024 products of at most 128 * 128 per
-    block) so every partial sum is exact."""
-    a2 = a[None, :] if a.ndim == 1 else a
-    b2 = b[:, None] if b.ndim == 1 else b
-    if a.dtype == np.int16:       # |products| <= 2**22: float64 sums of <= 2**16 are exact
-        acc = np.matmul(a2.astype(np.float64), b2.astype(np.float64)).astype(np.int64)
-    else:
-        acc = exact_int_matmul(a2.astype(np.float32), b2.astype(np.float32),
-                               exact_chunk(128 * 128)).astype(np.int64)
-    if a.ndim == 1:
-        acc = acc[..., 0, :]
-    return acc[..., 0] if b.ndim == 1 else acc
-
-
-def rsqrt_fixed(n: np.ndarray, c: int) -> tuple[np.ndarray, np.ndarray]:
-    """(R, k) per element of the positive int64 ``n``: R = floor(2**k * sqrt(c / n)) exactly,
-    k = (61 + bitlen(n) - bitlen(c)) // 2, so that R lies in [2**29, 2**31)."""
-    uniq, inverse = np.unique(n, return_inverse=True)
-    r, k = np.empty(uniq.shape, np.int64), np.empty(uniq.shape, np.int64)
-    for i, v in enumerate(uniq.tolist()):
-        k[i] = (61 + v.bit_length() - c.bit_length()) // 2
-        r[i] = math.isqrt((c << (2 * int(k[i]))) // v)
-    return r[inverse].reshape(n.shape), k[inverse].reshape(n.shape)
 
 
 # ---- type helpers ------------------------------------------------------------------------
@@ -250,11 +143,6 @@ class FxRequantize(OpDef):
 
 
 # ---- boundaries: float, onnxruntime's affine codes ---------------------------------------
-def quantize_fixed(y: np.ndarray, frac: int, dtype=np.int8) -> np.ndarray:
-    """round_half_up(y * 2**frac) in float64, saturated to ``dtype`` (NaN -> the minimum)."""
-    info = np.iinfo(dtype)
-    v = np.nan_to_num(np.ldexp(np.asarray(y, np.float64), frac), nan=-np.inf)
-    return saturate(np.floor(np.clip(v, info.min - 1.0, info.max + 1.0) + 0.5), dtype)
 
 
 class FxQuantize(OpDef):
@@ -295,13 +183,6 @@ class FxDequantize(OpDef):
             f = f.reshape(shape)
         return np.ldexp(x.astype(np.float64), -f.reshape(f.shape if f.size > 1 else ())
                         ).astype(np.float32)
-
-
-def bridge_table(scale: float, zero_point: int, frac: int, dtype) -> np.ndarray:
-    """fx_bridge's result for every code of ``dtype`` (index: the code's byte): Rescale of
-    the symmetric scale ``scale`` to ``frac`` applied to code - zero_point."""
-    codes = np.arange(256, dtype=np.uint8).view(dtype).astype(np.int64)
-    return Rescale.of(AffineQuant((scale,), (0,)), frac).apply(codes - zero_point)
 
 
 class FxBridge(OpDef):
@@ -527,20 +408,6 @@ class FxMul(OpDef):
                         out_dtype(c).np)
 
 
-@functools.lru_cache(maxsize=None)
-def div_table(max_count: int, den_shift: int) -> tuple[np.ndarray, np.ndarray, int]:
-    """fx_div's reciprocals: for d = 1..max_count and den = d << den_shift,
-    m_pos[d] = ceil(2**S / den), m_neg[d] = floor(2**S / den), S = bitlen(258 * den_max**2)
-    (index 0 unused). Read-only arrays; the same for golden model and code generator."""
-    s = (258 * (max_count << den_shift) ** 2).bit_length()
-    den = [d << den_shift for d in range(1, max_count + 1)]
-    m_pos = np.array([0] + [-((-1 << s) // v) for v in den], np.int64)
-    m_neg = np.array([0] + [(1 << s) // v for v in den], np.int64)
-    for t in (m_pos, m_neg):
-        t.setflags(write=False)
-    return m_pos, m_neg, s
-
-
 class FxDiv(OpDef):
     """x (i8/i16/i32 fixed) / count (an integer tensor, e.g. the cameras that see a query;
     broadcast to x; divisor max(count, 1) <= max_count) -> i8 fixed<out_frac_bits>: the
@@ -648,27 +515,6 @@ class FxRelu(OpDef):
 
 
 # ---- lookup tables -----------------------------------------------------------------------
-def _table_from_real(y: np.ndarray, out_frac: int) -> np.ndarray:
-    """round_half_up(y * 2**out_frac) saturated to int8 (NaN -> -128), read-only."""
-    t = quantize_fixed(y, out_frac)
-    t.setflags(write=False)
-    return t
-
-
-@functools.lru_cache(maxsize=None)
-def _cached_table(op: str, in_frac: int, out_frac: int, attrs: tuple) -> np.ndarray:
-    codes = np.ldexp(np.arange(-128, 128, dtype=np.float64), -in_frac)
-    with np.errstate(all="ignore"):
-        return _table_from_real(get_op(op).real(codes, **dict(attrs)), out_frac)
-
-
-def lut_table(op: str, in_frac_bits: int, out_frac_bits: int, **attrs) -> np.ndarray:
-    """The 256-entry int8 table of LUT op ``op``: entry i is the result for the input code
-    i - 128, round_half_up(f((i - 128) * 2**-in_frac_bits) * 2**out_frac_bits) in float64,
-    saturated. Attributes as the op takes them (defaults filled in). Cached, read-only."""
-    full = get_op(op).check_attrs({**attrs, "out_frac_bits": out_frac_bits})
-    rest = tuple(sorted((k, v) for k, v in full.items() if k != "out_frac_bits"))
-    return _cached_table(op, int(in_frac_bits), int(out_frac_bits), rest)
 
 
 class FxLookup(OpDef):
@@ -744,16 +590,6 @@ class FxGelu(FxLookup):
 
 
 # ---- softmax -----------------------------------------------------------------------------
-@functools.lru_cache(maxsize=None)
-def softmax_exp_table(in_frac: int, dtype: DType = I8) -> np.ndarray:
-    """fx_softmax's exp table: entry k = round_half_up(exp(-k * 2**-in_frac) * 2**15) for
-    k = max - x in 0..255 (i8 x), or for i16 x up to the first k whose entry is 0 (larger
-    differences read that last entry) (int64, read-only)."""
-    n = 256 if dtype is I8 else min(1 << 16, math.ceil(math.ldexp(16 * math.log(2), in_frac)) + 1)
-    k = np.arange(n, dtype=np.float64)
-    t = np.floor(np.ldexp(np.exp(-np.ldexp(k, -in_frac)), EXP_FRAC) + 0.5).astype(np.int64)
-    t.setflags(write=False)
-    return t
 
 
 class FxSoftmax(OpDef):
@@ -839,15 +675,6 @@ class FxLayerNorm(OpDef):
 
 
 # ---- deformable attention ----------------------------------------------------------------
-def _corners(px: np.ndarray, py: np.ndarray, bits: int):
-    """The 4 bilinear taps of Q(bits) pixel coordinates: (x index, y index, weight in
-    Q(2*bits)); the weights of a sample sum to 2**(2*bits) exactly."""
-    one = 1 << bits
-    x0, ux = px >> bits, px & (one - 1)
-    y0, uy = py >> bits, py & (one - 1)
-    for xi, wx in ((x0, one - ux), (x0 + 1, ux)):
-        for yi, wy in ((y0, one - uy), (y0 + 1, uy)):
-            yield xi, yi, wx * wy
 
 
 class FxMsDeformAttn(OpDef):
@@ -914,7 +741,7 @@ class FxMsDeformAttn(OpDef):
                 + np.arange(heads)[None, None, :, None]) * (h * w)
         a = aw.astype(np.int64)
         px, py = self.pixel(c, loc[..., 0], w), self.pixel(c, loc[..., 1], h)
-        for xi, yi, wt in _corners(px, py, bits):
+        for xi, yi, wt in bilinear_taps(px, py, bits):
             ok = (xi >= 0) & (xi < w) & (yi >= 0) & (yi < h)
             cw = np.where(ok, rshift_round(a * wt, bits), 0).astype(np.int32)
             idx = np.where(ok, yi * w + xi, 0) + base

@@ -9,20 +9,23 @@ each op's exact integer definition and the onnxruntime (MLAS) routine it reprodu
 Integer accumulations run through float32 BLAS on the centered codes (exact small
 integers), the reduction split so every partial sum stays below 2**24 and is exact
 (:func:`~bevir.ops.linalg.exact_matmul`); the split parts add up in float64. The result is
-the exact int32 accumulator. Binary elementwise ops on large tensors look their results
+the exact int32 accumulator. The rounding and requantization helpers are
+:mod:`bevir.ops.numerics`. Binary elementwise ops on large tensors look their results
 up in a table of every code pair, computed with the same formula.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from ..ir.opdef import Bool, Float, Floats, Int, Ints, LayoutRule, OpDef, Str
 from ..ir.types import AffineQuant, DType, Layout, TensorType
 from .common import broadcast_types, norm_axis, require
-from ..ir.opdef import Bool, Float, Floats, Int, Ints, LayoutRule, OpDef, Str
 from .layout_rules import AXIS, ELEMENTWISE, NATIVE, converted, nhwc_type
 from .linalg import (CONV_ATTRS, F32_EXACT, NCHW_CHANNEL_LIMIT, Convolution, MatrixProduct,
                      conv2d_nchw, conv2d_nhwc, exact_chunk, exact_int_matmul, from_nhwc,
                      int_conv2d_nhwc, matmul_shape, to_nhwc)
+from .numerics import (conv_multiplier, fma32, lookup_table, mlas_logistic, requantize,
+                       saturate_round)
 
 F32, F64 = np.float32, np.float64
 _Q8 = ("i8", "u8")
@@ -79,52 +82,6 @@ def _params(q: AffineQuant, rank: int, axis: int | None = None):
     shape = [1] * rank
     shape[ax] = len(q.scale)
     return s.reshape(shape), z.reshape(shape)
-
-
-def saturate_round(v: np.ndarray, zero_point, dtype, scratch: bool = False,
-                   finite: bool = False) -> np.ndarray:
-    """saturate(round_half_even(v) + zero_point) as MLAS does it: v (float32) clamped to
-    [min - zp, max - zp] in float (NaN becomes the minimum), rounded to nearest even, zero
-    point added. ``scratch``: v may be overwritten; ``finite``: v holds no NaN (one clip
-    does the clamp)."""
-    info = np.iinfo(dtype)
-    zp = np.asarray(zero_point, np.int32)
-    lo, hi = (info.min - zp).astype(F32), (info.max - zp).astype(F32)
-    same = scratch and np.broadcast_shapes(v.shape, lo.shape) == v.shape
-    if finite:
-        v = np.clip(v, lo, hi, out=v if same else None)
-    else:
-        v = np.fmax(v, lo, out=v if same else None)  # fmax: NaN -> lo, as MAXPS(v, lo)
-        np.minimum(v, hi, out=v)
-    np.rint(v, out=v)
-    if zp.any():                                     # small integers: exact in float32
-        v = np.add(v, zp.astype(F32), out=v if v.ndim >= zp.ndim else None)
-    return v.astype(dtype)
-
-
-def requantize(acc: np.ndarray, multiplier, zero_point, dtype) -> np.ndarray:
-    """MlasRequantizeOutput: the int32 accumulator (given exact, in any numeric dtype)
-    converted to float32, times the float32 multiplier, then saturate_round (the product
-    is finite: a plain clamp)."""
-    v = np.multiply(np.asarray(acc), np.asarray(multiplier, F32), dtype=F32)
-    return saturate_round(v, zero_point, dtype, scratch=True, finite=True)
-
-
-def fma32(a, b, c) -> np.ndarray:
-    """Fused multiply-add a*b + c of float32 values with one rounding (as the FMA3
-    instruction): the float64 product is exact; the float64 sum is rounded to odd (its
-    error recovered by TwoSum), which makes the final rounding to float32 correct."""
-    p = np.asarray(a, F64) * np.asarray(b, F64)
-    c = np.asarray(c, F64)
-    p, c = np.broadcast_arrays(p, c)
-    s = p + c
-    bb = s - p
-    err = (p - (s - bb)) + (c - bb)
-    even = (s.view(np.int64) & 1) == 0
-    fix = (err != 0) & even
-    if fix.any():
-        s = np.where(fix, np.nextafter(s, np.where(err > 0, np.inf, -np.inf)), s)
-    return s.astype(F32)
 
 
 def _centered(x: np.ndarray, zp) -> np.ndarray:
@@ -278,12 +235,6 @@ class QLinearConv(Convolution):
         def finish(acc, axis):
             return requantize(acc, _channels(mult, axis, acc.ndim), zp, dtype)
         return _int_conv(c, x, w, b, finish, dtype)
-
-
-def conv_multiplier(xq: AffineQuant, wq: AffineQuant, yq: AffineQuant) -> np.ndarray:
-    """onnxruntime's requantization multiplier, per output channel: float32 x_scale *
-    w_scale, then divided by y_scale (float32 all along)."""
-    return (F32(xq.scale[0]) * np.asarray(wq.scale, F32)) / F32(yq.scale[0])
 
 
 class ConvInteger(Convolution):
@@ -511,17 +462,6 @@ class QLinearGlobalAvgPool(OpDef):
         return requantize(acc, self._multiplier(xt, yt, size), yt.quant.zero_point[0], yt.dtype.np)
 
 
-def lookup_table(xq: AffineQuant, yq: AffineQuant, dtype: np.dtype, fn) -> np.ndarray:
-    """onnxruntime's QlinearBuildLookupTable: each of the 256 codes dequantized in float32
-    ((code - zp) * scale), mapped by ``fn`` (float32 in, float32 out) and quantized
-    (MlasQuantizeLinear: divide by y_scale, round half to even, add zp, saturate). Indexed
-    by the code's byte (uint8 view)."""
-    codes = np.arange(256, dtype=np.uint8).view(dtype)
-    real = (codes.astype(np.int32) - xq.zero_point[0]).astype(F32) * F32(xq.scale[0])
-    y = np.asarray(fn(real), F32)
-    return saturate_round(y / F32(yq.scale[0]), yq.zero_point[0], dtype)
-
-
 class _QLookup(OpDef):
     operands = ("x",)
 
@@ -534,32 +474,6 @@ class _QLookup(OpDef):
         xt, yt = c.in_types[0], c.out_types[0]
         table = lookup_table(xt.quant, yt.quant, x.dtype, lambda v: self.fn(c, v))
         return table[x.view(np.uint8)]
-
-
-def mlas_logistic(x: np.ndarray) -> np.ndarray:
-    """MlasLogisticKernelFma3 (LogisticKernelFma3.S, the kernel onnxruntime runs on x86-64
-    with FMA): clamp to [-18, 18]; p(x) = x * poly(x**2) and q(x) = poly(x**2), each
-    Horner step one float32 FMA; p / q + 0.5; clamped below at 0."""
-    x = np.minimum(np.maximum(np.asarray(x, F32), F32(-18.0)), F32(18.0))
-    x2 = x * x
-
-    def horner(coefficients):
-        acc = F32(coefficients[0])
-        for k in coefficients[1:]:
-            acc = fma32(x2, acc, F32(k)).astype(F32)
-        return acc
-
-    p = x * horner(_LOGISTIC_ALPHA)
-    q = horner(_LOGISTIC_BETA)
-    return np.maximum(p / q + F32(0.5), F32(0.0))
-
-
-#: MlasLogisticConstants: the odd numerator's coefficients (alpha_9 .. alpha_1) and the
-#: even denominator's (beta_10 .. beta_0), highest power first
-_LOGISTIC_ALPHA = (4.37031012579801e-11, 1.15627324459942e-07, 6.08574864600143e-05,
-                   8.51377133304701e-03, 2.48287947061529e-01)
-_LOGISTIC_BETA = (6.10247389755681e-13, 5.76102136993427e-09, 6.29106785017040e-06,
-                  1.70198817374094e-03, 1.16817656904453e-01, 9.93151921023180e-01)
 
 
 class QLinearSigmoid(_QLookup):
