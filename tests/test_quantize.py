@@ -82,7 +82,7 @@ def test_pass_from_a_pipeline_with_a_config_file(tmp_path):
     g = _mlp()
     bevir.calibrate(g, _inputs(2))
     path = _config(weights="per_channel").save(tmp_path / "q.json")
-    bevir.optimize(g, f"quantize{{config={path}}},dce")
+    bevir.optimize(g, f"lower-to-fixed-point{{config={path}}},dce")
     assert sum(n.op.startswith("fx_") for n in g.nodes) >= 6
 
 
@@ -113,7 +113,7 @@ def test_fused_linear_and_conv_with_activations(act):
     c = b.conv2d_act(x, w, b.const(np.full(8, 0.1, np.float32), "cb"), pads=[1, 1, 1, 1],
                      activation="relu")
     f = b.reshape(c, shape=[2, 8 * 64])
-    y = b.linear(f, b.const((rng.standard_normal((512, 16)) / 20).astype(np.float32), "lw"),
+    y = b.matmul_act(f, b.const((rng.standard_normal((512, 16)) / 20).astype(np.float32), "lw"),
                  activation=act)
     b.output("y", y)
     g = b.graph
@@ -121,7 +121,7 @@ def test_fused_linear_and_conv_with_activations(act):
     feeds = [{"x": rng.standard_normal((2, 3, 8, 8)).astype(np.float32)} for _ in range(3)]
     bevir.calibrate(g, feeds)
     stats = quantize(g, QuantConfig.build({"default": {"name": "all", "weights": "per_channel"}}))
-    assert stats == {"lowered-conv2d_act": 1, "lowered-linear": 1}
+    assert stats == {"lowered-conv2d_act": 1, "lowered-matmul_act": 1}
     ops = [n.op for n in g.nodes]
     assert ops[:3] == ["fx_quantize", "fx_conv2d", "fx_relu"] and f"fx_{act}" in ops
     sqnr, _, cos = layer_error(bevir.run(ref, feeds[0])["y"], bevir.run(g, feeds[0])["y"])
@@ -149,12 +149,12 @@ def _attention_block(seed=0):
     ref = b.input("ref", TensorType((2, 10, 1, 1, 1, 2)))    # geometry: not a source
     mask = b.input("mask", TensorType((2, 10, 1), "bool"))
     with b.loc("blk.attn/value_proj"):
-        value = b.reshape(b.linear(x, b.const(w(8, 8), "wv")), shape=[2, 24, 2, 4])
+        value = b.reshape(b.matmul_act(x, b.const(w(8, 8), "wv")), shape=[2, 24, 2, 4])
     with b.loc("blk.attn/sampling_offsets"):
-        off = b.reshape(b.linear(q, b.const(w(8, 16) * 0.5, "wo")), shape=[2, 10, 2, 1, 4, 2])
+        off = b.reshape(b.matmul_act(q, b.const(w(8, 16) * 0.5, "wo")), shape=[2, 10, 2, 1, 4, 2])
         off = b.div(off, b.const(np.array([6, 4], np.float32), "level_sizes"))
     with b.loc("blk.attn/attention_weights"):
-        aw = b.softmax(b.reshape(b.linear(q, b.const(w(8, 8), "wa")), shape=[2, 10, 2, 4]))
+        aw = b.softmax(b.reshape(b.matmul_act(q, b.const(w(8, 8), "wa")), shape=[2, 10, 2, 4]))
     with b.loc("blk.attn/sampling"):
         s = b.ms_deform_attn(value, b.add(ref, off), b.reshape(aw, shape=[2, 10, 2, 1, 4]),
                              spatial_shapes=[4, 6])
@@ -171,7 +171,7 @@ def _attention_block(seed=0):
         num = b.clip(x1, min=1e-5)
         den = b.clip(b.sub(b.const(np.float32(1), "one_"), x1), min=1e-5)
         b.output("inv", b.log(b.div(num, den)))
-        k = b.linear(q, b.const(w(8, 8), "wk"))                         # [2, 10, 8]
+        k = b.matmul_act(q, b.const(w(8, 8), "wk"))                         # [2, 10, 8]
         scores = b.matmul(b.mul(k, b.const(np.float32(0.35), "scale")), b.transpose(k, perm=[0, 2, 1]))
         b.output("att", b.matmul(b.softmax(scores), k))
     return b.graph
@@ -200,7 +200,7 @@ def test_every_op_of_an_attention_block_is_lowered_between_the_sources_and_outpu
     bevir.optimize(g, "sink-dequantize,cse,dce")
     bevir.verify(g)
     for op in ("ms_deform_attn", "div", "mul", "sub", "clip", "concat", "reduce_sum",
-               "reduce_mean", "log", "matmul", "softmax", "sigmoid", "linear"):
+               "reduce_mean", "log", "matmul", "softmax", "sigmoid", "matmul_act"):
         assert stats.get(f"lowered-{op}", 0) >= 1, op
     assert stats["geometry-left"] == 1                  # the camera count (a sum of the mask)
     assert len(bevir.passes.float_ops_between(g, ["x", "q"])) == 0
@@ -258,7 +258,7 @@ def test_accumulators_are_bounded_statically_and_overflow_is_reported():
     b = Builder("wide")
     x = b.input("x", TensorType((2, 64)))
     with b.loc("wide.fc"):
-        b.output("y", b.linear(x, b.const(np.full((64, 2), 1e-6, np.float32), "w"),
+        b.output("y", b.matmul_act(x, b.const(np.full((64, 2), 1e-6, np.float32), "w"),
                                b.const(np.full(2, 10.0, np.float32), "b")))
     g = b.graph
     bevir.calibrate(g, {"x": np.full((2, 64), 1.0, np.float32)})

@@ -82,7 +82,7 @@ class Linear(Contraction):
     gelu): matmul, add and the activation op in that order; gemm without alpha, beta or
     trans_a is the same computation."""
 
-    name = "linear"
+    name = "matmul_act"
     fixed_point = FixedLowering("product")
     operands = ("a", "b", "bias?")
     attrs = {"trans_b": Bool(False), **activation_attrs(("relu", "clip", "gelu"))}

@@ -219,9 +219,9 @@ def linear_attrs(node: Node) -> dict[str, Any] | str:
     why there are none."""
     if node.op == "matmul":
         return {}
-    if node.op == "linear":
+    if node.op == "matmul_act":
         if node.attrs["activation"] != "none":
-            return f"linear {node.name} already applies {node.attrs['activation']}"
+            return f"matmul_act {node.name} already applies {node.attrs['activation']}"
         return dict(node.attrs)
     a = node.attrs
     if a["trans_a"]:
@@ -244,10 +244,10 @@ class FuseLinearBias(FusionPattern):
         return attrs if isinstance(attrs, str) else None
 
     def replacement(self, m: Match) -> Replacement:
-        return "linear", [m["a"], m["b"], m["bias"]], linear_attrs(m["mm"])
+        return "matmul_act", [m["a"], m["b"], m["bias"]], linear_attrs(m["mm"])
 
 
-_PRODUCT = op(("matmul", "gemm", "linear"), "a", "b", ..., name="mm")
+_PRODUCT = op(("matmul", "gemm", "matmul_act"), "a", "b", ..., name="mm")
 
 
 class FuseLinearActivation(AlternativesPattern):
@@ -269,7 +269,7 @@ class FuseLinearActivation(AlternativesPattern):
 
     def replacement(self, m: Match) -> Replacement:
         mm = m["mm"]
-        return "linear", [operand(mm, i) for i in range(3)], {**linear_attrs(mm),
+        return "matmul_act", [operand(mm, i) for i in range(3)], {**linear_attrs(mm),
                                                              **activation_of(m.root)}
 
     def rewrite(self, rw: Rewriter, m: Match) -> None:

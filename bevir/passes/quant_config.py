@@ -30,7 +30,7 @@ from ..errors import BevirError
 from ..ir.graph import Graph, Node
 
 #: the ops whose weights a rule quantizes (a constant operand 1), in the float graph
-WEIGHTED_OPS = ("conv2d", "conv2d_act", "gemm", "linear", "matmul")
+WEIGHTED_OPS = ("conv2d", "conv2d_act", "gemm", "matmul_act", "matmul")
 
 
 class ConfigError(BevirError):

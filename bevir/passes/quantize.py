@@ -14,7 +14,7 @@ Values cross between the float and the integer parts through ``fx_quantize`` and
 ``fx_dequantize``, so a graph is quantized as far as the lowerings reach and stays
 runnable; ``fx_quantize(fx_dequantize(q))`` of the same frac bits is ``q``.
 
-Lowered so far: ``linear`` and ``gemm`` (constant weight; ``trans_b`` or not, no alpha,
+Lowered so far: ``matmul_act`` and ``gemm`` (constant weight; ``trans_b`` or not, no alpha,
 beta or ``trans_a``; a fused relu or gelu becomes fx_relu / fx_gelu), ``matmul`` by a
 constant 2-D weight, ``conv2d`` and ``conv2d_act`` (relu) with constant weights,
 ``relu``, ``add`` of two activations, ``sigmoid``, ``softmax`` (``fx_softmax``, out frac
@@ -632,11 +632,13 @@ def quantize(graph: Graph, config: QuantConfig | str = "reference-flow") -> dict
     return stats
 
 
-class Quantize(Pass):
-    """Lower calibrated float ops to fixed-point integer ops by a quantization config.
-    Option ``config``: a preset name (default ``reference-flow``) or a JSON config file."""
+class LowerToFixedPoint(Pass):
+    """Lower calibrated float ops to fixed-point integer ops by a quantization config
+    (:func:`quantize` in one call; the pass is not named ``quantize``, which is the ONNX
+    QuantizeLinear op). Option ``config``: a preset name (default ``reference-flow``) or a
+    JSON config file."""
 
-    name = "quantize"
+    name = "lower-to-fixed-point"
     description = "lower calibrated float ops to fx_* integer ops (QuantConfig rules)"
     semantics_preserving = False
 
