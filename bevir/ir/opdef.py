@@ -169,6 +169,17 @@ class FixedLowering:
     target: str | None = None
 
 
+@dataclass(frozen=True)
+class Activation:
+    """How an op fuses into a product as its activation (its ``activation`` interface, read
+    by the fused ops and the fuse and quantize passes). ``attrs``: (its attribute, the
+    fused op's attribute) pairs; ``fixed``: the fx op that applies it after a fixed-point
+    product (None: a product fused with it stays float)."""
+
+    attrs: tuple[tuple[str, str], ...] = ()
+    fixed: str | None = None
+
+
 _REGISTRY: dict[str, OpDef] = {}
 
 
@@ -185,6 +196,8 @@ class OpDef:
     # ---- interfaces: what passes and backends ask the op (None: not implemented) --------
     #: how the op maps through NCHW -> NHWC (to-nhwc); None: it has no NHWC form
     nhwc: ClassVar[LayoutRule | None] = None
+    #: how the op fuses into a conv / matmul as its activation; None: it does not
+    activation: ClassVar[Activation | None] = None
     #: what quantize lowers the op to in fixed point; None: it stays float
     fixed_point: ClassVar[FixedLowering | None] = None
     #: ``decompose(self, builder, node)``: the same computation in primitive ops (the
@@ -218,8 +231,8 @@ class OpDef:
         base = OpDef
         have = [name for name in ("infer", "compute", "macs")
                 if getattr(type(self), name) is not getattr(base, name)]
-        have += [name for name in ("nhwc", "fixed_point", "decompose", "tvm_lowering",
-                                   "cycle_cost") if getattr(self, name) is not None]
+        have += [name for name in ("nhwc", "activation", "fixed_point", "decompose",
+                                   "tvm_lowering", "cycle_cost") if getattr(self, name) is not None]
         return have
 
     def arity(self) -> tuple[int, int | None]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir.types import DType, TensorType
-from ..ir.opdef import Bool, FixedLowering, Float, OpDef, Str
+from ..ir.opdef import Activation, Bool, FixedLowering, Float, OpDef, Str
 from .common import broadcast_types, float_operands, require, same_dtype
 from .layout_rules import ELEMENTWISE
 
@@ -59,6 +59,7 @@ class Relu(Unary):
 
     name = "relu"
     fixed_point = FixedLowering("unary", "fx_relu")
+    activation = Activation(fixed="fx_relu")
 
     def infer(self, c, x):
         require(x.dtype.is_float or x.dtype.is_int, f"expects a numeric operand, got {x.dtype}")
@@ -84,6 +85,7 @@ Cos = unary("cos", np.cos)
 
 class Gelu(Unary):
     name = "gelu"
+    activation = Activation(attrs=(("approximate", "approximate"),), fixed="fx_gelu")
     attrs = {"approximate": Str("none", ("none", "tanh"))}
 
     def compute(self, c, x):
@@ -106,6 +108,7 @@ class Clip(OpDef):
     """min(max(x, min), max); a bound left unset does not clip."""
 
     name = "clip"
+    activation = Activation(attrs=(("min", "clip_min"), ("max", "clip_max")))
     fixed_point = FixedLowering("clip")
     nhwc = ELEMENTWISE
     operands = ("x",)

@@ -16,46 +16,49 @@ import numpy as np
 
 from ..ir.graph import Node
 from ..ir.types import TensorType
-from ..ir.opdef import Attr, Bool, Ctx, FixedLowering, Float, OpDef, Str, get_op
+from ..ir.opdef import Activation, Attr, Bool, Ctx, FixedLowering, Float, OpDef, Str, get_op
 from .common import broadcast_types, float_operands, require
 from .layout_rules import ELEMENTWISE, NATIVE
 from .linalg import CONV_ATTRS, Contraction, Convolution
 
-#: activation name -> (the op that computes it, {op attribute: fused-op attribute})
-ACTIVATION_OPS: dict[str, tuple[str, dict[str, str]]] = {
-    "relu": ("relu", {}),
-    "clip": ("clip", {"min": "clip_min", "max": "clip_max"}),
-    "gelu": ("gelu", {"approximate": "approximate"}),
-}
+
+def _activation(name: str) -> Activation:
+    """The activation interface of op ``name`` (VerifyError for an op that has none)."""
+    spec = get_op(name).activation
+    require(spec is not None, f"op '{name}' is not a fusable activation")
+    return spec
 
 
 def activation_attrs(choices: tuple[str, ...]) -> dict[str, Attr]:
     """The attribute schema of a fused activation taking one of ``choices``."""
     attrs = {"activation": Str("none", ("none",) + choices)}
     for name in choices:
-        for fused in ACTIVATION_OPS[name][1].values():
+        for _, fused in _activation(name).attrs:
             attrs[fused] = Str("none", ("none", "tanh")) if fused == "approximate" else Float(None)
     return attrs
 
 
 def activation_of(node: Node) -> dict[str, Any]:
     """The fused-op attributes that stand for the activation node ``node``."""
-    op, mapping = ACTIVATION_OPS[node.op]
-    return {"activation": op, **{fused: node.attrs[a] for a, fused in mapping.items()}}
+    mapping = _activation(node.op).attrs
+    return {"activation": node.op, **{fused: node.attrs[a] for a, fused in mapping}}
+
+
+def _activation_ctx(c: Ctx, types=()) -> Ctx:
+    """The activation op's own attributes, read from the fused op's."""
+    return Ctx({a: c.attrs[f] for a, f in _activation(c.activation).attrs}, types)
 
 
 def apply_activation(c: Ctx, y: np.ndarray) -> np.ndarray:
     """Apply the fused activation with the activation op's own definition."""
     if c.activation == "none":
         return y
-    op, mapping = ACTIVATION_OPS[c.activation]
-    return get_op(op).compute(Ctx({a: c.attrs[f] for a, f in mapping.items()}), y)
+    return get_op(c.activation).compute(_activation_ctx(c), y)
 
 
 def _activation_infer(c: Ctx, t: TensorType) -> TensorType:
     if c.activation != "none":
-        op, mapping = ACTIVATION_OPS[c.activation]
-        t = get_op(op).infer(Ctx({a: c.attrs[f] for a, f in mapping.items()}, [t]), t)
+        t = get_op(c.activation).infer(_activation_ctx(c, [t]), t)
     return t
 
 

@@ -40,16 +40,15 @@ import numpy as np
 from ..errors import PassError
 from ..ir.graph import Graph, Node, Value
 from ..ir.types import AffineQuant, DType, FixedPointQuant, TensorType
+from ..ops import get_op
+from ..ops.numerics import NORM_FRAC, quantize_fixed
 from .accumulators import accumulator_bounds
 from .analysis import AnalysisManager
 from .calibrate import ranges_of
 from .core import Pass
-from ..ops.numerics import NORM_FRAC, quantize_fixed
 from .quant_config import QuantConfig, Rule
 
 F32 = np.float32
-#: a fused activation -> the fx op applied after the product (None: no activation)
-ACTIVATIONS = {"none": None, "relu": "fx_relu", "gelu": "fx_gelu"}
 
 
 def _most_frac_bits(amax: float, top: int, lo: int, hi: int, empty: int) -> int:
@@ -249,7 +248,8 @@ class _Lowering:
         act = node.attrs.get("activation", "none")
         if w is None:
             return self.activation_product(node, fy)
-        if act not in ACTIVATIONS:
+        spec = None if act == "none" else get_op(act).activation
+        if spec is not None and spec.fixed is None:
             return f"activation {act} has no fixed-point lowering"
         xq = self.fixed(x, node)
         if xq is None:
@@ -269,8 +269,8 @@ class _Lowering:
         if act == "none":
             attrs.update(self.result_width(node, fy))
         self.replace(node, "fx_conv2d" if conv else "fx_linear", inputs,
-                     {"out_frac_bits": fy, **attrs}, ACTIVATIONS[act],
-                     {"approximate": node.attrs["approximate"]} if act == "gelu" else {})
+                     {"out_frac_bits": fy, **attrs}, spec and spec.fixed,
+                     {a: node.attrs[f] for a, f in spec.attrs} if spec else {})
         return None
 
     def activation_product(self, node: Node, fy: int) -> str | None:
