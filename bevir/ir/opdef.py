@@ -193,6 +193,10 @@ class OpDef:
     pure: ClassVar[bool] = True
     doc: ClassVar[str] = ""
 
+    #: the op only moves or selects elements of operand 0 (reshape, transpose, slice...):
+    #: it computes the same on quantized codes as on the values they stand for
+    moves_data: ClassVar[bool] = False
+
     # ---- interfaces: what passes and backends ask the op (None: not implemented) --------
     #: how the op maps through NCHW -> NHWC (to-nhwc); None: it has no NHWC form
     nhwc: ClassVar[LayoutRule | None] = None

@@ -89,6 +89,7 @@ def _slices(c, shape) -> tuple[slice, ...]:
 
 class Slice(OpDef):
     name = "slice"
+    moves_data = True
     nhwc = LayoutRule(attrs=axes_attr)
     operands = ("x",)
     attrs = {"starts": Ints(), "ends": Ints(), "axes": Ints(), "steps": Ints()}
@@ -106,6 +107,7 @@ class Slice(OpDef):
 
 class Reshape(OpDef):
     name = "reshape"
+    moves_data = True
     operands = ("x",)
     attrs = {"shape": Ints()}
 
@@ -122,6 +124,7 @@ class Flatten(OpDef):
     """ONNX Flatten: [prod(dims before axis), prod(dims from axis)]."""
 
     name = "flatten"
+    moves_data = True
     operands = ("x",)
     attrs = {"axis": Int(1)}
 
@@ -136,6 +139,7 @@ class Flatten(OpDef):
 
 class Transpose(OpDef):
     name = "transpose"
+    moves_data = True
     operands = ("x",)
     attrs = {"perm": Ints()}
 
@@ -173,6 +177,7 @@ class LayoutTransform(OpDef):
 
 class Squeeze(OpDef):
     name = "squeeze"
+    moves_data = True
     operands = ("x",)
     attrs = {"axes": Ints()}
 
@@ -189,6 +194,7 @@ class Unsqueeze(OpDef):
     """Insert size-1 axes at ``axes``, positions in the result (ONNX semantics)."""
 
     name = "unsqueeze"
+    moves_data = True
     operands = ("x",)
     attrs = {"axes": Ints()}
 
@@ -206,6 +212,7 @@ class Gather(OpDef):
     """numpy.take along ``axis``; negative indices count from the end."""
 
     name = "gather"
+    moves_data = True
     operands = ("x", "indices")
     attrs = {"axis": Int(0)}
 
@@ -228,6 +235,7 @@ class Expand(OpDef):
     """ONNX Expand: broadcast ``x`` against ``shape``."""
 
     name = "expand"
+    moves_data = True
     operands = ("x",)
     attrs = {"shape": Ints()}
 

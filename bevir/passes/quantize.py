@@ -93,7 +93,6 @@ def _fixed_type(codes: np.ndarray, frac: int) -> TensorType:
 
 
 #: data movement a fixed-point value goes through unchanged (operand 0 is the data)
-MOVES = ("reshape", "flatten", "squeeze", "unsqueeze", "transpose", "slice", "expand", "gather")
 #: sampling locations (normalized) are i32 fixed; beyond +-LOC_BOUND they saturate, which
 #: samples nothing as the exact value would (the image spans [0, 1])
 LOC_BOUND = 128.0
@@ -189,7 +188,7 @@ class _Lowering:
         if src.op == "fx_dequantize":
             q = src.inputs[0]
             return q if q.type.dtype is dtype else None
-        if src.op in MOVES and not src.inputs[0].is_const:
+        if src.opdef.moves_data and not src.inputs[0].is_const:
             inner = self.twin(src.inputs[0], dtype)
             if inner is not None and inner.type.quant.axis is None:
                 return self._create(src.op, [inner, *src.inputs[1:]], src.attrs, src, after=src)
@@ -441,7 +440,7 @@ class _Lowering:
         if v.is_const or p is None or not self.is_active(p):
             q = self.fixed(v, node, DType.i32, frac=f, bound=LOC_BOUND)
             return "uncalibrated sampling locations" if q is None else q
-        if p.op in MOVES:
+        if p.opdef.moves_data:
             inner = self.locations(p.inputs[0], node, f)
             return inner if isinstance(inner, str) else \
                 self._create(p.op, [inner, *p.inputs[1:]], p.attrs, node)
@@ -518,7 +517,7 @@ def _feeds(v: Value, ops: tuple[str, ...], operand: int | None = None) -> bool:
     users = v.uses
     return bool(users) and all(
         (u.op in ops and (operand is None or i == operand)) or
-        (u.op in MOVES and i == 0 and _feeds(u.output, ops, operand)) for u, i in users)
+        (u.opdef.moves_data and i == 0 and _feeds(u.output, ops, operand)) for u, i in users)
 
 
 def _inverse_sigmoid(node: Node) -> tuple[Value | None, float]:

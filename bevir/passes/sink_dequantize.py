@@ -30,13 +30,14 @@ drops it once none are left.
 from __future__ import annotations
 
 from ..ir.graph import Node, Value
+from ..ops import all_ops
 from ..ir.types import AffineQuant, DType
 from .patterns import Match, NoMatch, PatternPass, RewritePattern, Rewriter
 
 DEQUANTIZE = ("dequantize", "fx_dequantize")
-#: ops whose operand 0 can be moved onto the integers under a per-tensor dequantize
-MOVES = ("reshape", "flatten", "squeeze", "unsqueeze", "transpose", "slice", "expand",
-         "gather", "maxpool2d")
+#: ops whose operand 0 can be moved onto the integers under a per-tensor dequantize: the
+#: data-movement ops (``moves_data``) and maxpool2d (max commutes with the monotone scale)
+MOVES = tuple(name for name, op in all_ops().items() if op.moves_data) + ("maxpool2d",)
 _CODES8 = (DType.i8, DType.u8)
 
 
