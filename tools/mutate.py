@@ -70,7 +70,7 @@ PACKAGE = "bevir"
 TARGETS: dict[str, tuple[str, ...]] = {
     "bevir/ops/fixed.py": ("tests/test_fixed_ops.py", "tests/test_bridge.py",
                            "tests/test_numerics_mutants.py"),
-    "bevir/ops/quant.py": ("tests/test_quant.py", "tests/test_qdq.py",
+    "bevir/ops/quant.py": ("tests/test_quant.py", "tests/test_qdq.py", "tests/test_layout.py",
                            "tests/test_numerics_mutants.py"),
 }
 #: functions and methods not mutated: type rules and shape checks ("*": in every target)
