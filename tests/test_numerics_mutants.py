@@ -1,6 +1,6 @@
 """Tests written against the survivors of tools/mutate.py (docs/contributing.md).
 
-Each test checks a documented property of bevir/ops/fixed.py or bevir/ops/quant.py that
+Each test checks a documented property of bevir/ops/numerics.py, bevir/ops/fixed_point.py or bevir/ops/qlinear.py that
 the rest of the suite left open, against an independent reference: Python ints and
 fractions for the integer formulas, exact rational rounding for fma32, onnxruntime for the
 QLinear ops, int64 numpy for the exact accumulators. Every generator is seeded by a
@@ -20,8 +20,7 @@ from onnx import numpy_helper as nh
 
 import bevir
 from bevir import AffineQuant, DType, FixedPointQuant, TensorType
-from bevir.ops.fixed import div_table, rsqrt_fixed, softmax_exp_table
-from bevir.ops.quant import fma32, saturate_round
+from bevir.ops.numerics import div_table, fma32, rsqrt_fixed, saturate_round, softmax_exp_table
 
 I8, I16, I32 = DType.i8, DType.i16, DType.i32
 F32_EXACT = 1 << 24

@@ -41,7 +41,7 @@ timeout. Mutants of constants run the tests of the functions that read them.
 Usage (from the repository root)::
 
     python tools/mutate.py                        # every target, full run
-    python tools/mutate.py --target bevir/ops/fixed.py --only saturate,rshift_round
+    python tools/mutate.py --target bevir/ops/numerics.py --only saturate,rshift_round
     python tools/mutate.py --list                 # the mutants, not run
     python tools/mutate.py --json /tmp/mutants.json
 
@@ -68,21 +68,24 @@ PACKAGE = "bevir"
 # ---- configuration -----------------------------------------------------------------------
 #: target module -> the test files that cover it
 TARGETS: dict[str, tuple[str, ...]] = {
-    "bevir/ops/fixed.py": ("tests/test_fixed_ops.py", "tests/test_bridge.py",
-                           "tests/test_numerics_mutants.py"),
-    "bevir/ops/quant.py": ("tests/test_quant.py", "tests/test_qdq.py", "tests/test_layout.py",
-                           "tests/test_numerics_mutants.py"),
+    "bevir/ops/numerics.py": ("tests/test_fixed_ops.py", "tests/test_bridge.py",
+                              "tests/test_quant.py", "tests/test_qdq.py",
+                              "tests/test_numerics_mutants.py"),
+    "bevir/ops/fixed_point.py": ("tests/test_fixed_ops.py", "tests/test_bridge.py",
+                                 "tests/test_numerics_mutants.py"),
+    "bevir/ops/qlinear.py": ("tests/test_quant.py", "tests/test_qdq.py", "tests/test_layout.py",
+                             "tests/test_numerics_mutants.py"),
 }
 #: functions and methods not mutated: type rules and shape checks ("*": in every target)
 SKIP: dict[str, tuple[str, ...]] = {
     "*": ("infer", "macs", "reduction", "out_shape", "weight_axis", "check_attrs"),
-    "bevir/ops/fixed.py": ("fixed_quant", "frac_of", "weight_quant", "fixed_type", "_params",
-                           "check_bias", "_require_out_frac", "out_dtype", "_broadcast"),
-    "bevir/ops/quant.py": ("affine", "_q8", "_qlinear_pair", "_out_type", "_conv_shape",
-                           "_matmul_shape", "_b_axis"),
+    "bevir/ops/fixed_point.py": ("fixed_quant", "frac_of", "weight_quant", "fixed_type",
+                                 "_params", "check_bias", "_require_out_frac", "out_dtype",
+                                 "_broadcast"),
+    "bevir/ops/qlinear.py": ("affine", "_q8", "_qlinear_pair", "_out_type"),
 }
 #: module- and class-level constants not mutated (read by type rules only)
-SKIP_CONSTANTS: dict[str, tuple[str, ...]] = {"bevir/ops/fixed.py": ("MAX_REDUCTION",)}
+SKIP_CONSTANTS: dict[str, tuple[str, ...]] = {"bevir/ops/numerics.py": ("MAX_REDUCTION",)}
 #: calls whose arguments are checks or messages, not numerics
 SKIP_CALLS = ("require", "InterpreterError", "VerifyError")
 EQUIVALENT = ROOT / "tools" / "mutants_equivalent.json"
