@@ -487,3 +487,31 @@ def test_qlinear_conv_bias_beyond_2_pow_24_rounds_once():
     node = oh.make_node("QLinearConv", ["x", "sx", "zx", "w", "sw", "zw", "sy", "zy", "b"], ["y"])
     ins = [oh.make_tensor_value_info("x", TP.UINT8, [1, 1, 2, 2])]
     _ort_vs_bevir(node, ins, {"x": np.array([[[[11, 10], [12, 9]]]], dt)}, inits)
+
+
+def test_qlinear_conv_in_nhwc_with_a_non_square_output():
+    """to-nhwc runs the convolution on NHWC data; a non-square output (6 x 10) tells its
+    rows from its columns: the result, transposed back, is onnxruntime's."""
+    rng = np.random.default_rng(117)
+    dt = np.uint8
+    inits = [nh.from_array(np.float32(0.02), "sx"), nh.from_array(np.array(7, dt), "zx"),
+             nh.from_array(ints(rng, (5, 3, 3, 3), dt), "w"),
+             nh.from_array(np.float32(0.01), "sw"), nh.from_array(np.array(120, dt), "zw"),
+             nh.from_array(np.float32(0.3), "sy"), nh.from_array(np.array(5, dt), "zy")]
+    node = oh.make_node("QLinearConv", ["x", "sx", "zx", "w", "sw", "zw", "sy", "zy"], ["y"],
+                        pads=[1, 1, 1, 1])
+    ins = [oh.make_tensor_value_info("x", TP.UINT8, [1, 3, 6, 10])]
+    g = oh.make_graph([node], "g", ins, [oh.make_tensor_value_info("y", TP.UINT8, None)], inits)
+    m = oh.make_model(g, opset_imports=[oh.make_opsetid("", 21)])
+    m.ir_version = 10
+    feeds = {"x": ints(rng, (1, 3, 6, 10), dt)}
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    ref = ort.InferenceSession(m.SerializeToString(), so,
+                               providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    graph = bevir.from_onnx(m)
+    bevir.optimize(graph, "to-nhwc")
+    conv = next(n for n in graph.nodes if n.op == "qlinear_conv")
+    assert conv.output.type.layout is bevir.Layout.nhwc and conv.output.type.shape == (1, 6, 10, 5)
+    got = bevir.run(graph, feeds)["y"]
+    assert np.array_equal(got, ref), f"{int(np.sum(got != ref))} of {ref.size} differ"

@@ -78,7 +78,8 @@ TARGETS: dict[str, tuple[str, ...]] = {
 }
 #: functions and methods not mutated: type rules and shape checks ("*": in every target)
 SKIP: dict[str, tuple[str, ...]] = {
-    "*": ("infer", "macs", "reduction", "out_shape", "weight_axis", "check_attrs"),
+    "*": ("infer", "macs", "reduction", "weight_axes", "out_shape", "weight_axis",
+          "check_attrs"),
     "bevir/ops/fixed_point.py": ("fixed_quant", "frac_of", "weight_quant", "fixed_type",
                                  "_params", "check_bias", "_require_out_frac", "out_dtype",
                                  "_broadcast"),
