@@ -294,6 +294,8 @@ class PlanMemory(Pass):
             self.stat("dead-nodes-planned", dead)     # they still run; dce drops them
         sched = _Schedule(graph, self.cores, self.shared)
         figures = self._fit(sched)
+        if sched.ddr and self._restore(sched):
+            figures = self._fit(sched)
         if self.double_buffer and sched.ddr:
             figures = self._prefetch(sched, figures)
         self._materialize(graph, sched, figures)
@@ -323,6 +325,20 @@ class PlanMemory(Pass):
             if plan is not None:
                 return plan
             sched.ddr[self._victim(*over, sched.ddr)] = None
+
+    def _restore(self, sched: _Schedule) -> bool:
+        """Bring values back from DDR, last moved first, while every core's bound stays
+        within its OCM (a value moved early may not be needed in DDR once later ones are)."""
+        restored = False
+        for name in reversed(list(sched.ddr)):
+            del sched.ddr[name]
+            steps, _, bufs = sched.buffers(self.align)
+            if any(lower_bound([b for b in bufs if b.core == c], len(steps)) > self.ocm
+                   for c in {b.core for b in bufs}):
+                sched.ddr[name] = None
+            else:
+                restored = True
+        return restored
 
     def _victim(self, core: int, steps: list[Step], bufs: list[Buffer], ddr) -> str:
         """The value to move to DDR: live but untouched at the fullest step of ``core``
