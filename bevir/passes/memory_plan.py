@@ -1,0 +1,589 @@
+"""plan-memory: on-chip memory (OCM) offsets for every buffer, from liveness.
+
+The timeline is the graph's node order: step ``t`` runs node ``t``, which reads its
+operands and writes its results, all in OCM at once. A buffer (a value on one core) is
+live from the first step that touches it to the last; graph inputs from step 0, graph
+outputs to the last step. Constants kept on chip are resident for the whole run and sit
+in one static block above the activations.
+
+Plan: start with every value in OCM. While a core's live bytes at some step exceed its
+OCM (the lower bound ``max_t sum(live bytes)``), or the placement does not fit, move one
+value live but untouched at the peak step to DDR (the one used farthest ahead, as Belady's
+rule does); a DDR value is loaded by a ``dma_copy`` before each node that reads it, and a
+DDR activation is stored by one right after its producer. When nothing at the peak step
+can move, the step's own operands and results exceed the OCM: a PassError naming the op
+and the bytes it needs. Loads are then moved one node earlier (double buffering: the
+transfer overlaps the previous node) where the bound leaves room.
+
+Placement, per core: greedy by size, best fit (TFLite / TVM USMP), then a seeded
+hill-climb over the placement order (Vela) that stops at the lower bound or after
+``search_steps`` placements. Results go to meta (registered keys, saved with the graph):
+``value.meta["ocm"]`` (a list of ``{"core", "offset", "size"}``, one per core holding the
+value), ``value.meta["mem"]`` (``"ocm"`` or ``"ddr"``), ``graph.meta["memory_plan"]`` (the
+options and per-core figures); :func:`memory_plan` reads them back as a :class:`MemoryPlan`
+and :func:`verify_memory_plan` checks them against liveness recomputed from the graph.
+"""
+from __future__ import annotations
+
+import json
+import random
+from bisect import bisect_right
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from ..errors import PassError, VerifyError
+from ..ir.graph import Graph, Node, Value
+from ..ir.meta import register_meta_key
+from .analysis import AnalysisManager, Liveness
+from .core import Pass
+
+register_meta_key("ocm", list, doc="plan-memory: [{core, offset, size}] per core holding the value")
+register_meta_key("mem", str, doc="plan-memory: 'ocm' or 'ddr', where the value lives")
+register_meta_key("memory_plan", dict, doc="plan-memory: options and per-core figures")
+
+PLAN_VERSION = 1
+
+
+# ---- the timeline -----------------------------------------------------------------------
+@dataclass(frozen=True)
+class Step:
+    """One step of the timeline: the OCM buffers it touches, on its core."""
+
+    core: int
+    keys: tuple[str, ...]
+    node: Node            # the node run (for a planned DMA: the node it serves)
+    compute: bool         # False for a DMA
+
+
+@dataclass
+class Buffer:
+    """One value on one core: ``size`` bytes (aligned) live in steps [start, end]."""
+
+    key: str
+    core: int
+    size: int
+    start: int
+    end: int
+    static: bool = False          # a resident constant (live over the whole run)
+    offset: int = -1
+
+
+def _align(n: int, align: int) -> int:
+    return -(-n // align) * align
+
+
+def node_core(node: Node, cores: int, shared: bool) -> int:
+    """The core a node runs on (``node.meta["core"]``, default 0); 0 for a shared OCM."""
+    core = node.meta.get("core", 0)
+    if not isinstance(core, int) or not 0 <= core < cores:
+        raise PassError(f"node core {core!r} is not one of the {cores} cores",
+                        node=node.name, op=node.op, loc=node.loc)
+    return 0 if shared else core
+
+
+def _distinct(values: Iterable[str]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(values))
+
+
+def _buffers(steps: Sequence[Step], sizes: dict[str, int], static: Iterable[str],
+             pinned_in: Iterable[str], pinned_out: Iterable[str]) -> list[Buffer]:
+    """The buffers of a timeline, in order of first touch (the order ties break by)."""
+    last = max(len(steps) - 1, 0)
+    bufs: dict[tuple[int, str], Buffer] = {}
+    for t, s in enumerate(steps):
+        for k in s.keys:
+            b = bufs.get((s.core, k))
+            if b is None:
+                bufs[s.core, k] = Buffer(k, s.core, sizes[k], t, t)
+            else:
+                b.end = t
+    static, pinned_in, pinned_out = set(static), list(pinned_in), list(pinned_out)
+    for k in pinned_in + pinned_out:          # a graph input or output no node touches
+        if not any(b.key == k for b in bufs.values()):
+            bufs[0, k] = Buffer(k, 0, sizes[k], 0, last)
+    for b in bufs.values():
+        if b.key in static:
+            b.start, b.end, b.static = 0, last, True
+        if b.key in pinned_in:
+            b.start = 0
+        if b.key in pinned_out:
+            b.end = last
+    return list(bufs.values())
+
+
+def graph_timeline(graph: Graph, cores: int = 1, shared: bool = False, align: int = 1
+                   ) -> list[Buffer]:
+    """The buffers of ``graph`` as it stands: every value not marked ``mem="ddr"`` on
+    each core that touches it, with its live range (the verifier's view)."""
+    ocm = lambda v: v is not None and v.meta.get("mem", "ocm") != "ddr"  # noqa: E731
+    steps = [Step(node_core(n, cores, shared),
+                  _distinct([v.name for v in n.inputs if ocm(v)] +
+                            [v.name for v in n.outputs if ocm(v)]), n, n.op != "dma_copy")
+             for n in graph.nodes]
+    sizes = {v.name: _align(v.type.nbytes, align) for v in graph.values()}
+    return _buffers(steps, sizes, [v.name for v in graph.constants.values() if ocm(v)],
+                    [v.name for v in graph.inputs if ocm(v)],
+                    [v.name for v in graph.outputs.values() if ocm(v)])
+
+
+# ---- a hypothetical timeline: some values in DDR, some loads prefetched -------------------
+def _load_key(name: str, i: int) -> str:
+    return f"{name}@{i}"
+
+
+@dataclass
+class _Schedule:
+    """The original nodes with DMA steps for the values in ``ddr``; ``prefetch`` holds the
+    loads ``(value, node index)`` issued one node early."""
+
+    graph: Graph
+    cores: int
+    shared: bool
+    ddr: dict[str, None] = field(default_factory=dict)
+    prefetch: dict[tuple[str, int], None] = field(default_factory=dict)
+
+    def loads(self, i: int) -> list[str]:
+        return list(_distinct(v.name for v in self.graph.nodes[i].inputs
+                              if v is not None and v.name in self.ddr))
+
+    def steps(self) -> tuple[list[Step], dict[int, int]]:
+        """The steps, and the step of each original node."""
+        nodes, out, at = self.graph.nodes, [], {}
+        for i, n in enumerate(nodes):
+            core = node_core(n, self.cores, self.shared)
+            for name in self.loads(i):
+                if (name, i) not in self.prefetch:
+                    out.append(Step(core, (_load_key(name, i),), n, False))
+            if i + 1 < len(nodes):
+                nxt = nodes[i + 1]
+                for name in self.loads(i + 1):
+                    if (name, i + 1) in self.prefetch:
+                        out.append(Step(node_core(nxt, self.cores, self.shared),
+                                        (_load_key(name, i + 1),), nxt, False))
+            at[i] = len(out)
+            keys = [_load_key(v.name, i) if v.name in self.ddr else v.name
+                    for v in n.inputs if v is not None] + [v.name for v in n.outputs]
+            out.append(Step(core, _distinct(keys), n, True))
+            out += [Step(core, (v.name,), n, False) for v in n.outputs if v.name in self.ddr]
+        return out, at
+
+    def buffers(self, align: int) -> tuple[list[Step], dict[int, int], list[Buffer]]:
+        steps, at = self.steps()
+        sizes = {}
+        for v in self.graph.values():
+            sizes[v.name] = _align(v.type.nbytes, align)
+        for s in steps:
+            for k in s.keys:
+                if k not in sizes:
+                    sizes[k] = sizes[k.rsplit("@", 1)[0]]
+        keep = lambda vs: [v.name for v in vs if v.name not in self.ddr]  # noqa: E731
+        return steps, at, _buffers(steps, sizes, keep(self.graph.constants.values()),
+                                   keep(self.graph.inputs), keep(self.graph.outputs.values()))
+
+
+# ---- bounds and placement -----------------------------------------------------------------
+def live_bytes(bufs: Sequence[Buffer], num_steps: int) -> list[int]:
+    """Bytes live at each step (static buffers included)."""
+    diff = [0] * (num_steps + 1)
+    for b in bufs:
+        diff[b.start] += b.size
+        diff[b.end + 1] -= b.size
+    out, acc = [], 0
+    for d in diff[:-1]:
+        acc += d
+        out.append(acc)
+    return out
+
+
+def lower_bound(bufs: Sequence[Buffer], num_steps: int) -> int:
+    """``max_t sum(live bytes)``: no placement can use less."""
+    return max(live_bytes(bufs, num_steps), default=sum(b.size for b in bufs))
+
+
+def _conflicts(bufs: Sequence[Buffer]) -> list[list[int]]:
+    """For each buffer, the buffers live at some common step (interval sweep)."""
+    order = sorted(range(len(bufs)), key=lambda i: (bufs[i].start, i))
+    out: list[list[int]] = [[] for _ in bufs]
+    active: list[int] = []
+    for i in order:
+        active = [j for j in active if bufs[j].end >= bufs[i].start]
+        for j in active:
+            out[i].append(j)
+            out[j].append(i)
+        active.append(i)
+    return out
+
+
+def _place(bufs: Sequence[Buffer], conflicts: Sequence[list[int]], order: Sequence[int]
+           ) -> tuple[list[int], int]:
+    """Best fit in ``order``: each buffer into the smallest gap among the placed buffers
+    it conflicts with (the lowest such gap), else on top of them."""
+    offsets = [-1] * len(bufs)
+    peak = 0
+    for i in order:
+        size = bufs[i].size
+        taken = sorted((offsets[j], offsets[j] + bufs[j].size) for j in conflicts[i]
+                       if offsets[j] >= 0 and bufs[j].size)
+        best, best_gap, top = None, None, 0
+        for lo, hi in taken:
+            gap = lo - top
+            if gap >= size and (best_gap is None or gap < best_gap):
+                best, best_gap = top, gap
+            top = max(top, hi)
+        offsets[i] = top if best is None else best
+        peak = max(peak, offsets[i] + size)
+    return offsets, peak
+
+
+def place_core(bufs: list[Buffer], num_steps: int, search_steps: int, rng: random.Random
+               ) -> dict[str, int]:
+    """Set the offsets of one core's buffers: the dynamic ones from 0, the static block
+    above them. Returns the figures (lower bound, peak, search steps used)."""
+    dyn = [b for b in bufs if not b.static]
+    bound = lower_bound(dyn, num_steps)
+    conflicts = _conflicts(dyn)
+    starts = [sorted(range(len(dyn)), key=lambda i: (-dyn[i].size, -(dyn[i].end - dyn[i].start), i)),
+              sorted(range(len(dyn)), key=lambda i: (-(dyn[i].end - dyn[i].start), -dyn[i].size, i))]
+    order, (offsets, peak) = min(((o, _place(dyn, conflicts, o)) for o in starts),
+                                 key=lambda r: r[1][1])
+    used = 0
+    while peak > bound and used < search_steps:       # hill-climb: lift a top buffer earlier
+        used += 1
+        tops = [i for i in range(len(dyn)) if offsets[i] + dyn[i].size == peak]
+        pos = order.index(tops[rng.randrange(len(tops))])
+        if pos == 0:
+            continue
+        trial = list(order)
+        trial.insert(rng.randrange(pos), trial.pop(pos))
+        t_offsets, t_peak = _place(dyn, conflicts, trial)
+        if t_peak <= peak:
+            order, offsets, peak = trial, t_offsets, t_peak
+    for b, o in zip(dyn, offsets):
+        b.offset = o
+    top = peak
+    for b in bufs:
+        if b.static:
+            b.offset, top = top, top + b.size
+    static = top - peak
+    return {"lower_bound": bound + static, "peak": top, "static_bytes": static,
+            "search_steps": used}
+
+
+# ---- the pass -----------------------------------------------------------------------------
+class PlanMemory(Pass):
+    """Plan the OCM: offsets per core from liveness, DDR and DMA for what does not fit."""
+
+    name = "plan-memory"
+    description = "on-chip memory offsets from liveness; DDR with dma_copy where it does not fit"
+
+    ocm: int = 8 * 1024 * 1024        # bytes of OCM per core (or in all, when shared)
+    cores: int = 1
+    shared: bool = False              # one OCM for all cores instead of one per core
+    align: int = 64                   # every buffer's offset and size, in bytes
+    seed: int = 0                     # the placement search's random choices
+    search_steps: int = 200           # placements the hill-climb may try per core
+    double_buffer: bool = True        # issue loads one node early where the OCM allows
+
+    def run(self, graph: Graph, am: AnalysisManager) -> None:
+        if "memory_plan" in graph.meta:
+            raise PassError("the graph already has a memory plan")
+        if self.ocm <= 0 or self.cores <= 0 or self.align <= 0:
+            raise PassError(f"plan-memory needs positive ocm, cores and align, not {self}")
+        dead = len(am.get(Liveness).dead_nodes)
+        if dead:
+            self.stat("dead-nodes-planned", dead)     # they still run; dce drops them
+        sched = _Schedule(graph, self.cores, self.shared)
+        figures = self._fit(sched)
+        if sched.ddr and self._restore(sched):
+            figures = self._fit(sched)
+        if self.double_buffer and sched.ddr:
+            figures = self._prefetch(sched, figures)
+        self._materialize(graph, sched, figures)
+        verify_memory_plan(graph)
+
+    # ---- search -----------------------------------------------------------------------
+    def _plan(self, sched: _Schedule):
+        """Place every core of ``sched``; None and the over-full core when one does not fit."""
+        steps, at, bufs = sched.buffers(self.align)
+        per_core: dict[int, list[Buffer]] = {}
+        for b in bufs:
+            per_core.setdefault(b.core, []).append(b)
+        for c, bs in per_core.items():
+            if lower_bound(bs, len(steps)) > self.ocm:
+                return None, (c, steps, bs)
+        figures = {}
+        for c in sorted(per_core):
+            figures[c] = place_core(per_core[c], len(steps), self.search_steps,
+                                    random.Random(self.seed * 1009 + c))
+            if figures[c]["peak"] > self.ocm:
+                return None, (c, steps, per_core[c])
+        return (steps, at, bufs, figures), None
+
+    def _fit(self, sched: _Schedule):
+        while True:
+            plan, over = self._plan(sched)
+            if plan is not None:
+                return plan
+            sched.ddr[self._victim(*over, sched.ddr)] = None
+
+    def _restore(self, sched: _Schedule) -> bool:
+        """Bring values back from DDR, last moved first, while every core's bound stays
+        within its OCM (a value moved early may not be needed in DDR once later ones are)."""
+        restored = False
+        for name in reversed(list(sched.ddr)):
+            del sched.ddr[name]
+            steps, _, bufs = sched.buffers(self.align)
+            if any(lower_bound([b for b in bufs if b.core == c], len(steps)) > self.ocm
+                   for c in {b.core for b in bufs}):
+                sched.ddr[name] = None
+            else:
+                restored = True
+        return restored
+
+    def _victim(self, core: int, steps: list[Step], bufs: list[Buffer], ddr) -> str:
+        """The value to move to DDR: live but untouched at the fullest step of ``core``
+        that has one, used farthest ahead there (then the largest, then the first)."""
+        live = live_bytes(bufs, len(steps))
+        by_fullness = sorted(range(len(steps)), key=lambda s: (-live[s], not (
+            steps[s].compute and steps[s].core == core), s))
+        touches: dict[str, list[int]] = {}
+        for s, st in enumerate(steps):
+            if st.core == core:
+                for k in st.keys:
+                    touches.setdefault(k, []).append(s)
+        for t in by_fullness:
+            here = set(steps[t].keys) if steps[t].core == core else set()
+            best, best_key = None, None
+            for i, b in enumerate(bufs):
+                if (b.start <= t <= b.end and b.size and b.key not in here and "@" not in b.key
+                        and b.key not in ddr):
+                    ts = touches.get(b.key, [])
+                    j = bisect_right(ts, t)
+                    key = (ts[j] if j < len(ts) else len(steps) + 1, b.size, -i)
+                    if best_key is None or key > best_key:
+                        best, best_key = b.key, key
+            if best is not None:
+                return best
+        t = by_fullness[0]
+        node = steps[t].node
+        held = sorted((b for b in bufs if b.start <= t <= b.end), key=lambda b: -b.size)
+        need = ", ".join(f"%{b.key.split('@')[0]} {b.size}" for b in held[:8])
+        if live[t] > self.ocm:
+            raise PassError(f"needs {live[t]} bytes of on-chip memory at once ({need}), more "
+                            f"than the {self.ocm} bytes of core {core}, and none of them can "
+                            "move to DDR", node=node.name, op=node.op, loc=node.loc)
+        raise PassError(f"the placement on core {core} does not fit its {self.ocm} bytes "
+                        f"although at most {live[t]} bytes are live at once, and nothing "
+                        "more can move to DDR", node=node.name, op=node.op, loc=node.loc)
+
+    def _prefetch(self, sched: _Schedule, plan):
+        """Issue loads one node early (double buffering) while the bound stays within the
+        OCM; keep the plan without them if the placement then does not fit."""
+        steps, at, bufs, _ = plan
+        live = {c: live_bytes([b for b in bufs if b.core == c], len(steps)) for c in
+                {b.core for b in bufs}}
+        size = {b.key: b.size for b in bufs}
+        index = {n: i for i, n in enumerate(sched.graph.nodes)}
+        values = {v.name: v for v in sched.graph.values()}
+        for i in range(1, len(sched.graph.nodes)):
+            core = node_core(sched.graph.nodes[i], self.cores, self.shared)
+            for name in sched.loads(i):
+                producer = values[name].producer
+                if producer is not None and index[producer] >= i - 1:
+                    continue                    # not stored yet when node i - 1 starts
+                k, span = _load_key(name, i), range(at[i - 1], at[i])
+                if all(live[core][s] + size[k] <= self.ocm for s in span):
+                    for s in span:
+                        live[core][s] += size[k]
+                    sched.prefetch[name, i] = None
+        if not sched.prefetch:
+            return plan
+        new, _ = self._plan(sched)
+        if new is None:
+            sched.prefetch.clear()
+            return plan
+        return new
+
+    # ---- writing the plan into the graph ------------------------------------------------
+    def _materialize(self, graph: Graph, sched: _Schedule, plan) -> None:
+        steps, at, bufs, figures = plan
+        nodes = list(graph.nodes)
+        loads = [sched.loads(i) for i in range(len(nodes))]     # before stores rename uses
+        key_value: dict[str, Value] = {}
+        ddr_value: dict[str, Value] = {}
+        for v in list(graph.inputs) + list(graph.constants.values()):
+            if v.name in sched.ddr:
+                v.meta["mem"] = "ddr"
+                ddr_value[v.name] = v
+        for i, n in enumerate(nodes):             # stores after the producers
+            after = n
+            for v in n.outputs:
+                if v.name in sched.ddr:
+                    s = self._dma(graph, v, "ocm", "ddr", n, after=after)
+                    for user, j in list(v.uses):
+                        if user is not s:
+                            user.set_input(j, s.output)
+                    for k, o in graph.outputs.items():
+                        if o is v:
+                            graph.outputs[k] = s.output
+                    ddr_value[v.name], after = s.output, s
+        for i, n in enumerate(nodes):             # loads before the users
+            for name in loads[i]:
+                if (name, i) not in sched.prefetch:
+                    self._load(graph, name, i, n, n, ddr_value, key_value)
+            if i + 1 < len(nodes):
+                for name in loads[i + 1]:
+                    if (name, i + 1) in sched.prefetch:
+                        self._load(graph, name, i + 1, nodes[i + 1], n, ddr_value, key_value)
+        for v in graph.values():
+            key_value.setdefault(v.name, v)
+        for b in bufs:
+            v = key_value[b.key]
+            v.meta.setdefault("mem", "ocm")
+            v.meta["ocm"] = v.meta.get("ocm", []) + [{"core": b.core, "offset": b.offset,
+                                                      "size": b.size}]
+        self._record(graph, sched, figures)
+
+    def _dma(self, graph: Graph, v: Value, src: str, dst: str, node: Node, **where) -> Node:
+        d = graph.create_node("dma_copy", [v], {"src": src, "dst": dst}, loc=node.loc,
+                              names=[graph.unique_name(f"{v.name}_{dst}")], **where)
+        if "core" in node.meta:
+            d.meta["core"] = node.meta["core"]
+        if dst == "ddr":
+            d.output.meta["mem"] = "ddr"
+        self.stat("dma-ops")
+        self.stat("dma-bytes", v.type.nbytes)
+        return d
+
+    def _load(self, graph: Graph, name: str, i: int, user: Node, before: Node,
+              ddr_value: dict[str, Value], key_value: dict[str, Value]) -> None:
+        src = ddr_value[name]
+        d = self._dma(graph, src, "ddr", "ocm", user, before=before)
+        for j, v in enumerate(user.inputs):
+            if v is not None and v.name in (name, src.name):
+                user.set_input(j, d.output)
+        key_value[_load_key(name, i)] = d.output
+
+    def _record(self, graph: Graph, sched: _Schedule, figures: dict[int, dict[str, int]]) -> None:
+        ddr = list(sched.ddr)
+        sizes = {v.name: v.type.nbytes for v in graph.values()}
+        graph.meta["memory_plan"] = {
+            "version": PLAN_VERSION,
+            "options": {"ocm": self.ocm, "cores": self.cores, "shared": self.shared,
+                        "align": self.align, "seed": self.seed,
+                        "search_steps": self.search_steps, "double_buffer": self.double_buffer},
+            "cores": [{"core": c, **figures[c]} for c in sorted(figures)],
+            "ddr_values": ddr,
+            "ddr_bytes": sum(sizes[n] for n in ddr),
+            "prefetched_loads": len(sched.prefetch),
+        }
+        bound = max(f["lower_bound"] for f in figures.values()) if figures else 0
+        peak = max(f["peak"] for f in figures.values()) if figures else 0
+        self.stat("lower-bound", bound)
+        self.stat("peak", peak)
+        self.stat("ddr-values", len(ddr))
+        self.stat("prefetched-loads", len(sched.prefetch))
+        self.stat("search-steps", sum(f["search_steps"] for f in figures.values()))
+
+
+# ---- reading and checking a plan ----------------------------------------------------------
+@dataclass
+class MemoryPlan:
+    """A graph's memory plan as data (read back from its meta by :func:`memory_plan`)."""
+
+    options: dict
+    cores: list[dict]
+    buffers: list[dict]          # value, core, offset, size, start, end, static
+    ddr_values: list[str]
+    ddr_bytes: int
+    dma_ops: int
+    dma_bytes: int
+    prefetched_loads: int
+
+    def to_json(self) -> str:
+        """The plan as JSON text, keys sorted: equal plans give equal bytes."""
+        return json.dumps(self.__dict__, sort_keys=True, indent=1)
+
+    def ratio(self, core: int | None = None) -> float:
+        """Peak over lower bound (the worst core by default)."""
+        cs = self.cores if core is None else [c for c in self.cores if c["core"] == core]
+        return max((c["peak"] / c["lower_bound"] if c["lower_bound"] else 1.0) for c in cs)
+
+    def summary(self) -> str:
+        o = self.options
+        lines = [f"memory plan: OCM {o['ocm']} bytes x {o['cores']} core(s)"
+                 f"{' shared' if o['shared'] else ''}, align {o['align']}"]
+        for c in self.cores:
+            r = c["peak"] / c["lower_bound"] if c["lower_bound"] else 1.0
+            lines.append(f"  core {c['core']}: peak {c['peak']} / lower bound {c['lower_bound']}"
+                         f" = {r:.3f} ({100 * c['peak'] / o['ocm']:.1f}% of OCM; "
+                         f"{c['static_bytes']} bytes of resident constants)")
+        lines.append(f"  DDR: {len(self.ddr_values)} values, {self.ddr_bytes} bytes; "
+                     f"{self.dma_ops} dma_copy ops moving {self.dma_bytes} bytes, "
+                     f"{self.prefetched_loads} loads double-buffered")
+        return "\n".join(lines)
+
+
+def _options(graph: Graph) -> dict:
+    plan = graph.meta.get("memory_plan")
+    if plan is None:
+        raise VerifyError(f"graph @{graph.name} has no memory plan (run plan-memory)")
+    return plan["options"]
+
+
+def memory_plan(graph: Graph) -> MemoryPlan:
+    """The plan held in ``graph``'s meta, with live ranges recomputed from the graph."""
+    meta = graph.meta.get("memory_plan")
+    o = _options(graph)
+    by_name = {v.name: v for v in graph.values()}
+    bufs = []
+    for b in graph_timeline(graph, o["cores"], o["shared"], o["align"]):
+        placed = _placement(by_name[b.key], b.core)
+        bufs.append({"value": b.key, "core": b.core, "start": b.start, "end": b.end,
+                     "static": b.static, "offset": placed["offset"] if placed else None,
+                     "size": placed["size"] if placed else b.size})
+    dmas = [n for n in graph.nodes if n.op == "dma_copy"]
+    return MemoryPlan(o, meta["cores"], bufs, meta["ddr_values"], meta["ddr_bytes"], len(dmas),
+                      sum(n.output.type.nbytes for n in dmas),
+                      meta["prefetched_loads"])
+
+
+def _placement(v: Value, core: int) -> dict | None:
+    return next((p for p in v.meta.get("ocm", []) if p["core"] == core), None)
+
+
+def verify_memory_plan(graph: Graph) -> None:
+    """Check ``graph``'s memory plan against liveness recomputed from the graph: every
+    value a node touches is placed on that node's core or explicitly in DDR (then only DMAs
+    touch it), every buffer lies within its core's OCM, aligned, and no two buffers live
+    at a common step overlap. VerifyError naming the values otherwise."""
+    o = _options(graph)
+    for n in graph.nodes:
+        for v in list(n.inputs) + n.outputs:
+            if v is not None and v.meta.get("mem") == "ddr" and n.op != "dma_copy":
+                raise VerifyError(f"%{v.name} is in DDR but read by a node that is not a "
+                                  "dma_copy", node=n.name, op=n.op, loc=n.loc)
+    by_name = {v.name: v for v in graph.values()}
+    per_core: dict[int, list[tuple[Buffer, int]]] = {}
+    for b in graph_timeline(graph, o["cores"], o["shared"], o["align"]):
+        p = _placement(by_name[b.key], b.core)
+        if p is None:
+            raise VerifyError(f"%{b.key} is neither placed on core {b.core} nor in DDR")
+        if p["size"] < b.size or p["offset"] % o["align"] or p["offset"] < 0 \
+                or p["offset"] + p["size"] > o["ocm"]:
+            raise VerifyError(f"%{b.key} at [{p['offset']}, {p['offset'] + p['size']}) on core "
+                              f"{b.core} is not an aligned {b.size}-byte buffer within the "
+                              f"{o['ocm']}-byte OCM")
+        b.offset = p["offset"]
+        per_core.setdefault(b.core, []).append(b)
+    for core, bufs in per_core.items():
+        for i, js in enumerate(_conflicts(bufs)):
+            a = bufs[i]
+            for j in js:
+                c = bufs[j]
+                if j > i and a.size and c.size and a.offset < c.offset + c.size \
+                        and c.offset < a.offset + a.size:
+                    raise VerifyError(
+                        f"%{a.key} [{a.offset}, {a.offset + a.size}) and %{c.key} "
+                        f"[{c.offset}, {c.offset + c.size}) overlap on core {core} while both "
+                        f"are live (steps {max(a.start, c.start)}..{min(a.end, c.end)})")
