@@ -3,6 +3,7 @@ from ..ir.opdef import Attr, Bool, Ctx, Float, Floats, Int, Ints, OpDef, Str, Te
 from . import attention, elementwise, linalg, nn, qlinear, reduce, shape  # noqa: F401  (registers the ops)
 from . import fixed_point  # noqa: F401  (the target fixed-point ops)
 from . import fused  # noqa: F401  (the fused ops of the fuse pass)
+from . import multicore  # noqa: F401  (the ops of a graph partitioned across cores)
 
 
 def interface_table() -> str:
