@@ -229,7 +229,7 @@ def test_conv_rows_read_their_halo_and_pad_only_at_the_border(rng):
 
 
 # ---- metadata: the core of every node ----------------------------------------------------
-def test_every_piece_has_its_core_in_meta(rng):
+def test_every_piece_has_its_core_in_meta(rng, tmp_path):
     graph, inputs = chain(rng)
     g = partitioned(graph, 4, barrier_cycles=0)
     for n in g.nodes:
@@ -243,16 +243,10 @@ def test_every_piece_has_its_core_in_meta(rng):
     for n in g.nodes:                    # a core's slices feed only that core's piece
         if n.op == "core_slice":
             assert {u.meta["core"] for u in n.output.users} == {n.meta["core"]}
-    saved = bevir.load(_saved(g, rng))
+    bevir.save(g, tmp_path / "g.bevir")
+    saved = bevir.load(tmp_path / "g.bevir")
     assert [n.meta.get("core") for n in saved.nodes] == [n.meta.get("core") for n in g.nodes]
     assert plan_of(saved) == plan_of(g)
-
-
-def _saved(g, rng) -> str:
-    import tempfile
-    path = Path(tempfile.mkdtemp()) / "g.bevir"
-    bevir.save(g, path)
-    return str(path)
 
 
 # ---- the plan ----------------------------------------------------------------------------
