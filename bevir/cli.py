@@ -5,7 +5,8 @@
     bevir show model.bevir
     bevir opt model.bevir -p canonicalize,cse,dce -o opt.bevir --time-passes --stats
     bevir opt --reproduce opt.reproducer.bevir
-    bevir run opt.bevir --inputs in.safetensors -o out.safetensors
+    bevir run opt.bevir --inputs in.safetensors -o out.safetensors [--cores 4]
+    bevir show opt.bevir --partition --cores 4 --plan-out plan.json
     bevir passes
 
 Errors in the input (bevir.BevirError, unreadable files) print one line
@@ -90,9 +91,23 @@ def summary(graph) -> str:
     return f"summary of @{graph.name}:\n" + "".join(f"  {k.ljust(width)}  {v}\n" for k, v in rows)
 
 
+def partitioned(graph, cores: int, plan: str | None = None):
+    """``graph`` partitioned for ``cores`` cores (a plan file replayed if given), in place."""
+    from .passes import make_pass, optimize
+    return optimize(graph, [make_pass("partition", cores=cores, plan=plan or "")])
+
+
 def cmd_show(args) -> int:
     from .ir import load, print_graph
     graph = load(args.model)
+    if args.partition:
+        from .passes.partition import format_plan, plan_of, save_plan
+        plan = plan_of(graph) or plan_of(partitioned(graph.clone(), args.cores, args.plan))
+        _out(format_plan(plan))
+        if args.plan_out:
+            save_plan(plan, args.plan_out)
+            _err(f"wrote {args.plan_out}")
+        return 0
     if not args.summary_only:
         _out(print_graph(graph, constants=args.constants))
     _out(summary(graph))
@@ -194,6 +209,10 @@ def cmd_run(args) -> int:
     fetch = None
     if args.fetch:
         fetch = "all" if args.fetch == ["all"] else args.fetch
+    if args.cores is not None or args.plan:
+        from .passes.partition import format_plan
+        partitioned(graph, 4 if args.cores is None else args.cores, args.plan)
+        _err(format_plan(graph.meta["partition"]).splitlines()[1].strip())
     results = run(graph, inputs, fetch=fetch)
     for name, a in results.items():
         _out(f"{name}: {_describe(np.asarray(a))}")
@@ -253,6 +272,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--constants", choices=("elide", "inline", "external"), default="elide",
                    help="how to print constant payloads (default: elide)")
     s.add_argument("--summary-only", action="store_true", help="print only the summary")
+    s.add_argument("--partition", action="store_true", help="print the partition plan: the "
+                   "model's own, or the one the partition pass finds for --cores")
+    s.add_argument("--cores", type=int, default=4, help="with --partition: cores (default 4)")
+    s.add_argument("--plan", metavar="FILE", help="with --partition: replay this plan")
+    s.add_argument("--plan-out", metavar="FILE", help="with --partition: write the plan (JSON)")
     s.set_defaults(fn=cmd_show)
 
     s = sub.add_parser("opt", help="run a pass pipeline on a model")
@@ -288,6 +312,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-o", "--output", metavar="FILE", help="a safetensors file for the results")
     s.add_argument("--fetch", nargs="+", metavar="NAME",
                    help="also return these values (by value name; 'all' for every value)")
+    s.add_argument("--cores", type=int, help="partition across N cores first (the partition "
+                   "pass), then run the partitioned graph")
+    s.add_argument("--plan", metavar="FILE", help="partition by this plan (see show --partition)")
     s.set_defaults(fn=cmd_run)
 
     s = sub.add_parser("passes", help="list the registered passes and their options")

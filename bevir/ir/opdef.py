@@ -21,7 +21,7 @@ node's validated attributes as fields (``c.axis``), plus ``c.in_types`` and ``c.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
@@ -180,6 +180,34 @@ class Activation:
     fixed: str | None = None
 
 
+#: one operand's share of a split node: (axis, start, stop), the range it reads along axis
+Range = tuple[int, int, int]
+
+
+@dataclass(frozen=True)
+class Piece:
+    """What one core computes of a node split along a result axis (the ``splits``
+    interface, read by the partition pass): per operand, the range it reads (None: the
+    whole operand, replicated on every core), and the attributes that differ from the
+    node's (a convolution's pads where a piece of rows meets the border)."""
+
+    operands: tuple[Range | None, ...]
+    attrs: Mapping[str, Any] = field(default_factory=dict)
+
+
+def aligned_range(t: TensorType | None, out: TensorType, axis: int, start: int, stop: int
+                  ) -> Range | None:
+    """The range of a broadcast operand ``t`` that result range [start, stop) of ``axis``
+    reads: along the operand's axis aligned to it from the right, or None (the whole
+    operand) where the operand does not reach that axis or is broadcast along it."""
+    if t is None:
+        return None
+    a = axis - (out.rank - t.rank)
+    if a < 0 or t.shape[a] == 1:
+        return None
+    return (a, start, stop)
+
+
 _REGISTRY: dict[str, OpDef] = {}
 
 
@@ -210,6 +238,11 @@ class OpDef:
     #: code generation (TVM compute) and the GPNPU cycle cost: slots the backend fills
     tvm_lowering: ClassVar[Callable | None] = None
     cycle_cost: ClassVar[Callable | None] = None
+    #: how the op splits across cores (the partition pass), by kind: "rows" (leading
+    #: result axes; the default :meth:`split_piece` slices every operand along the
+    #: broadcast-aligned axis), "batch", "channels", "columns", "queries". Each kind cuts
+    #: one result axis (:meth:`split_axis`) into ranges, one per core (:meth:`split_piece`)
+    splits: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)
@@ -229,6 +262,27 @@ class OpDef:
         """Multiply-accumulates of one application (0 for data movement)."""
         return 0
 
+    def row_axes(self, c: Ctx) -> tuple[int, ...]:
+        """The result axes along which each result depends only on the same index of its
+        operands (the "rows" split): the leading axes, all but the last."""
+        return tuple(range(c.out_types[0].rank - 1))
+
+    def split_axis(self, c: Ctx, kind: str) -> int | None:
+        """The result axis that split ``kind`` cuts, or None where it does not apply to this
+        node. "rows": the longest of :meth:`row_axes` (the first of equals)."""
+        if kind != "rows":
+            raise NotImplementedError(f"op '{self.name}' does not define split kind '{kind}'")
+        shape = c.out_types[0].shape
+        axes = [a for a in self.row_axes(c) if shape[a] > 1]
+        return max(axes, key=lambda a: (shape[a], -a)) if axes else None
+
+    def split_piece(self, c: Ctx, kind: str, start: int, stop: int) -> Piece:
+        """What computes result range [start, stop) of ``split_axis(c, kind)``. "rows":
+        every operand sliced along its broadcast-aligned axis."""
+        axis = self.split_axis(c, kind)
+        out = c.out_types[0]
+        return Piece(tuple(aligned_range(t, out, axis, start, stop) for t in c.in_types))
+
     # ---- derived -----------------------------------------------------------------------
     def interfaces(self) -> list[str]:
         """The interfaces this op implements, by name (see the class attributes above)."""
@@ -237,7 +291,7 @@ class OpDef:
                 if getattr(type(self), name) is not getattr(base, name)]
         have += [name for name in ("nhwc", "activation", "fixed_point", "decompose",
                                    "tvm_lowering", "cycle_cost") if getattr(self, name) is not None]
-        return have
+        return have + (["splits"] if self.splits else [])
 
     def arity(self) -> tuple[int, int | None]:
         """(min, max) operand count; max None when variadic."""

@@ -4,6 +4,7 @@ from . import attention, elementwise, linalg, nn, qlinear, reduce, shape  # noqa
 from . import fixed_point  # noqa: F401  (the target fixed-point ops)
 from . import fused  # noqa: F401  (the fused ops of the fuse pass)
 from . import memory  # noqa: F401  (dma_copy, inserted by plan-memory)
+from . import multicore  # noqa: F401  (the ops of a graph partitioned across cores)
 
 
 def interface_table() -> str:

@@ -22,7 +22,7 @@ import math
 import numpy as np
 
 from ..errors import InterpreterError
-from ..ir.opdef import Bool, Float, Int, Ints, OpDef, Str
+from ..ir.opdef import Bool, Float, Int, Ints, OpDef, Piece, Str
 from ..ir.types import AffineQuant, DType, FixedPointQuant, Layout, Quant, TensorType
 from .attention import level_shapes
 from .common import broadcast_types, norm_axis, require
@@ -129,6 +129,7 @@ class FxRequantize(OpDef):
     name = "fx_requantize"
     operands = ("x",)
     attrs = {**_OUT, **_WIDE}
+    splits = ("rows",)
 
     def infer(self, c, x):
         require(x.dtype in (I8, I16, I32), f"x must be i8/i16/i32, got {x}")
@@ -152,6 +153,7 @@ class FxQuantize(OpDef):
     name = "fx_quantize"
     operands = ("x",)
     attrs = {**_OUT, **_WIDE}
+    splits = ("rows",)
 
     def infer(self, c, x):
         require(x.dtype is DType.f32, f"x must be f32, got {x}")
@@ -168,6 +170,7 @@ class FxDequantize(OpDef):
 
     name = "fx_dequantize"
     operands = ("x",)
+    splits = ("rows",)
 
     def infer(self, c, x):
         require(x.dtype in (I8, I16, I32), f"x must be i8/i16/i32, got {x}")
@@ -304,6 +307,19 @@ class FxLinear(_FxProduct):
     def weight_axis(self, w):
         return 0
 
+    #: by rows of x (its leading axes), by output channels (rows of w)
+    splits = ("rows", "columns")
+
+    def split_axis(self, c, kind):
+        if kind == "columns":
+            return c.out_types[0].rank - 1
+        return super().split_axis(c, kind)
+
+    def split_piece(self, c, kind, start, stop):
+        if kind == "rows":
+            return Piece(((self.split_axis(c, kind), start, stop),) + (None,) * (len(c.in_types) - 1))
+        return Piece((None, (0, start, stop)) + ((0, start, stop),) * (len(c.in_types) - 2))
+
     def weight_axes(self, c, w):
         return (1,)
 
@@ -357,6 +373,7 @@ class _FxAddSub(OpDef):
     operands = ("a", "b")
     attrs = {**_OUT, **_WIDE}
     sign = 1
+    splits = ("rows",)
 
     def infer(self, c, a, b):
         fa, fb = frac_of(a, "a", FIXED), frac_of(b, "b", FIXED)
@@ -394,6 +411,7 @@ class FxMul(OpDef):
     name = "fx_mul"
     operands = ("a", "b")
     attrs = {**_OUT, **_WIDE}
+    splits = ("rows",)
 
     def infer(self, c, a, b):
         fa, fb = frac_of(a, "a", FIXED), frac_of(b, "b", (I8, I16))
@@ -416,6 +434,7 @@ class FxDiv(OpDef):
     name = "fx_div"
     operands = ("x", "count")
     attrs = {**_OUT, "max_count": Int(255)}
+    splits = ("rows",)
 
     def _shifts(self, c, fx: int) -> tuple[int, int]:
         """(left shift of x, left shift of the divisor) from the frac-bit change."""
@@ -498,6 +517,7 @@ class FxRelu(OpDef):
     name = "fx_relu"
     operands = ("x",)
     attrs = {"out_frac_bits": Int(None)}
+    splits = ("rows",)
 
     def _out_frac(self, c, fx: int) -> int:
         return fx if c.out_frac_bits is None else c.out_frac_bits
@@ -522,6 +542,7 @@ class FxLookup(OpDef):
 
     operands = ("x",)
     attrs = dict(_OUT)
+    splits = ("rows",)
 
     def real(self, v: np.ndarray, **attrs) -> np.ndarray:
         """The function in float64."""
@@ -601,6 +622,11 @@ class FxSoftmax(OpDef):
     name = "fx_softmax"
     operands = ("x",)
     attrs = {"axis": Int(-1), "out_frac_bits": Int(7), **_WIDE}
+    splits = ("rows",)
+
+    def row_axes(self, c):
+        axis = norm_axis(c.axis, c.out_types[0].rank)
+        return tuple(a for a in range(c.out_types[0].rank) if a != axis)
 
     def infer(self, c, x):
         frac_of(x, "x", (I8, I16))
@@ -637,6 +663,7 @@ class FxLayerNorm(OpDef):
     name = "fx_layer_norm"
     operands = ("x", "scale?", "bias?")
     attrs = {"epsilon": Float(1e-5), **_OUT}
+    splits = ("rows",)
 
     def infer(self, c, x, scale=None, bias=None):
         frac_of(x, "x")
@@ -691,6 +718,19 @@ class FxMsDeformAttn(OpDef):
     operands = ("value", "sampling_locations", "attention_weights")
     attrs = {"spatial_shapes": Ints(), **_OUT, "weight_bits": Int(8),
              "coordinates": Str("normalized", ("normalized", "pixel"))}
+    #: by batch (value, locations and weights of those batch entries), by queries (their
+    #: locations and weights; the value replicated)
+    splits = ("batch", "queries")
+
+    def split_axis(self, c, kind):
+        if kind in self.splits:
+            return 0 if kind == "batch" else 1
+        return super().split_axis(c, kind)
+
+    def split_piece(self, c, kind, start, stop):
+        axis = self.split_axis(c, kind)
+        return Piece((None if kind == "queries" else (0, start, stop),
+                      (axis, start, stop), (axis, start, stop)))
 
     def infer(self, c, value, loc, aw):
         fv, fa = frac_of(value, "value"), frac_of(aw, "attention_weights")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir.types import Layout, TensorType
-from ..ir.opdef import Bool, FixedLowering, Float, Int, Ints, OpDef
+from ..ir.opdef import Bool, FixedLowering, Float, Int, Ints, OpDef, Piece, aligned_range
 from .common import float_operands, require
 from .layout_rules import NATIVE
 
@@ -239,6 +239,36 @@ class Convolution(Contraction):
     def weight_axes(self, c, w):
         return (1, 2, 3)
 
+    #: by images, by output rows (each piece reads a halo of input rows), by output channels
+    splits = ("batch", "rows", "channels")
+
+    def split_axis(self, c, kind):
+        nhwc = c.in_types[0].layout is Layout.nhwc
+        axes = {"batch": 0, "rows": 1 if nhwc else 2, "channels": 3 if nhwc else 1}
+        if kind not in axes:
+            return super().split_axis(c, kind)
+        return None if kind == "channels" and c.groups != 1 else axes[kind]
+
+    def split_piece(self, c, kind, start, stop):
+        ranges: list = [None] * len(c.in_types)
+        if kind == "batch":
+            ranges[0] = (0, start, stop)
+            return Piece(tuple(ranges))
+        if kind == "channels":       # the weights' and the bias's rows of those channels
+            ranges[1] = (0, start, stop)
+            if len(ranges) > 2 and c.in_types[2] is not None:
+                ranges[2] = (0, start, stop)
+            return Piece(tuple(ranges))
+        # rows: input rows lo..hi of the padded input feed output rows start..stop; the
+        # piece pads only where that window passes the border
+        x, (_, _, kh, _) = c.in_types[0], c.in_types[1].shape
+        h = nchw_dims(x)[2]
+        top, left, bottom, right = c.pads
+        lo = start * c.strides[0] - top
+        hi = (stop - 1) * c.strides[0] - top + (kh - 1) * c.dilations[0] + 1
+        ranges[0] = (self.split_axis(c, "rows"), max(lo, 0), min(hi, h))
+        return Piece(tuple(ranges), {"pads": (max(-lo, 0), left, max(hi - h, 0), right)})
+
 
 def matmul_shape(a: TensorType, b: TensorType) -> tuple[int, ...]:
     """numpy.matmul's result shape: batched, broadcasting, 1-D operands promoted."""
@@ -256,6 +286,37 @@ class MatrixProduct(Contraction):
 
     def weight_axes(self, c, w):
         return (w.rank - 2,) if w.rank >= 2 else (0,)
+
+    #: by batch (attention heads), by rows of a, by columns of b
+    splits = ("batch", "rows", "columns")
+
+    def split_axis(self, c, kind):
+        a, b = c.in_types[:2]
+        shape = c.out_types[0].shape
+        if kind not in self.splits:
+            return super().split_axis(c, kind)
+        if a.rank < 2 or b.rank < 2:
+            return None
+        if kind == "batch":
+            axes = [i for i in range(len(shape) - 2) if shape[i] > 1]
+            return max(axes, key=lambda i: (shape[i], -i)) if axes else None
+        return len(shape) - (2 if kind == "rows" else 1)
+
+    def split_piece(self, c, kind, start, stop):
+        a, b = c.in_types[:2]
+        out = c.out_types[0]
+        ranges: list = [None] * len(c.in_types)
+        if kind == "batch":
+            axis = self.split_axis(c, kind)
+            ranges[0] = aligned_range(a, out, axis, start, stop)
+            ranges[1] = aligned_range(b, out, axis, start, stop)
+        elif kind == "rows":
+            ranges[0] = (a.rank - 2, start, stop)
+        else:                         # columns: of b, and of the bias where there is one
+            ranges[1] = (b.rank - 1, start, stop)
+            if len(ranges) > 2 and c.in_types[2] is not None:
+                ranges[2] = (0, start, stop)
+        return Piece(tuple(ranges))
 
     @staticmethod
     def column_axis(b: TensorType) -> int | None:

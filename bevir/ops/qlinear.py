@@ -333,6 +333,7 @@ class _QBinary(OpDef):
 
     operands = ("a", "b")
     attrs = dict(_OUT_ATTRS)
+    splits = ("rows",)
     #: results with at least this many elements come from the table
     TABLE_MIN = 1 << 17
 
@@ -464,6 +465,7 @@ class QLinearGlobalAvgPool(OpDef):
 
 class _QLookup(OpDef):
     operands = ("x",)
+    splits = ("rows",)
 
     def infer(self, c, x):
         _q8(x, "x")

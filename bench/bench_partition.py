@@ -1,0 +1,60 @@
+"""BEVFormer's INT8 frame partitioned across 1 to 4 cores: the partitioned golden run is
+bit-identical to the single-core one (0 differing elements, checked), with the ops split
+per kind and the times to partition and to run.
+
+    python bench/bench_partition.py [--config tiny|test] [--barrier-cycles N]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import bevir  # noqa: E402
+from bevir.passes import make_pass  # noqa: E402
+from bevir.passes.partition import plan_of  # noqa: E402
+from examples.bevformer import e2e  # noqa: E402
+from examples.bevformer.e2e import timed  # noqa: E402
+from examples.bevformer.config import CONFIGS  # noqa: E402
+from examples.bevformer.inputs import make_inputs  # noqa: E402
+from examples.bevformer.weights import build_model  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default="tiny", choices=sorted(CONFIGS))
+    ap.add_argument("--barrier-cycles", type=int, default=500)
+    args = ap.parse_args()
+    config = CONFIGS[args.config]
+    model = build_model(config, 0).eval()
+    inputs = make_inputs(config, 0, with_prev_bev=True)
+    feed = {k: inputs[k].numpy() for k in ("img", "lidar2img", "can_bus", "prev_bev")}
+    with tempfile.TemporaryDirectory() as d:
+        (q, _, _), t_int8 = timed(lambda: e2e.int8_graph(model, inputs, feed, Path(d)))
+    reference, t_ref = timed(lambda: bevir.run(q, feed))
+    print(f"{args.config}: INT8 graph of {len(q.nodes)} nodes in {t_int8:.1f}s; "
+          f"single-core golden run {t_ref:.2f}s")
+    failed = False
+    for cores in (1, 2, 3, 4):
+        g = q.clone()
+        _, t_part = timed(lambda: bevir.optimize(g, [make_pass(
+            "partition", cores=cores, barrier_cycles=args.barrier_cycles)]))
+        out, t_run = timed(lambda: bevir.run(g, feed))
+        diff = sum(int(np.count_nonzero(out[k] != reference[k])) for k in reference)
+        kinds = Counter(f"{e['op']}:{e['choice']}" for e in plan_of(g)["ops"]
+                        if e["choice"] != "none")
+        print(f"  {cores} cores: {sum(kinds.values())} ops split "
+              f"({', '.join(f'{k} {n}' for k, n in sorted(kinds.items())) or 'none'}); "
+              f"{len(g.nodes)} nodes; partition {t_part:.2f}s, run {t_run:.2f}s; "
+              f"differing elements {diff}")
+        failed |= diff != 0
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

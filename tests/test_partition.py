@@ -1,0 +1,419 @@
+"""The partition pass splits integer ops across cores, and the partitioned graph computes
+bit for bit what the graph did, for 1 to 4 cores: on one-op graphs of every fx op family
+(each declared split forced through a plan), on a chain of them, and on BEVFormer's INT8
+graph. The plan is data: every candidate with its modelled cycles, the choice, the reason;
+a saved plan replays to the same graph; a plan of another graph is a clear error."""
+from __future__ import annotations
+
+import copy
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import bevir
+from bevir import DType, Layout, TensorType
+from bevir.ir.types import AffineQuant, FixedPointQuant
+from bevir.passes import make_pass
+from bevir.passes.partition import SplitCost, format_plan, plan_of, save_plan, search
+
+I8, I16, I32 = DType.i8, DType.i16, DType.i32
+
+
+def fx(shape, frac, dtype=I8, axis=None, layout=Layout.plain) -> TensorType:
+    fr = tuple(frac) if isinstance(frac, (list, tuple)) else (frac,)
+    return TensorType(shape, dtype, layout, FixedPointQuant(fr, axis))
+
+
+def ints(rng, shape, dtype=np.int8) -> np.ndarray:
+    info = np.iinfo(dtype)
+    return rng.integers(info.min, info.max + 1, shape, dtype=np.int64).astype(dtype)
+
+
+# ---- one-op graphs: (graph, inputs) ------------------------------------------------------
+def conv_nhwc(rng):
+    """A strided NHWC convolution: row pieces read halo rows, the border ones pad."""
+    b = bevir.Builder("conv_nhwc")
+    x = b.input("x", fx((2, 11, 9, 5), 5, layout=Layout.nhwc))
+    w = b.const(ints(rng, (6, 5, 3, 3)), "w", fx((6, 5, 3, 3), list(range(4, 10)), axis=0))
+    bias = b.const(rng.integers(-900, 900, 6).astype(np.int32), "b")
+    b.output("y", b.fx_conv2d(x, w, bias, strides=(2, 1), pads=(1, 1, 1, 1), out_frac_bits=3,
+                              loc="net/conv", name="y"))
+    return b.graph, {"x": ints(rng, (2, 11, 9, 5))}
+
+
+def conv_nchw(rng):
+    """An NCHW convolution with uneven pads and dilated rows."""
+    b = bevir.Builder("conv_nchw")
+    x = b.input("x", fx((3, 4, 13, 7), 5))
+    w = b.const(ints(rng, (8, 4, 3, 2)), "w", fx((8, 4, 3, 2), 7))
+    b.output("y", b.fx_conv2d(x, w, pads=(2, 0, 1, 1), dilations=(2, 1), out_frac_bits=4,
+                              loc="net/conv"))
+    return b.graph, {"x": ints(rng, (3, 4, 13, 7))}
+
+
+def matmul(rng):
+    b = bevir.Builder("matmul")
+    a = b.input("a", fx((3, 7, 8), 5))
+    m = b.input("m", fx((3, 8, 6), 6))
+    b.output("y", b.fx_matmul(a, m, out_frac_bits=4, loc="net/scores"))
+    return b.graph, {"a": ints(rng, (3, 7, 8)), "m": ints(rng, (3, 8, 6))}
+
+
+def linear(rng):
+    """Per-channel affine weights: a column piece takes its channels' scales."""
+    b = bevir.Builder("linear")
+    x = b.input("x", fx((2, 9, 12), 5))
+    scales = tuple(float(s) for s in rng.uniform(0.002, 0.02, 10))
+    w = b.const(ints(rng, (10, 12)), "w", TensorType((10, 12), I8,
+                                                      quant=AffineQuant(scales, (0,) * 10, 0)))
+    bias = b.const(rng.integers(-500, 500, 10).astype(np.int32), "b")
+    b.output("y", b.fx_linear(x, w, bias, out_frac_bits=4, loc="net/proj"))
+    return b.graph, {"x": ints(rng, (2, 9, 12))}
+
+
+def add(rng):
+    b = bevir.Builder("add")
+    x = b.input("x", fx((9, 10), 5))
+    c = b.input("c", fx((10,), 3))
+    b.output("y", b.fx_add(x, c, out_frac_bits=4, loc="net/add"))
+    return b.graph, {"x": ints(rng, (9, 10)), "c": ints(rng, (10,))}
+
+
+def layer_norm(rng):
+    b = bevir.Builder("layer_norm")
+    x = b.input("x", fx((1, 9, 16), 5))
+    g = b.const(rng.integers(-3000, 3000, 16).astype(np.int16), "g", fx((16,), 12, I16))
+    beta = b.const(rng.integers(-9000, 9000, 16).astype(np.int32), "beta", fx((16,), 14, I32))
+    b.output("y", b.fx_layer_norm(x, g, beta, out_frac_bits=5, loc="net/norm"))
+    return b.graph, {"x": ints(rng, (1, 9, 16))}
+
+
+def softmax(rng):
+    b = bevir.Builder("softmax")
+    x = b.input("x", fx((2, 7, 3, 10), 9, I16))
+    b.output("y", b.fx_softmax(x, axis=-1, loc="net/softmax"))
+    b.output("z", b.fx_softmax(x, axis=1, loc="net/softmax_queries"))
+    return b.graph, {"x": ints(rng, (2, 7, 3, 10), np.int16)}
+
+
+def deform_attn(rng):
+    bs, nq, heads, shapes, points, d, fl = 2, 9, 2, (3, 4, 2, 3), 3, 4, 12
+    levels, nv = len(shapes) // 2, 3 * 4 + 2 * 3
+    b = bevir.Builder("deform_attn")
+    value = b.input("value", fx((bs, nv, heads, d), 6))
+    loc = b.input("loc", fx((bs, nq, heads, levels, points, 2), fl, I16))
+    aw = b.input("aw", fx((bs, nq, heads, levels, points), 7))
+    b.output("y", b.fx_ms_deform_attn(value, loc, aw, spatial_shapes=shapes, out_frac_bits=5,
+                                      loc="net/sampling"))
+    locs = np.floor(rng.uniform(-0.2, 1.2, (bs, nq, heads, levels, points, 2)) * 2**fl)
+    return b.graph, {"value": ints(rng, (bs, nv, heads, d)), "loc": locs.astype(np.int16),
+                     "aw": rng.integers(0, 60, (bs, nq, heads, levels, points)).astype(np.int8)}
+
+
+def chain(rng):
+    """conv -> requantize -> linear -> add -> layer norm -> softmax, plus a float tail."""
+    b = bevir.Builder("chain")
+    x = b.input("x", fx((1, 12, 8, 4), 5, layout=Layout.nhwc))
+    w = b.const(ints(rng, (8, 4, 3, 3)), "w", fx((8, 4, 3, 3), 7))
+    y = b.fx_conv2d(x, w, pads=(1, 1, 1, 1), out_frac_bits=3, out_dtype="i16", loc="c/conv")
+    y = b.fx_requantize(y, out_frac_bits=4, loc="c/requant")
+    y = b.reshape(y, shape=(12, 64), loc="c/flat")
+    wl = b.const(ints(rng, (16, 64)), "wl", fx((16, 64), 8))
+    y = b.fx_linear(y, wl, out_frac_bits=4, loc="c/proj")
+    y = b.fx_add(y, y, out_frac_bits=3, loc="c/residual")
+    y = b.fx_layer_norm(y, out_frac_bits=5, loc="c/norm")
+    y = b.fx_softmax(y, loc="c/softmax")
+    b.output("p", y)
+    b.output("f", b.fx_dequantize(y, loc="c/dequant"))
+    return b.graph, {"x": ints(rng, (1, 12, 8, 4))}
+
+
+GRAPHS = {f.__name__: f for f in (conv_nhwc, conv_nchw, matmul, linear, add, layer_norm,
+                                  softmax, deform_attn, chain)}
+
+
+def partitioned(graph, cores: int, **options):
+    g = graph.clone()
+    bevir.optimize(g, [make_pass("partition", cores=cores, **options)])
+    return g
+
+
+def differing(a: dict, b: dict) -> int:
+    """Elements that differ between two runs' outputs (shapes and dtypes must agree)."""
+    assert a.keys() == b.keys()
+    for k in a:
+        assert a[k].shape == b[k].shape and a[k].dtype == b[k].dtype, k
+    return sum(int(np.count_nonzero(a[k] != b[k])) for k in a)
+
+
+def split_entries(g) -> list[dict]:
+    return [e for e in plan_of(g)["ops"] if e["choice"] != "none"]
+
+
+# ---- bit identity ------------------------------------------------------------------------
+@pytest.mark.parametrize("name", GRAPHS)
+@pytest.mark.parametrize("cores", [1, 2, 3, 4])
+def test_partitioned_graph_is_bit_identical(rng, name, cores):
+    graph, inputs = GRAPHS[name](rng)
+    reference = bevir.run(graph, inputs)
+    g = partitioned(graph, cores, barrier_cycles=0)     # no barrier cost: splits win
+    bevir.verify(g)
+    assert differing(bevir.run(g, inputs), reference) == 0
+    if cores == 1:
+        assert str(g) == str(graph) and not split_entries(g)
+    else:
+        assert split_entries(g), "nothing was split: the check would be empty"
+        assert g.op_counts()["core_gather"] == len(split_entries(g)) == g.op_counts()["barrier"]
+
+
+def forced(plan: dict, node: str, kind: str) -> dict:
+    """``plan`` with node's choice set to ``kind`` (the others unsplit)."""
+    plan = copy.deepcopy(plan)
+    assert node in [e["node"] for e in plan["ops"]]
+    for e in plan["ops"]:
+        e["choice"] = kind if e["node"] == node else "none"
+    return plan
+
+
+SPLIT_CASES = [(name, kind) for name, kinds in [
+    ("conv_nhwc", ("batch", "rows", "channels")), ("conv_nchw", ("batch", "rows", "channels")),
+    ("matmul", ("batch", "rows", "columns")), ("linear", ("rows", "columns")),
+    ("add", ("rows",)), ("layer_norm", ("rows",)), ("softmax", ("rows",)),
+    ("deform_attn", ("batch", "queries"))] for kind in kinds]
+
+
+@pytest.mark.parametrize("name,kind", SPLIT_CASES, ids=[f"{n}-{k}" for n, k in SPLIT_CASES])
+def test_every_declared_split_is_bit_identical(rng, tmp_path, name, kind):
+    graph, inputs = GRAPHS[name](rng)
+    reference = bevir.run(graph, inputs)
+    checked = 0
+    for cores in (2, 3, 4):
+        plan = search(graph, cores, SplitCost())
+        for entry in plan["ops"]:
+            cand = next(c for c in entry["candidates"] if c["split"] == kind)
+            if not cand["applies"]:
+                continue
+            path = tmp_path / f"{entry['node'][1:]}-{kind}-{cores}.json"
+            save_plan(forced(plan, entry["node"], kind), path)
+            g = partitioned(graph, cores, plan=str(path))
+            assert len(split_entries(g)) == 1
+            pieces = [n for n in g.nodes if n.op == entry["op"]
+                      and n.output.name.startswith(entry["node"][1:] + ".c")]
+            assert len(pieces) == len(cand["sizes"]) == min(cores, sum(cand["sizes"]))
+            assert differing(bevir.run(g, inputs), reference) == 0, (entry["node"], cores)
+            checked += 1
+    assert checked >= 3            # the kind applies on 2, 3 and 4 cores
+
+
+def test_conv_rows_read_their_halo_and_pad_only_at_the_border(rng):
+    graph, _ = conv_nhwc(rng)            # H 11, kernel 3, stride 2, pads 1: 6 output rows
+    plan = forced(search(graph, 2, SplitCost()), "%y", "rows")
+    cand = next(c for c in plan["ops"][0]["candidates"] if c["split"] == "rows")
+    assert cand["axis"] == 1 and cand["sizes"] == [3, 3]
+    g = graph.clone()
+    bevir.passes.partition.apply_plan(g, plan)
+    slices = [(n.attrs["start"], n.attrs["stop"]) for n in g.nodes if n.op == "core_slice"]
+    # output row r reads input rows 2r-1..2r+1: rows 0..2 read -1..5 (-1 the top padding),
+    # rows 3..5 read 5..11 (11 the bottom padding); row 5 is the halo both read
+    assert slices == [(0, 6), (5, 11)]
+    pads = [n.attrs["pads"] for n in g.nodes if n.op == "fx_conv2d"]
+    assert pads == [(1, 1, 0, 1), (0, 1, 1, 1)]
+    # read twice: the halo (one row of 9 x 5 per image) and the weights and bias, which
+    # both cores hold whole
+    assert cand["extra_bytes_read"] == 2 * 9 * 5 + 6 * 5 * 3 * 3 + 6 * 4
+
+
+# ---- metadata: the core of every node ----------------------------------------------------
+def test_every_piece_has_its_core_in_meta(rng, tmp_path):
+    graph, inputs = chain(rng)
+    g = partitioned(graph, 4, barrier_cycles=0)
+    for n in g.nodes:
+        if n.op == "barrier":
+            assert "core" not in n.meta and len(n.inputs) in (2, 3, 4)
+            pieces = [v.producer for v in n.inputs]
+            assert [p.meta["core"] for p in pieces] == list(range(len(pieces)))
+            assert all(p.output.name.endswith(f".c{k}") for k, p in enumerate(pieces))
+        else:
+            assert n.meta["core"] in range(4), n
+    for n in g.nodes:                    # a core's slices feed only that core's piece
+        if n.op == "core_slice":
+            assert {u.meta["core"] for u in n.output.users} == {n.meta["core"]}
+    bevir.save(g, tmp_path / "g.bevir")
+    saved = bevir.load(tmp_path / "g.bevir")
+    assert [n.meta.get("core") for n in saved.nodes] == [n.meta.get("core") for n in g.nodes]
+    assert plan_of(saved) == plan_of(g)
+
+
+# ---- the plan ----------------------------------------------------------------------------
+def test_plan_lists_every_candidate_its_cycles_the_choice_and_why(rng):
+    graph, _ = chain(rng)
+    g = partitioned(graph, 4)
+    plan = json.loads(json.dumps(plan_of(g)))             # plain JSON
+    assert plan["cores"] == 4 and plan["cost"]["macs_per_cycle"] == 4096
+    assert [(e["node"], e["op"], e["loc"]) for e in plan["ops"]] == \
+        [(n.name, n.op, n.loc) for n in graph.nodes]
+    cost = SplitCost()
+    for e, node in zip(plan["ops"], graph.nodes):
+        assert e["reason"] and e["candidates"][0]["split"] == "none"
+        assert e["candidates"][0]["cycles"] == cost.cycles(node)
+        if node.opdef.splits and all(v.type.dtype.is_int for v in node.inputs + node.outputs):
+            assert [c["split"] for c in e["candidates"][1:]] == list(node.opdef.splits)
+        applies = [c for c in e["candidates"] if c["applies"]]
+        best = min(c["cycles"] for c in applies)
+        chosen = next(c for c in applies if c["split"] == e["choice"])
+        assert chosen["cycles"] == best                   # the cheapest wins
+        for c in applies[1:]:
+            assert c["cycles"] == max(c["per_core"]) + cost.barrier_cycles
+            assert sum(c["sizes"]) == node.output.type.shape[c["axis"]]
+    reasons = {e["op"]: e["reason"] for e in plan["ops"]}
+    assert reasons["reshape"] == "op declares no split"
+    assert reasons["fx_dequantize"].startswith("not an integer op")
+
+
+def test_cost_is_the_documented_formula_and_small_ops_stay_unsplit(rng):
+    """Cycles = max(ceil(MACs / 4096), ceil(bytes / 64)); a split adds a barrier of 500."""
+    b = bevir.Builder("sizes")
+    small = b.input("s", fx((4, 8), 5))
+    big = b.input("x", fx((1, 64, 64, 32), 5, layout=Layout.nhwc))
+    w = b.const(ints(rng, (32, 32, 3, 3)), "w", fx((32, 32, 3, 3), 7))
+    b.output("s2", b.fx_add(small, small, out_frac_bits=4))
+    b.output("y", b.fx_conv2d(big, w, pads=(1, 1, 1, 1), out_frac_bits=3))
+    plan = search(b.graph, 4, SplitCost())
+    add_entry, conv_entry = plan["ops"]
+    # fx_add: 2 x 32 bytes read + 32 written = 96 bytes -> 2 cycles; no split beats that
+    assert add_entry["candidates"][0]["cycles"] == math.ceil(96 / 64)
+    assert add_entry["choice"] == "none" and "no split is cheaper" in add_entry["reason"]
+    # the conv: 64*64*32 outputs x 288 products; rows x4 reads 16 + 2 halo rows a core
+    macs = 64 * 64 * 32 * 288
+    conv_bytes = 64 * 64 * 32 + 32 * 288 + 64 * 64 * 32
+    assert conv_entry["candidates"][0]["cycles"] == max(math.ceil(macs / 4096),
+                                                        math.ceil(conv_bytes / 64))
+    rows = next(c for c in conv_entry["candidates"] if c["split"] == "rows")
+    inner = (18 * 64 * 32 + 32 * 288 + 16 * 64 * 32) / 64     # a middle piece's bytes
+    assert rows["per_core"][1] == max(math.ceil(macs / 4 / 4096), math.ceil(inner))
+    assert conv_entry["choice"] != "none" and conv_entry["reason"].startswith(conv_entry["choice"])
+
+
+def test_replay_gives_the_same_graph(rng, tmp_path):
+    graph, inputs = chain(rng)
+    g = partitioned(graph, 3, barrier_cycles=0)
+    save_plan(plan_of(g), tmp_path / "plan.json")
+    again = graph.clone()
+    bevir.optimize(again, f"partition{{cores=3, plan={tmp_path / 'plan.json'}}}")
+    assert str(again) == str(g)
+    assert [n.meta.get("core") for n in again.nodes] == [n.meta.get("core") for n in g.nodes]
+    assert differing(bevir.run(again, inputs), bevir.run(graph, inputs)) == 0
+
+
+def test_partition_is_deterministic(rng):
+    graph, _ = chain(rng)
+    a, b = partitioned(graph, 4), partitioned(graph, 4)
+    assert str(a) == str(b)
+    assert json.dumps(plan_of(a)) == json.dumps(plan_of(b))
+
+
+@pytest.mark.parametrize("break_it,message", [
+    (lambda p: p.update(cores=2), "it is for 2 cores, the pass for 4"),
+    (lambda p: p["ops"].pop(), "op entries for"),
+    (lambda p: p["ops"][0].update(op="fx_mul"), "entry 0 is ('%y', 'fx_mul')"),
+    (lambda p: p["ops"][0].update(choice="heads"), "split 'heads' is not one of the op's"),
+    (lambda p: p["ops"][0]["candidates"][2].update(sizes=[3, 3, 3, 3]), "do not cut axis 1"),
+    (lambda p: p["ops"][0]["candidates"][2].update(axis=2), "cuts axis 2, the op's axis is 1"),
+    (lambda p: p.update(format="other"), "not a bevir-partition plan"),
+])
+def test_a_plan_that_does_not_fit_is_a_clear_error(rng, tmp_path, break_it, message):
+    graph, _ = conv_nhwc(rng)
+    plan = forced(search(graph, 4, SplitCost()), "%y", "rows")
+    break_it(plan)
+    save_plan(plan, tmp_path / "bad.json")
+    with pytest.raises(bevir.PassError, match="does not fit the graph") as e:
+        partitioned(graph, 4, plan=str(tmp_path / "bad.json"))
+    assert message in str(e.value)
+    if "entry" in message or "split" in message or "axis" in message:
+        assert "op 'fx_conv2d' node %y from 'net/conv'" in str(e.value)
+
+
+def test_a_graph_is_partitioned_once(rng):
+    graph, _ = add(rng)
+    with pytest.raises(bevir.PassError, match="partitioned already"):
+        partitioned(partitioned(graph, 2), 2)
+
+
+def test_format_plan_says_what_was_split(rng):
+    graph, _ = chain(rng)
+    text = format_plan(plan_of(partitioned(graph, 4, barrier_cycles=0)))
+    print(text)
+    assert text.startswith("partition of @chain for 4 cores")
+    assert "fx_conv2d %" in text and "(c/conv)" in text and "cycles: none " in text
+    assert "op declares no split" in text
+
+
+# ---- the command line --------------------------------------------------------------------
+def test_cli_runs_partitioned_and_prints_the_plan(rng, tmp_path, capsys):
+    from safetensors.numpy import load_file, save_file
+    from bevir.cli import main
+    graph, inputs = chain(rng)
+    bevir.save(graph, tmp_path / "m.bevir")
+    save_file(inputs, str(tmp_path / "in.safetensors"))
+    outs = {}
+    for cores in ("1", "4"):
+        out = tmp_path / f"out{cores}.safetensors"
+        assert main(["run", str(tmp_path / "m.bevir"), "--inputs", str(tmp_path / "in.safetensors"),
+                     "-o", str(out), "--cores", cores]) == 0
+        outs[cores] = load_file(str(out))
+    assert "ops split" in capsys.readouterr().err
+    assert differing(outs["4"], bevir.run(graph, inputs)) == 0
+    assert differing(outs["1"], outs["4"]) == 0
+    assert main(["show", str(tmp_path / "m.bevir"), "--partition", "--cores", "4",
+                 "--plan-out", str(tmp_path / "plan.json")]) == 0
+    shown = capsys.readouterr().out
+    assert shown.startswith("partition of @chain for 4 cores") and "cycles: none" in shown
+    assert main(["run", str(tmp_path / "m.bevir"), "--inputs", str(tmp_path / "in.safetensors"),
+                 "--cores", "4", "--plan", str(tmp_path / "plan.json")]) == 0
+    assert main(["run", str(tmp_path / "m.bevir"), "--inputs", str(tmp_path / "in.safetensors"),
+                 "--cores", "2", "--plan", str(tmp_path / "plan.json")]) == 1
+    assert "does not fit the graph: it is for 4 cores" in capsys.readouterr().err
+
+
+# ---- BEVFormer's INT8 graph --------------------------------------------------------------
+@pytest.fixture(scope="module")
+def bevformer_int8(tmp_path_factory):
+    """The `test` config's INT8 graph as the e2e flow builds it, and its inputs."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from examples.bevformer import e2e
+    from examples.bevformer.config import CONFIGS
+    from examples.bevformer.inputs import make_inputs
+    from examples.bevformer.weights import build_model
+    cfg = CONFIGS["test"]
+    model = build_model(cfg, seed=0).eval()
+    inputs = make_inputs(cfg, 0, with_prev_bev=True)
+    feed = {k: inputs[k].numpy() for k in ("img", "lidar2img", "can_bus", "prev_bev")}
+    q, _, _ = e2e.int8_graph(model, inputs, feed, tmp_path_factory.mktemp("bevformer"))
+    return q, feed
+
+
+@pytest.mark.parametrize("barrier", [500, 0], ids=["default-cost", "no-barrier"])
+def test_bevformer_int8_is_bit_identical_on_1_to_4_cores(bevformer_int8, barrier):
+    q, feed = bevformer_int8
+    reference = bevir.run(q, feed)
+    for cores in (1, 2, 3, 4):
+        t0 = time.perf_counter()
+        g = partitioned(q, cores, barrier_cycles=barrier)
+        t1 = time.perf_counter()
+        out = bevir.run(g, feed)
+        kinds = {}
+        for e in split_entries(g):
+            kinds[f"{e['op']}:{e['choice']}"] = kinds.get(f"{e['op']}:{e['choice']}", 0) + 1
+        print(f"\n{cores} cores, barrier {barrier}: {len(g.nodes)} nodes, split {kinds}; "
+              f"partition {t1 - t0:.2f}s, run {time.perf_counter() - t1:.2f}s")
+        assert differing(out, reference) == 0, cores
+        if cores > 1:
+            assert any(k.startswith("qlinear_conv:") for k in kinds)
+        if cores > 1 and barrier == 0:        # the head's integer ops split too
+            assert {"fx_linear", "fx_layer_norm", "fx_softmax", "fx_ms_deform_attn"} <= \
+                {k.split(":")[0] for k in kinds}
