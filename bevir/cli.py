@@ -1,4 +1,4 @@
-"""The ``bevir`` command: import, quantize-backbone, show, opt, run, passes.
+"""The ``bevir`` command: import, quantize-backbone, show, opt, run, sim, passes.
 
     bevir import model.onnx -o model.bevir
     bevir quantize-backbone backbone_fp32.onnx --calibration calib.safetensors -o out/
@@ -7,6 +7,7 @@
     bevir opt --reproduce opt.reproducer.bevir
     bevir run opt.bevir --inputs in.safetensors -o out.safetensors [--cores 4]
     bevir show opt.bevir --partition --cores 4 --plan-out plan.json
+    bevir sim opt.bevir --hw "QC-U 8MB 16MAC x4" --out perf/
     bevir passes
 
 Errors in the input (bevir.BevirError, unreadable files) print one line
@@ -222,6 +223,25 @@ def cmd_run(args) -> int:
     return 0
 
 
+# ---- sim ---------------------------------------------------------------------------------
+def cmd_sim(args) -> int:
+    import bevir
+    from .hw import HWConfig
+    from .sim.cycles import model
+    hw = HWConfig.parse(args.hw)
+    graph = bevir.load(args.model)
+    profile = model(graph, hw)
+    profile.write(args.out, plots=not args.no_plots)
+    s = profile.summary()
+    _out(f"{hw.describe()} ({hw.hash[:12]}): makespan {s['makespan_cycles']:,} cycles "
+         f"({s['makespan_ms']:.3f} ms), per core {s['cycles_per_core']}, "
+         f"utilisation {s['utilisation']:.1%}")
+    for r in s["top_ops"][:args.top]:
+        _out(f"  {r['cycles']:>12,}  {r['bound']:<8} {r['op']:<20} {r['loc'] or r['name']}")
+    _out(f"wrote {args.out}")
+    return 0
+
+
 # ---- passes ------------------------------------------------------------------------------
 def cmd_passes(args) -> int:
     import dataclasses
@@ -316,6 +336,16 @@ def build_parser() -> argparse.ArgumentParser:
                    "pass), then run the partitioned graph")
     s.add_argument("--plan", metavar="FILE", help="partition by this plan (see show --partition)")
     s.set_defaults(fn=cmd_run)
+
+    s = sub.add_parser("sim", help="model a lowered model's cycles per op per core")
+    s.add_argument("model", help="a .bevir file")
+    s.add_argument("--hw", default="qc-u-4c", help="a preset or e.g. 'QC-U 8MB 16MAC x4' "
+                   "(default: qc-u-4c)")
+    s.add_argument("--out", required=True, metavar="DIR", help="where to write "
+                   "profile_core{i}.json, summary.json, timeline.png and roofline.png")
+    s.add_argument("--top", type=int, default=3, help="how many of the costliest ops to print")
+    s.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    s.set_defaults(fn=cmd_sim)
 
     s = sub.add_parser("passes", help="list the registered passes and their options")
     s.set_defaults(fn=cmd_passes)

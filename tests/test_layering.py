@@ -4,7 +4,7 @@ another module's private names.
 
 The layers, lowest first (``bevir/<layer>/...`` or ``bevir/<layer>.py``)::
 
-    errors < ir < ops < sim < passes < frontends < codegen < flows < cli, __init__, __main__
+    errors < hw < ir < ops < sim < passes < frontends < codegen < flows < cli, __init__, __main__
 
 Frontends sit above passes in the order but may not import them: an importer builds a
 graph, a flow (``bevir/flows``) decides what runs on it.
@@ -18,7 +18,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "bevir"
 
-LAYERS = ["errors", "ir", "ops", "sim", "passes", "frontends", "codegen", "flows", "top"]
+LAYERS = ["errors", "hw", "ir", "ops", "sim", "passes", "frontends", "codegen", "flows", "top"]
 #: layers that may not import a lower layer although the order would allow it
 FORBIDDEN = {("frontends", "passes"), ("frontends", "sim")}
 

@@ -13,6 +13,7 @@ from ..ir.types import TensorType
 from .common import float_operands, require
 from .nn import softmax_np
 from ..ir.opdef import FixedLowering, Int, Ints, OpDef, Str
+from .cost import sampling_work
 
 
 def _linear(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -316,6 +317,10 @@ class MsDeformAttn(OpDef):
 
     def macs(self, c):
         return c.in_types[2].numel * c.in_types[0].shape[3] * 4
+
+
+    def cycle_cost(self, c):
+        return sampling_work(c.in_types[0], c.in_types[2])
 
 
 class MultiheadAttention(OpDef):

@@ -31,6 +31,7 @@ from .linalg import (CONV_ATTRS, NCHW_CHANNEL_LIMIT, Contraction, Convolution, M
 from .numerics import (MAX_REDUCTION, NORM_FRAC, RECIP_BITS, Rescale, bilinear_taps,
                        bridge_table, div_table, int_matmul, lut_table, quantize_fixed,
                        rshift_round, rsqrt_fixed, saturate, softmax_exp_table)
+from .cost import per_element, sampling_work
 
 I8, I16, I32 = DType.i8, DType.i16, DType.i32
 INT_TYPES = (DType.i8, DType.i16, DType.i32, DType.i64, DType.u8)
@@ -127,6 +128,7 @@ class FxRequantize(OpDef):
     out_dtype (default i8) fixed<out_frac_bits>: Rescale.of(x's quantization, out_frac_bits)."""
 
     name = "fx_requantize"
+    cycle_cost = per_element(4)    # multiply, round, shift, saturate
     operands = ("x",)
     attrs = {**_OUT, **_WIDE}
     splits = ("rows",)
@@ -151,6 +153,7 @@ class FxQuantize(OpDef):
     out_frac_bits), round half up in float64 (exact), saturated; NaN becomes the minimum."""
 
     name = "fx_quantize"
+    cycle_cost = per_element(4)
     operands = ("x",)
     attrs = {**_OUT, **_WIDE}
     splits = ("rows",)
@@ -169,6 +172,7 @@ class FxDequantize(OpDef):
     in float64 and rounded once to float32 (exact for |x| <= 2**24)."""
 
     name = "fx_dequantize"
+    cycle_cost = per_element(4)
     operands = ("x",)
     splits = ("rows",)
 
@@ -227,6 +231,7 @@ class _FxProduct(Contraction):
     i8; i16 keeps attention scores fine for a softmax)."""
 
     attrs = {**_OUT, **_WIDE}
+    epilogue_ops = 4    # cycle model: bias add, requantizing multiply, rounding shift, saturate
 
     def weight_axis(self, w: TensorType) -> int | None:
         """The axis of w along which it may be quantized per output channel."""
@@ -370,6 +375,8 @@ class _FxAddSub(OpDef):
     (exact), summed, then rshift_round by F - out_frac_bits and saturated to out_dtype
     (default i8); broadcasting."""
 
+    cycle_cost = per_element(3)    # align shifts, add, saturate
+
     operands = ("a", "b")
     attrs = {**_OUT, **_WIDE}
     sign = 1
@@ -409,6 +416,7 @@ class FxMul(OpDef):
     i8); broadcasting."""
 
     name = "fx_mul"
+    cycle_cost = per_element(3)    # multiply, rounding shift, saturate
     operands = ("a", "b")
     attrs = {**_OUT, **_WIDE}
     splits = ("rows",)
@@ -432,6 +440,7 @@ class FxDiv(OpDef):
     exactly rounded (half up) quotient through a reciprocal multiplier (div_table)."""
 
     name = "fx_div"
+    cycle_cost = per_element(12)   # fixed-point division: reciprocal steps
     operands = ("x", "count")
     attrs = {**_OUT, "max_count": Int(255)}
     splits = ("rows",)
@@ -472,6 +481,7 @@ class FxReduceSum(OpDef):
     saturated: y = round_half_up(sum * 2**(out_frac_bits - f))."""
 
     name = "fx_reduce_sum"
+    cycle_cost = per_element(1, "reduce")
     operands = ("x",)
     attrs = {"axes": Ints(), "keepdims": Bool(True), **_OUT}
     mean = False
@@ -515,6 +525,7 @@ class FxRelu(OpDef):
     """max(x, 0) of i8 fixed x, requantized to out_frac_bits (default: x's frac bits)."""
 
     name = "fx_relu"
+    cycle_cost = per_element(1)
     operands = ("x",)
     attrs = {"out_frac_bits": Int(None)}
     splits = ("rows",)
@@ -540,6 +551,7 @@ class FxRelu(OpDef):
 class FxLookup(OpDef):
     """An elementwise function of i8 fixed x as a 256-entry table (lut_table)."""
 
+    cycle_cost = per_element(2, "table")   # index, load
     operands = ("x",)
     attrs = dict(_OUT)
     splits = ("rows",)
@@ -620,6 +632,8 @@ class FxSoftmax(OpDef):
     R = floor(2**46 / S), y = saturate(rshift_round(e * R, 46 - out_frac_bits))."""
 
     name = "fx_softmax"
+    # max, subtract, table, sum, reciprocal multiply, shift: per element
+    cycle_cost = per_element(6, "softmax")
     operands = ("x",)
     attrs = {"axis": Int(-1), "out_frac_bits": Int(7), **_WIDE}
     splits = ("rows",)
@@ -661,6 +675,8 @@ class FxLayerNorm(OpDef):
     in Q16), y = rshift_round(z * g + (b << (16 + fg - fb)), 16 + fg - out_frac_bits)."""
 
     name = "fx_layer_norm"
+    # sum, d = C*x - sum, d*d, rsqrt share, d*R, shift, *g, +b, shift, saturate
+    cycle_cost = per_element(10, "norm")
     operands = ("x", "scale?", "bias?")
     attrs = {"epsilon": Float(1e-5), **_OUT}
     splits = ("rows",)
@@ -790,3 +806,7 @@ class FxMsDeformAttn(OpDef):
 
     def macs(self, c):
         return c.in_types[2].numel * c.in_types[0].shape[3] * 4
+
+
+    def cycle_cost(self, c):
+        return sampling_work(c.in_types[0], c.in_types[2])

@@ -6,6 +6,7 @@ import numpy as np
 from ..ir.types import Layout, TensorType
 from ..ir.opdef import Bool, FixedLowering, Float, Int, Ints, OpDef, Piece, aligned_range
 from .common import float_operands, require
+from .cost import PEMapping, Work
 from .layout_rules import NATIVE
 
 
@@ -200,6 +201,35 @@ class Contraction(OpDef):
     def macs(self, c):
         return c.out_types[0].numel * self.reduction(c, *c.in_types[:2])
 
+    #: cycle model: the class of its efficiency factor, ALU operations per result
+    #: (the epilogue: bias, requantization)
+    op_class = "matmul"
+    epilogue_ops = 1
+
+    def gemm_dims(self, c) -> tuple[int, int, int, int]:
+        """(batch, M, N, K): results as batch x [M, N], each a K-long sum of products.
+        Rows share the weight, so all leading axes fold into M."""
+        out = c.out_types[0]
+        n = out.shape[-1] if out.rank else 1
+        return 1, out.numel // n, n, self.reduction(c, *c.in_types[:2])
+
+    def pe_mappings(self, c) -> tuple[PEMapping, ...]:
+        """Output stationary: M over PE rows and N over columns (K across the lanes), or
+        M over every PE with the N columns in sequence (for small N)."""
+        b, m, n, k = self.gemm_dims(c)
+        return (PEMapping("MxN", ((m, "rows"), (n, "cols"), (k, "lanes")), 1, b, (1,)),
+                PEMapping("M/pes", ((m, "pes"), (k, "lanes")), n, b))
+
+    def tile_weight_bytes(self, c) -> int:
+        """The weight bytes one tile of the array reads: all of them."""
+        return c.in_types[1].nbytes
+
+    def cycle_cost(self, c) -> Work:
+        return Work(self.op_class, self.pe_mappings(c),
+                    alu_ops=self.epilogue_ops * c.out_types[0].numel,
+                    tile_weight_bytes=self.tile_weight_bytes(c),
+                    weight_bytes=c.in_types[1].nbytes)
+
 
 CONV_ATTRS = {"strides": Ints((1, 1)), "pads": Ints((0, 0, 0, 0)), "dilations": Ints((1, 1)),
               "groups": Int(1)}
@@ -239,6 +269,7 @@ class Convolution(Contraction):
     def weight_axes(self, c, w):
         return (1, 2, 3)
 
+    op_class = "conv"
     #: by images, by output rows (each piece reads a halo of input rows), by output channels
     splits = ("batch", "rows", "channels")
 
@@ -268,6 +299,23 @@ class Convolution(Contraction):
         hi = (stop - 1) * c.strides[0] - top + (kh - 1) * c.dilations[0] + 1
         ranges[0] = (self.split_axis(c, "rows"), max(lo, 0), min(hi, h))
         return Piece(tuple(ranges), {"pads": (max(-lo, 0), left, max(hi - h, 0), right)})
+
+    def pe_mappings(self, c):
+        """Output stationary: one output pixel per PE (OH over rows, OW over columns),
+        the MAC lanes across the input channels of a group, or across its output
+        channels (depthwise convolutions, few input channels); or the pixels over the
+        rows and the output channels over the columns."""
+        n, o, oh, ow = nchw_dims(c.out_types[0])
+        _, cg, kh, kw = c.in_types[1].shape
+        og = o // c.groups
+        pixels = ((oh, "rows"), (ow, "cols"))
+        return (PEMapping("pixels/in-channels", pixels + ((cg, "lanes"),), o * kh * kw, n),
+                PEMapping("pixels/out-channels", pixels + ((og, "lanes"),),
+                          c.groups * cg * kh * kw, n, (2,)),
+                # small images: pixels down the rows, a group's output channels across
+                PEMapping("pixels x out-channels", ((oh * ow, "rows"), (og, "cols"),
+                                                    (cg, "lanes")), c.groups * kh * kw, n,
+                          (1,)))
 
 
 def matmul_shape(a: TensorType, b: TensorType) -> tuple[int, ...]:
@@ -317,6 +365,18 @@ class MatrixProduct(Contraction):
             if len(ranges) > 2 and c.in_types[2] is not None:
                 ranges[2] = (0, start, stop)
         return Piece(tuple(ranges))
+
+    def gemm_dims(self, c):
+        """A batched b (attention scores) differs per batch; a 2-D one is shared."""
+        _, m, n, k = super().gemm_dims(c)
+        b = c.in_types[1]
+        batch = int(np.prod(c.out_types[0].shape[:-2])) if b.rank > 2 else 1
+        return batch, m // batch, n, k
+
+    def tile_weight_bytes(self, c):
+        """A batched b: one batch's matrix per tile."""
+        b = c.in_types[1]
+        return b.nbytes // int(np.prod(b.shape[:-2])) if b.rank > 2 else b.nbytes
 
     @staticmethod
     def column_axis(b: TensorType) -> int | None:

@@ -14,6 +14,7 @@ from ..ir.opdef import Bool, FixedLowering, Float, Int, Ints, LayoutRule, OpDef,
 from .common import float_operands, norm_axis, require
 from .layout_rules import NATIVE, size_attr
 from .shape import moved
+from .cost import Work, per_element
 
 
 def _acc(dtype: np.dtype) -> np.dtype:
@@ -97,6 +98,11 @@ class MaxPool2d(OpDef):
     def infer(self, c, x):
         require(x.dtype.is_float or x.dtype.is_int, f"expects a numeric operand, got {x.dtype}")
         return _pool_infer(c, x)
+
+    def cycle_cost(self, c):
+        """One compare per window tap and result."""
+        kh, kw = c.kernel
+        return Work("reduce", alu_ops=c.out_types[0].numel * kh * kw)
 
     def compute(self, c, x):
         fill = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
@@ -208,6 +214,7 @@ class LayerNorm(OpDef):
     (both broadcast over those axes). Two-pass mean and variance in (at least) float32."""
 
     name = "layer_norm"
+    cycle_cost = per_element(10, "norm")
     fixed_point = FixedLowering("layer_norm")
     operands = ("x", "scale?", "bias?")
     attrs = {"axis": Int(-1), "epsilon": Float(1e-5)}
@@ -271,6 +278,7 @@ def softmax_np(x: np.ndarray, axis: int) -> np.ndarray:
 
 class Softmax(OpDef):
     name = "softmax"
+    cycle_cost = per_element(6, "softmax")
     fixed_point = FixedLowering("softmax")
     operands = ("x",)
     attrs = {"axis": Int(-1)}
@@ -376,6 +384,7 @@ class GridSample(OpDef):
     the input contributes 0."""
 
     name = "grid_sample"
+    cycle_cost = per_element(10, "sampling")   # 4 taps: gather, MAC; coordinates
     operands = ("x", "grid")
     attrs = {"mode": Str("bilinear", ("bilinear", "nearest")),
              "padding_mode": Str("zeros", ("zeros", "border", "reflection")),

@@ -12,6 +12,7 @@ from ..ir.types import Layout, TensorType
 from .common import float_operands, require
 from ..ir.opdef import Bool, FixedLowering, Ints, OpDef
 from .shape import norm_axes
+from .cost import per_element
 
 
 def _bound(dtype: np.dtype, high: bool):
@@ -28,6 +29,7 @@ class Reduce(OpDef):
     attrs = {"axes": Ints(None), "keepdims": Bool(True)}
     floats_only = False
     keeps_quant = False
+    cycle_cost = per_element(1, "reduce")
 
     def infer(self, c, x):
         if self.floats_only:

@@ -15,6 +15,7 @@ from ..ir.types import DType, Layout, TensorType
 from ..ir.opdef import Bool, FixedLowering, Float, Int, Ints, LayoutRule, OpDef, Str, Tensor
 from .common import norm_axis, require, same_dtype
 from .layout_rules import AXIS, axes_attr, layout_perm, pads_attr, permute_quant
+from .cost import view_cost
 
 
 def norm_axes(axes, rank: int) -> tuple[int, ...]:
@@ -107,6 +108,7 @@ class Slice(OpDef):
 
 class Reshape(OpDef):
     name = "reshape"
+    cycle_cost = view_cost
     moves_data = True
     operands = ("x",)
     attrs = {"shape": Ints()}
@@ -124,6 +126,7 @@ class Flatten(OpDef):
     """ONNX Flatten: [prod(dims before axis), prod(dims from axis)]."""
 
     name = "flatten"
+    cycle_cost = view_cost
     moves_data = True
     operands = ("x",)
     attrs = {"axis": Int(1)}
@@ -177,6 +180,7 @@ class LayoutTransform(OpDef):
 
 class Squeeze(OpDef):
     name = "squeeze"
+    cycle_cost = view_cost
     moves_data = True
     operands = ("x",)
     attrs = {"axes": Ints()}
@@ -194,6 +198,7 @@ class Unsqueeze(OpDef):
     """Insert size-1 axes at ``axes``, positions in the result (ONNX semantics)."""
 
     name = "unsqueeze"
+    cycle_cost = view_cost
     moves_data = True
     operands = ("x",)
     attrs = {"axes": Ints()}
