@@ -3,7 +3,6 @@ invariants (never negative, monotone in work), the multi-core schedule, and its 
 from __future__ import annotations
 
 import json
-import math
 
 import numpy as np
 import pytest
