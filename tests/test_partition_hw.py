@@ -94,3 +94,41 @@ def test_options_that_contradict_the_config_are_errors(rng, options, message):
     graph, _ = mlp(rng)
     with pytest.raises(PassError, match=message):
         bevir.optimize(graph, f"partition{{{options}}}")
+
+
+def test_plan_memory_takes_ocm_cores_and_shared_from_the_config(rng):
+    graph, feed = mlp(rng)
+    reference = bevir.run(graph, feed)
+    g = bevir.optimize(graph.clone(), f'partition{{hw="{QCU}"}},plan-memory{{hw="{QCU}"}}')
+    options = g.meta["memory_plan"]["options"]
+    hw = HWConfig.parse(QCU)
+    assert (options["ocm"], options["cores"], options["shared"]) == (hw.ocm_bytes, 4, False)
+    assert options["hw_hash"] == hw.hash
+    assert {c["core"] for c in g.meta["memory_plan"]["cores"]} == {0, 1, 2, 3}
+    small = bevir.optimize(graph.clone(), 'plan-memory{hw="QC-U 160KB 16MAC x1 shared"}')
+    assert small.meta["memory_plan"]["options"]["shared"] is True
+    assert any(n.op == "dma_copy" for n in small.nodes)       # 160 KB: x waits in DDR
+    for planned in (g, small):
+        out = bevir.run(planned, feed)
+        assert all(np.array_equal(out[k], reference[k]) for k in reference)
+
+
+def test_plan_memory_options_that_contradict_the_config_are_errors():
+    with pytest.raises(PassError, match=r"cores=2 contradicts hw='QC-U 8MB 16MAC x4' \(cores 4\)"):
+        bevir.passes.parse_pipeline(f'plan-memory{{cores=2, hw="{QCU}"}}')
+
+
+def test_cli_run_partitions_with_the_cycle_model(rng, tmp_path, capsys):
+    from safetensors.numpy import load_file, save_file
+    from bevir.cli import main
+    graph, feed = mlp(rng)
+    bevir.save(graph, tmp_path / "m.bevir")
+    save_file(feed, str(tmp_path / "in.safetensors"))
+    out = tmp_path / "out.safetensors"
+    assert main(["run", str(tmp_path / "m.bevir"), "--inputs", str(tmp_path / "in.safetensors"),
+                 "-o", str(out), "--cores", "4", "--hw", QCU]) == 0
+    err = capsys.readouterr().err
+    by_hw = plan_of(bevir.optimize(graph.clone(), f'partition{{hw="{QCU}"}}'))
+    assert f"ops split: {sum(e['choice'] != 'none' for e in by_hw['ops'])} of" in err
+    got, reference = load_file(str(out)), bevir.run(graph, feed)
+    assert all(np.array_equal(got[k], reference[k]) for k in reference)
