@@ -5,7 +5,7 @@
     bevir show model.bevir
     bevir opt model.bevir -p canonicalize,cse,dce -o opt.bevir --time-passes --stats
     bevir opt --reproduce opt.reproducer.bevir
-    bevir run opt.bevir --inputs in.safetensors -o out.safetensors [--cores 4]
+    bevir run opt.bevir --inputs in.safetensors -o out.safetensors [--cores 4] [--hw CONFIG]
     bevir show opt.bevir --partition --cores 4 --plan-out plan.json
     bevir sim opt.bevir --hw "QC-U 8MB 16MAC x4" --out perf/
     bevir passes
@@ -92,10 +92,11 @@ def summary(graph) -> str:
     return f"summary of @{graph.name}:\n" + "".join(f"  {k.ljust(width)}  {v}\n" for k, v in rows)
 
 
-def partitioned(graph, cores: int, plan: str | None = None):
-    """``graph`` partitioned for ``cores`` cores (a plan file replayed if given), in place."""
+def partitioned(graph, cores: int, plan: str | None = None, hw: str | None = None):
+    """``graph`` partitioned for ``cores`` cores (0: ``hw``'s) in place, a plan file
+    replayed if given, costed by ``hw``'s cycle model if given."""
     from .passes import make_pass, optimize
-    return optimize(graph, [make_pass("partition", cores=cores, plan=plan or "")])
+    return optimize(graph, [make_pass("partition", cores=cores, plan=plan or "", hw=hw or "")])
 
 
 def cmd_show(args) -> int:
@@ -210,9 +211,10 @@ def cmd_run(args) -> int:
     fetch = None
     if args.fetch:
         fetch = "all" if args.fetch == ["all"] else args.fetch
-    if args.cores is not None or args.plan:
+    if args.cores is not None or args.plan or args.hw:
         from .passes.partition import format_plan
-        partitioned(graph, 4 if args.cores is None else args.cores, args.plan)
+        cores = args.cores if args.cores is not None else 0 if args.hw else 4
+        partitioned(graph, cores, args.plan, args.hw)
         _err(format_plan(graph.meta["partition"]).splitlines()[1].strip())
     results = run(graph, inputs, fetch=fetch)
     for name, a in results.items():
@@ -335,6 +337,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--cores", type=int, help="partition across N cores first (the partition "
                    "pass), then run the partitioned graph")
     s.add_argument("--plan", metavar="FILE", help="partition by this plan (see show --partition)")
+    s.add_argument("--hw", metavar="CONFIG", help="partition with this hardware config's cycle "
+                   "model (a preset or e.g. 'QC-U 8MB 16MAC x4'; cores default to its)")
     s.set_defaults(fn=cmd_run)
 
     s = sub.add_parser("sim", help="model a lowered model's cycles per op per core")

@@ -25,6 +25,7 @@ and :func:`verify_memory_plan` checks them against liveness recomputed from the 
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from bisect import bisect_right
@@ -32,6 +33,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from ..errors import PassError, VerifyError
+from ..hw import HWConfig
 from ..ir.graph import Graph, Node, Value
 from ..ir.meta import register_meta_key
 from .analysis import AnalysisManager, Liveness
@@ -283,6 +285,22 @@ class PlanMemory(Pass):
     seed: int = 0                     # the placement search's random choices
     search_steps: int = 200           # placements the hill-climb may try per core
     double_buffer: bool = True        # issue loads one node early where the OCM allows
+    hw: str = ""                      # a hardware config: ocm, cores and shared from it
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.hw:
+            self._from_config(HWConfig.parse(self.hw))
+
+    def _from_config(self, hw: HWConfig) -> None:
+        """Take ocm, cores and shared from ``hw``; one given otherwise contradicts it."""
+        fields = {f.name: f.default for f in dataclasses.fields(self)}
+        for name, value in (("ocm", hw.ocm_bytes), ("cores", hw.cores),
+                            ("shared", hw.ocm_shared)):
+            if getattr(self, name) not in (fields[name], value):
+                raise PassError(f"pass 'plan-memory': {name}={getattr(self, name)} "
+                                f"contradicts hw={self.hw!r} ({name} {value})")
+            setattr(self, name, value)
 
     def run(self, graph: Graph, am: AnalysisManager) -> None:
         if "memory_plan" in graph.meta:
@@ -471,7 +489,9 @@ class PlanMemory(Pass):
             "version": PLAN_VERSION,
             "options": {"ocm": self.ocm, "cores": self.cores, "shared": self.shared,
                         "align": self.align, "seed": self.seed,
-                        "search_steps": self.search_steps, "double_buffer": self.double_buffer},
+                        "search_steps": self.search_steps, "double_buffer": self.double_buffer,
+                        **({"hw": self.hw, "hw_hash": HWConfig.parse(self.hw).hash}
+                           if self.hw else {})},
             "cores": [{"core": c, **figures[c]} for c in sorted(figures)],
             "ddr_values": ddr,
             "ddr_bytes": sum(sizes[n] for n in ddr),

@@ -3,10 +3,10 @@
 Each op declares how it may be split (``OpDef.splits``: "rows", "batch", "channels",
 "columns", "queries"; ``split_axis`` / ``split_piece`` say which result axis and which
 operand ranges). For every node the pass models each candidate, one core (``none``) and
-each declared kind cut into balanced ranges, with a cost function of a node (by default
-:class:`SplitCost`, ``max(MACs / macs_per_cycle, bytes / bytes_per_cycle)``, a placeholder
-for the cycle model: any object with ``cycles(node)``, ``barrier(cores)`` and ``describe()``
-will do). A split costs its busiest core plus a barrier, counting what each piece reads
+each declared kind cut into balanced ranges, with a cost model: given a hardware config
+(``hw="QC-U 8MB 16MAC x4"``), :class:`HWCost`, the cycle model's own cycles of each piece
+on one core (bevir/sim/cycles.py); without one, :class:`SplitCost`, ``max(MACs /
+macs_per_cycle, bytes / bytes_per_cycle)``, a placeholder. Any :class:`CostModel` will do. A split costs its busiest core plus a barrier, counting what each piece reads
 (halo rows, replicated weights); the cheapest candidate wins, one core on a tie.
 
 A chosen split becomes explicit ops (bevir/ops/multicore.py): per core ``core_slice`` of
@@ -19,6 +19,7 @@ without searching. Results are bit-identical: the pieces compute the same intege
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -26,9 +27,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..errors import BevirError, PassError, VerifyError
+from ..hw import HWConfig
 from ..ir.graph import Graph, Node, Value
 from ..ir.meta import register_meta_key
 from ..ir.opdef import Ctx, get_op
+from ..sim.cycles import cost_node
 from .analysis import AnalysisManager
 from .core import Pass
 
@@ -46,6 +49,9 @@ class CostModel(Protocol):
     """What the pass asks of a cost model (the cycle model can stand in)."""
 
     def cycles(self, node: Node) -> int: ...
+
+    def piece_cycles(self, node: Node, piece: PieceSpec) -> int:
+        """The cycles of one core's ``piece`` of ``node``."""
 
     def barrier(self, cores: int) -> int: ...
 
@@ -68,6 +74,9 @@ class SplitCost:
         memory = -(-(cost["bytes_read"] + cost["bytes_written"]) // self.bytes_per_cycle)
         return max(compute, memory)
 
+    def piece_cycles(self, node: Node, piece: PieceSpec) -> int:
+        return self.cycles(piece.node)
+
     def barrier(self, cores: int) -> int:
         return self.barrier_cycles
 
@@ -76,6 +85,43 @@ class SplitCost:
                          "a split: its busiest core + barrier",
                 "macs_per_cycle": self.macs_per_cycle, "bytes_per_cycle": self.bytes_per_cycle,
                 "barrier_cycles": self.barrier_cycles}
+
+
+@dataclass(frozen=True)
+class HWCost:
+    """The cycle model's costs (bevir/sim/cycles.py ``cost_node``): a node's own cycles on
+    one core of ``hw`` (launch + max(compute, OCM, DDR) + exposed DMA latency, cheapest PE
+    mapping); a barrier costs ``hw.barrier_cycles``. ``graph_io``: ids of the graph's inputs
+    and outputs, which the model moves from and to DDR."""
+
+    hw: HWConfig
+    graph_io: frozenset[int] = frozenset()
+
+    @classmethod
+    def of(cls, graph: Graph, hw: HWConfig) -> HWCost:
+        return cls(hw, frozenset(id(v) for v in [*graph.inputs, *graph.outputs.values()]))
+
+    def cycles(self, node: Node) -> int:
+        return cost_node(node, self.hw, set(self.graph_io))["own"]
+
+    def piece_cycles(self, node: Node, piece: PieceSpec) -> int:
+        """As the model costs the piece in the partitioned graph: an operand the piece does
+        not cut is the node's own (a weight or graph input stays in DDR); a cut one comes
+        from a ``core_slice``."""
+        ranges = list(piece.ranges) + [None] * (len(node.inputs) - len(piece.ranges))
+        io = set(self.graph_io) | {
+            id(p) for p, v, r in zip(piece.node.inputs, node.inputs, ranges)
+            if r is None and v is not None and (v.is_const or id(v) in self.graph_io)}
+        return cost_node(piece.node, self.hw, io)["own"]
+
+    def barrier(self, cores: int) -> int:
+        return self.hw.barrier_cycles
+
+    def describe(self) -> dict[str, Any]:
+        return {"model": "the cycle model's own cycles per piece on one core (bevir/sim/"
+                         "cycles.py); a split: its busiest core + barrier",
+                "hw": self.hw.describe(), "hw_name": self.hw.name, "hw_hash": self.hw.hash,
+                "barrier_cycles": self.hw.barrier_cycles}
 
 
 def balanced(n: int, parts: int) -> list[int]:
@@ -155,7 +201,7 @@ def candidate(node: Node, kind: str, cores: int, cost: CostModel, whole_read: in
     except (VerifyError, ValueError, IndexError) as e:
         return {"split": kind, "applies": False,
                 "note": e.message if isinstance(e, BevirError) else str(e)}
-    per_core = [cost.cycles(s.node) for s in specs]
+    per_core = [cost.piece_cycles(node, s) for s in specs]
     read = sum(s.node.opdef.cost(s.node)["bytes_read"] for s in specs)
     return {"split": kind, "applies": True, "axis": axis, "sizes": sizes, "per_core": per_core,
             "cycles": max(per_core) + cost.barrier(len(sizes)),
@@ -288,32 +334,56 @@ def apply_plan(graph: Graph, plan: dict) -> dict[str, int]:
 
 class Partition(Pass):
     """Split each integer op worth it across ``cores`` cores (see the module docstring);
-    ``plan``: a plan JSON file to replay instead of searching. Cost options: see
-    :class:`SplitCost`."""
+    ``plan``: a plan JSON file to replay instead of searching. ``hw``: a hardware config
+    (a preset or e.g. "QC-U 8MB 16MAC x4") whose cycle model gives the costs
+    (:class:`HWCost`); without it the options of :class:`SplitCost` do. ``cores``: 0 means
+    the config's cores, or 4 without one."""
 
     name = "partition"
     description = "split integer ops across cores by their declared splits and a cost model"
 
-    cores: int = 4
+    cores: int = 0
     plan: str = ""
+    hw: str = ""
     macs_per_cycle: int = 4096
     bytes_per_cycle: int = 64
     barrier_cycles: int = 500
 
-    def cost_model(self) -> CostModel:
+    def hw_config(self) -> HWConfig | None:
+        if not self.hw:
+            return None
+        placeholders = [f.name for f in dataclasses.fields(self) if f.name in
+                        ("macs_per_cycle", "bytes_per_cycle", "barrier_cycles")
+                        and getattr(self, f.name) != f.default]
+        if placeholders:
+            raise PassError(f"pass 'partition': {', '.join(placeholders)} configure the "
+                            f"placeholder cost; with hw={self.hw!r} the config does")
+        return HWConfig.parse(self.hw)
+
+    def core_count(self, hw: HWConfig | None) -> int:
+        if hw is not None and self.cores > hw.cores:
+            raise PassError(f"pass 'partition': {self.cores} cores, the config "
+                            f"{hw.describe()} has {hw.cores}")
+        return self.cores or (hw.cores if hw is not None else 4)
+
+    def cost_model(self, graph: Graph, hw: HWConfig | None) -> CostModel:
+        if hw is not None:
+            return HWCost.of(graph, hw)
         return SplitCost(self.macs_per_cycle, self.bytes_per_cycle, self.barrier_cycles)
 
     def run(self, graph: Graph, am: AnalysisManager) -> None:
-        if self.cores < 1 or self.macs_per_cycle < 1 or self.bytes_per_cycle < 1:
-            raise PassError(f"pass 'partition': cores {self.cores}, macs_per_cycle and "
-                            "bytes_per_cycle must be >= 1")
+        if self.cores < 0 or self.macs_per_cycle < 1 or self.bytes_per_cycle < 1:
+            raise PassError(f"pass 'partition': cores {self.cores} must be >= 0 (0: the "
+                            "config's), macs_per_cycle and bytes_per_cycle >= 1")
         if META_KEY in graph.meta:
             raise PassError(f"graph @{graph.name} is partitioned already")
+        hw = self.hw_config()
+        cores = self.core_count(hw)
         if self.plan:
             plan = read_plan(self.plan)
-            check_plan(plan, graph, self.cores, self.plan)
+            check_plan(plan, graph, cores, self.plan)
         else:
-            plan = search(graph, self.cores, self.cost_model())
+            plan = search(graph, cores, self.cost_model(graph, hw))
         for kind, n in apply_plan(graph, plan).items():
             self.stat("unsplit" if kind == "none" else f"split-{kind}", n)
         graph.meta[META_KEY] = plan
