@@ -106,40 +106,57 @@ def error(records: Sequence[OpRecord], measured: dict[str, tuple[float, float | 
     return sum(abs(mine[k] - measured[k][0]) for k in keys) / den if den else 0.0
 
 
-def fit_efficiency(graph: Graph, base: HWConfig, measured_records: Sequence[dict]) -> Fit:
-    """``base`` with each op class's efficiency least-squares fitted (module docstring)."""
-    measured = measured_own(measured_records)
-    before = model(graph, base)
-    by_key = {r.name or r.loc: r for r in before.records}
-    unmatched = sorted(k for k in measured if k not in by_key)
-    if len(unmatched) == len(measured):
-        raise FitError(f"no measured record matches an op of @{graph.name} by name or loc "
-                       f"(first: {unmatched[:3]})")
-    sums: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0, 0])
-    for k, (total, own) in measured.items():
-        r = by_key.get(k)
-        work = r.terms.get("mac", 0) + r.terms.get("alu", 0) if r else 0
-        if not work:
+Sums = dict[str, list[float]]      # op class -> [sum work y, sum work^2, used, memory-bound]
+
+
+def class_sums(records: Sequence[OpRecord], measured: dict[str, tuple[float, float | None]]
+               ) -> Sums:
+    """Per op class, the least-squares sums over its compute-bound measured records."""
+    sums: Sums = defaultdict(lambda: [0.0, 0.0, 0, 0])
+    for r in records:
+        work = r.terms.get("mac", 0) + r.terms.get("alu", 0)
+        if not work or (r.name or r.loc) not in measured:
             continue
+        total, own = measured[r.name or r.loc]
         y = (total - r.wait_cycles if own is None else own) - r.terms["launch"] \
             - r.terms["exposed"]
         s = sums[r.op_class]
         if y > max(r.terms["ocm"], r.terms["ddr"]):     # compute bounds it
-            s[0] += work * y
-            s[1] += work * work
-            s[2] += 1
+            s[0], s[1], s[2] = s[0] + work * y, s[1] + work * work, s[2] + 1
         else:
             s[3] += 1
-    efficiency = dict(base.efficiency)
-    classes = []
-    for c, (wy, ww, used, mem) in sorted(sums.items()):
-        if used:
-            efficiency[c] = min(1.0, ww / wy)                    # 1 / k, k = wy / ww
-        classes.append(ClassFit(c, efficiency.get(c, 1.0), base.efficiency_of(c), used, mem))
-    hw = HWConfig(**{**base.model_dump(), "efficiency": efficiency,
-                     "name": f"{base.name} (fitted)"})
+    return sums
+
+
+def fit_efficiency(graph: Graph, base: HWConfig, measured_records: Sequence[dict],
+                   rounds: int = 5) -> Fit:
+    """``base`` with each op class's efficiency least-squares fitted (module docstring).
+    Refitted with the fitted config's own mappings until the factors settle (an op's best
+    PE mapping can change with its efficiency); a class left with no compute-bound record
+    keeps its last factor."""
+    measured = measured_own(measured_records)
+    profile = first = model(graph, base)
+    known = {r.name or r.loc for r in first.records}
+    unmatched = sorted(k for k in measured if k not in known)
+    if len(unmatched) == len(measured):
+        raise FitError(f"no measured record matches an op of @{graph.name} by name or loc "
+                       f"(first: {unmatched[:3]})")
+    hw = base
+    for _ in range(rounds):
+        efficiency = dict(hw.efficiency)
+        for c, (wy, ww, used, _mem) in class_sums(profile.records, measured).items():
+            if used:
+                efficiency[c] = min(1.0, ww / wy)                # 1 / k, k = wy / ww
+        if efficiency == hw.efficiency:
+            break
+        hw = HWConfig(**{**base.model_dump(), "efficiency": efficiency,
+                         "name": f"{base.name} (fitted)"})
+        profile = model(graph, hw)
+    classes = [ClassFit(c, hw.efficiency_of(c), base.efficiency_of(c), used, mem)
+               for c, (_wy, _ww, used, mem) in sorted(class_sums(profile.records,
+                                                                  measured).items())]
     return Fit(hw, classes, len(measured) - len(unmatched), unmatched,
-               error(before.records, measured), error(model(graph, hw).records, measured))
+               error(first.records, measured), error(profile.records, measured))
 
 
 def format_fit(fit: Fit) -> str:
