@@ -286,7 +286,7 @@ def _list(text: str | None, flag: str, read) -> list:
 def cmd_sweep(args) -> int:
     import bevir
     from .hw import parse_size
-    from .sim.sweep import format_table, sweep, write
+    from .flows.sweep import format_table, sweep, write
     base = _hw(args.hw)
     cores, macs = _list(args.cores, "--cores", int), _list(args.macs, "--macs", int)
     ocm = _list(args.ocm, "--ocm", parse_size)

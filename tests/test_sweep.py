@@ -15,7 +15,7 @@ from bevir.hw import MB, HWConfig
 from bevir.ir.types import FixedPointQuant
 from bevir.sim.cycles import model
 from bevir.sim.fit import FitError, fit_efficiency
-from bevir.sim.sweep import format_table, partitioned, sweep, write
+from bevir.flows.sweep import format_table, partitioned, sweep, write
 
 BASE = HWConfig.preset("qc-u")
 CORES, MACS, OCM = [1, 2, 4], [8, 16], [MB // 4, 4 * MB]

@@ -7,6 +7,7 @@
 Each grid point is the base config with ``cores``, ``macs_per_pe`` and ``ocm_bytes``
 replaced; the graph is partitioned once per core count (``partition{cores=N}``, whose
 default cost does not read the rest of the config) and modelled by bevir/sim/cycles.py.
+It is a flow, not part of bevir.sim, because it runs a pass (sim sits below passes).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from ..hw import HWConfig, format_size
 from ..ir.graph import Graph
-from .cycles import model
+from ..sim.cycles import model
 
 
 @dataclass(frozen=True)
