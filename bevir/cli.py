@@ -1,4 +1,5 @@
-"""The ``bevir`` command: import, quantize-backbone, show, opt, run, sim, passes.
+"""The ``bevir`` command: import, quantize-backbone, show, opt, run, sim, sweep,
+passes.
 
     bevir import model.onnx -o model.bevir
     bevir quantize-backbone backbone_fp32.onnx --calibration calib.safetensors -o out/
@@ -7,7 +8,8 @@
     bevir opt --reproduce opt.reproducer.bevir
     bevir run opt.bevir --inputs in.safetensors -o out.safetensors [--cores 4] [--hw CONFIG]
     bevir show opt.bevir --partition --cores 4 --plan-out plan.json
-    bevir sim opt.bevir --hw "QC-U 8MB 16MAC x4" --out perf/
+    bevir sim opt.bevir --hw "QC-U 8MB 16MAC x4" --out perf/ [--fit profile_core0.json]
+    bevir sweep opt.bevir --cores 1,2,4,8 --macs 8,16 --ocm 4MB,8MB,16MB --out sweep/
     bevir passes
 
 Errors in the input (bevir.BevirError, unreadable files) print one line
@@ -226,12 +228,34 @@ def cmd_run(args) -> int:
 
 
 # ---- sim ---------------------------------------------------------------------------------
+def _hw(text: str):
+    """A HWConfig from a preset, a vendor string or a .json file of its fields (as
+    ``sim --fit`` writes)."""
+    import json
+    from .hw import HWConfig, HWConfigError
+    if text.endswith(".json"):
+        try:
+            return HWConfig(**json.loads(Path(text).read_text()))
+        except ValueError as e:
+            raise HWConfigError(f"cannot read hardware config {text}: {e}") from None
+    return HWConfig.parse(text)
+
+
 def cmd_sim(args) -> int:
+    import json
     import bevir
-    from .hw import HWConfig
     from .sim.cycles import model
-    hw = HWConfig.parse(args.hw)
+    hw = _hw(args.hw)
     graph = bevir.load(args.model)
+    if args.fit:
+        from .sim.fit import fit_efficiency, format_fit, load_measured
+        fit = fit_efficiency(graph, hw, load_measured(args.fit))
+        hw = fit.hw
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "fit.json").write_text(json.dumps(fit.to_json(), indent=1))
+        (Path(args.out) / "hw.json").write_text(json.dumps(hw.model_dump(), indent=1))
+        _out(format_fit(fit))
+        _out(json.dumps(hw.model_dump(), sort_keys=True))
     profile = model(graph, hw)
     profile.write(args.out, plots=not args.no_plots)
     s = profile.summary()
@@ -241,6 +265,39 @@ def cmd_sim(args) -> int:
     for r in s["top_ops"][:args.top]:
         _out(f"  {r['cycles']:>12,}  {r['bound']:<8} {r['op']:<20} {r['loc'] or r['name']}")
     _out(f"wrote {args.out}")
+    return 0
+
+
+# ---- sweep -------------------------------------------------------------------------------
+def _list(text: str | None, flag: str, read) -> list:
+    """A comma-separated option value, each item read by ``read`` (a CliError names it)."""
+    if text is None:
+        return []
+    items = []
+    for item in text.split(","):
+        try:
+            items.append(read(item.strip()))
+        except BevirError as e:
+            raise CliError(f"{flag}: {e}") from None
+        except ValueError:
+            raise CliError(f"{flag}: cannot read {item.strip()!r} (expected a "
+                           "comma-separated list, e.g. 1,2,4)") from None
+    return items
+
+
+def cmd_sweep(args) -> int:
+    import bevir
+    from .hw import parse_size
+    from .flows.sweep import format_table, sweep, write
+    base = _hw(args.hw)
+    cores, macs = _list(args.cores, "--cores", int), _list(args.macs, "--macs", int)
+    ocm = _list(args.ocm, "--ocm", parse_size)
+    graph = bevir.load(args.model)
+    points = sweep(graph, base, cores, macs, ocm, progress=lambda i, n, p: _err(
+        f"sweep {i}/{n}: {p.label}: {p.makespan:,} cycles ({p.seconds:.2f} s)"))
+    _out(format_table(points))
+    for path in write(points, args.out, plot=not args.no_plots):
+        _out(f"wrote {path}")
     return 0
 
 
@@ -349,7 +406,22 @@ def build_parser() -> argparse.ArgumentParser:
                    "profile_core{i}.json, summary.json, timeline.png and roofline.png")
     s.add_argument("--top", type=int, default=3, help="how many of the costliest ops to print")
     s.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    s.add_argument("--fit", nargs="+", metavar="PROFILE", help="fit the per-op-class "
+                   "efficiency factors to measured profiles (files or folders of "
+                   "profile_core*.json), then model with the fitted config; writes "
+                   "fit.json and hw.json too")
     s.set_defaults(fn=cmd_sim)
+
+    s = sub.add_parser("sweep", help="model a model on a grid of hardware configs")
+    s.add_argument("model", help="a .bevir file")
+    s.add_argument("--hw", default="qc-u", help="the base config (default: qc-u)")
+    s.add_argument("--cores", metavar="N,...", help="core counts, e.g. 1,2,4,8")
+    s.add_argument("--macs", metavar="N,...", help="MACs per PE, e.g. 8,16")
+    s.add_argument("--ocm", metavar="SIZE,...", help="OCM sizes, e.g. 4MB,8MB,16MB")
+    s.add_argument("--out", default="sweep", metavar="DIR", help="where to write sweep.json "
+                   "and sweep.png (default: sweep/)")
+    s.add_argument("--no-plots", action="store_true", help="skip sweep.png")
+    s.set_defaults(fn=cmd_sweep)
 
     s = sub.add_parser("passes", help="list the registered passes and their options")
     s.set_defaults(fn=cmd_passes)

@@ -158,12 +158,23 @@ def _read_token(token: str, text: str) -> dict[str, Any]:
         return {"macs_per_pe": int(m[1])}
     if m := re.fullmatch(r"(\d+(?:\.\d+)?)(ghz|mhz)", t):
         return {"clock_ghz": float(m[1]) / (1000 if m[2] == "mhz" else 1)}
-    if m := re.fullmatch(r"(\d+(?:\.\d+)?)([kmg]i?b?|b)", t):
-        return {"ocm_bytes": int(float(m[1]) * _SIZE[m[2]])}
+    if _SIZE_RE.fullmatch(t):
+        return {"ocm_bytes": parse_size(t)}
     if t == "shared":
         return {"ocm_shared": True}
     raise HWConfigError(f"cannot read '{token}' in hardware config {text!r} (expected e.g. "
                         f"'QC-U 8MB 16MAC x4')")
+
+
+_SIZE_RE = re.compile(r"(\d+(?:\.\d+)?)([kmg]i?b?|b)")
+
+
+def parse_size(text: str) -> int:
+    """Bytes of a size such as ``8MB``, ``512KB``, ``1.5M`` (binary units)."""
+    m = _SIZE_RE.fullmatch(text.strip().lower().replace(" ", ""))
+    if not m:
+        raise HWConfigError(f"cannot read size {text!r} (expected e.g. '8MB', '512KB')")
+    return int(float(m[1]) * _SIZE[m[2]])
 
 
 def format_size(n: int) -> str:

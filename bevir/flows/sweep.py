@@ -1,0 +1,118 @@
+"""The design-space sweep: one graph, partitioned and modelled on a grid of HWConfigs.
+
+    points = sweep(graph, HWConfig.preset("qc-u"), cores=[1, 2, 4, 8], macs=[8, 16],
+                   ocm=[4 * MB, 8 * MB, 16 * MB])
+    print(format_table(points)); write(points, "sweep/")    # sweep.json, sweep.png
+
+Each grid point is the base config with ``cores``, ``macs_per_pe`` and ``ocm_bytes``
+replaced; the graph is partitioned once per core count (``partition{cores=N}``, whose
+default cost does not read the rest of the config) and modelled by bevir/sim/cycles.py.
+It is a flow, not part of bevir.sim, because it runs a pass (sim sits below passes).
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..hw import HWConfig, format_size
+from ..ir.graph import Graph
+from ..sim.cycles import model
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """One modelled config: its makespan, per-core cycles and utilisation."""
+
+    hw: HWConfig
+    makespan: int
+    cycles_per_core: list[int]
+    utilisation: float
+    seconds: float
+
+    @property
+    def label(self) -> str:
+        return self.hw.describe()
+
+    def to_json(self) -> dict:
+        return {"config": self.label, "cores": self.hw.cores, "macs_per_pe": self.hw.macs_per_pe,
+                "ocm_bytes": self.hw.ocm_bytes, "makespan_cycles": self.makespan,
+                "cycles_per_core": self.cycles_per_core, "utilisation": self.utilisation,
+                "model_seconds": self.seconds, "hw": self.hw.model_dump(),
+                "hw_hash": self.hw.hash}
+
+
+def partitioned(graph: Graph, cores: int) -> Graph:
+    """A partitioned copy of ``graph`` for ``cores`` cores (``graph`` is left as it is)."""
+    from ..passes import make_pass, optimize
+    return optimize(graph.clone(), [make_pass("partition", cores=cores)])
+
+
+def sweep(graph: Graph, base: HWConfig, cores: Sequence[int] = (), macs: Sequence[int] = (),
+          ocm: Sequence[int] = (),
+          progress: Callable[[int, int, SweepPoint], None] | None = None) -> list[SweepPoint]:
+    """Model ``graph`` on every (cores, MACs per PE, OCM bytes) of the grid, cores slowest;
+    an empty axis keeps the base's value. ``progress(i, total, point)`` after each point."""
+    grid = list(itertools.product(cores or [base.cores], macs or [base.macs_per_pe],
+                                  ocm or [base.ocm_bytes]))
+    by_cores: dict[int, Graph] = {}
+    points = []
+    for i, (n, m, o) in enumerate(grid, 1):
+        hw = base.model_copy(update={"cores": n, "macs_per_pe": m, "ocm_bytes": o,
+                                     "name": f"{base.name} {format_size(o)} {m}MAC x{n}"})
+        hw = HWConfig(**hw.model_dump())               # validate the updated fields
+        t = time.perf_counter()
+        if n not in by_cores:
+            by_cores[n] = partitioned(graph, n)
+        profile = model(by_cores[n], hw)
+        points.append(SweepPoint(hw, profile.makespan, profile.cycles_per_core,
+                                 profile.utilisation, time.perf_counter() - t))
+        if progress:
+            progress(i, len(grid), points[-1])
+    return points
+
+
+def format_table(points: Sequence[SweepPoint]) -> str:
+    """config, makespan, utilisation and core-0 cycles, one line per point; the best
+    makespan is marked with '*'."""
+    best = min((p.makespan for p in points), default=0)
+    width = max([len(p.label) for p in points] + [6])
+    lines = [f"  {'config':<{width}}  {'makespan':>14}  {'util':>7}  {'core 0':>14}"]
+    for p in points:
+        mark = "*" if p.makespan == best else " "
+        lines.append(f"{mark} {p.label:<{width}}  {p.makespan:>14,}  {p.utilisation:>7.1%}  "
+                     f"{p.cycles_per_core[0]:>14,}")
+    return "\n".join(lines)
+
+
+def write(points: Sequence[SweepPoint], out_dir: str | Path, plot: bool = True) -> list[Path]:
+    """sweep.json (every point, its config and hash) and (``plot``) sweep.png."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "sweep.json"
+    path.write_text(json.dumps({"points": [p.to_json() for p in points]}, indent=1))
+    return [path] + ([sweep_plot(points, out / "sweep.png")] if plot else [])
+
+
+def sweep_plot(points: Sequence[SweepPoint], path: Path) -> Path:
+    """Makespan (bars) and utilisation (line) per config."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    xs = range(len(points))
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.45 * len(points) + 2), 4.5))
+    ax.bar(xs, [p.makespan for p in points], color="tab:blue")
+    ax.set_ylabel("makespan (cycles)", color="tab:blue")
+    ax.set_xticks(list(xs), [p.label for p in points], rotation=60, ha="right", fontsize=7)
+    ax2 = ax.twinx()
+    ax2.plot(xs, [100 * p.utilisation for p in points], "o-", color="tab:red")
+    ax2.set_ylabel("utilisation (%)", color="tab:red")
+    ax2.set_ylim(0, max([100 * p.utilisation for p in points] + [1]) * 1.15)
+    ax.set_title("design-space sweep")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
