@@ -26,7 +26,8 @@ from onnx import TensorProto as TP
 from onnx import helper as oh
 from onnx import numpy_helper
 
-import bevir
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # this checkout's bevir
+import bevir  # noqa: E402
 
 CASE_SECONDS = 5
 

@@ -453,7 +453,13 @@ class _Importer:
         for a in node.attribute:
             if a.name not in entry.attrs:
                 raise c.unsupported(f"attribute '{a.name}' is not supported")
-        result = entry.fn(c)
+        try:
+            result = entry.fn(c)
+        except (TypeError, AttributeError, IndexError, KeyError, ValueError) as e:
+            # A malformed node (a missing input, an attribute of the wrong kind) reaches the
+            # converter's assumptions: report it as the node's error, not a Python crash.
+            raise OnnxLoadError(f"malformed ONNX {node.op_type} node: {type(e).__name__}: {e}",
+                                op=node.op_type, node=loc) from e
         results = [result] if isinstance(result, Value) or result is None else list(result)
         if len(results) < len(node.output):
             results += [None] * (len(node.output) - len(results))

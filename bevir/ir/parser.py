@@ -88,7 +88,12 @@ class _Reader:
         return self.match(_IDENT, "an identifier")
 
     def string(self) -> str:
-        return json.loads(self.match(_STRING, "a string"))
+        start = self.pos
+        token = self.match(_STRING, "a string")
+        try:
+            return json.loads(token)
+        except json.JSONDecodeError as e:   # e.g. a raw control character inside the quotes
+            raise self.error(f"malformed string: {e.msg}", start + e.pos) from None
 
     def name(self, sigil: str) -> str:
         self.expect(sigil)
