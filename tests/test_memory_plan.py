@@ -193,10 +193,29 @@ def test_an_impossible_plan_names_the_op_and_the_bytes_it_needs():
     graph = residual()                          # matmul(h, w1): 3 tensors of 16 KiB at once
     need = 3 * 64 * 64 * 4
     with pytest.raises(bevir.PassError) as e:
-        plan(graph, f"plan-memory{{ocm={need - 64}}}")
+        plan(graph, f"plan-memory{{ocm={need - 64} stream=false}}")
     print(e.value)
     assert "op 'matmul'" in str(e.value) and f"needs {need} bytes" in str(e.value)
     assert f"than the {need - 64} bytes" in str(e.value)
+
+
+
+def test_an_op_larger_than_the_ocm_streams_its_operands_through_a_stage_buffer(rng):
+    graph = residual()
+    x = {"x": rng.normal(size=(64, 64)).astype(np.float32)}
+    before = bevir.run(graph, x)["y"]
+    ocm = 2 * 64 * 64 * 4              # matmul and add touch 3 tensors: 1.5x this; relu fits
+    stats = Statistics()
+    bevir.optimize(graph, f"plan-memory{{ocm={ocm}}}", instruments=[stats])
+    streamed = [n for n in graph.nodes if "stream" in n.meta]
+    assert sorted(n.op for n in streamed) == ["add", "matmul", "matmul"]
+    for n in streamed:
+        s = n.meta["stream"]
+        assert s["stripes"] >= 2 and s["size"] <= ocm // 2 and s["offset"] + s["size"] <= ocm
+        assert all(v.meta.get("mem") == "ddr" for v in list(n.inputs) + n.outputs)
+    assert memory_plan(graph).cores[0]["peak"] <= ocm
+    assert np.array_equal(bevir.run(graph, x)["y"], before)
+    verify_memory_plan(graph)
 
 
 # ---- the verifier ---------------------------------------------------------------------------

@@ -30,7 +30,9 @@ import json
 import random
 from bisect import bisect_right
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+import numpy as np
 
 from ..errors import PassError, VerifyError
 from ..hw import HWConfig
@@ -42,6 +44,8 @@ from .core import Pass
 register_meta_key("ocm", list, doc="plan-memory: [{core, offset, size}] per core holding the value")
 register_meta_key("mem", str, doc="plan-memory: 'ocm' or 'ddr', where the value lives")
 register_meta_key("memory_plan", dict, doc="plan-memory: options and per-core figures")
+register_meta_key("stream", dict, doc="plan-memory: a node streamed in stripes between DDR and "
+                  "an OCM stage buffer ({core, stripes, offset, size})")
 
 PLAN_VERSION = 1
 
@@ -116,71 +120,171 @@ def _buffers(steps: Sequence[Step], sizes: dict[str, int], static: Iterable[str]
 def graph_timeline(graph: Graph, cores: int = 1, shared: bool = False, align: int = 1
                    ) -> list[Buffer]:
     """The buffers of ``graph`` as it stands: every value not marked ``mem="ddr"`` on
-    each core that touches it, with its live range (the verifier's view)."""
+    each core that touches it, with its live range, and the stage buffer of each streamed
+    node (the verifier's view)."""
     ocm = lambda v: v is not None and v.meta.get("mem", "ocm") != "ddr"  # noqa: E731
+    stages = [n for n in graph.nodes if "stream" in n.meta]
     steps = [Step(node_core(n, cores, shared),
                   _distinct([v.name for v in n.inputs if ocm(v)] +
-                            [v.name for v in n.outputs if ocm(v)]), n, n.op != "dma_copy")
+                            [v.name for v in n.outputs if ocm(v)] +
+                            [_stage_key(n)] * ("stream" in n.meta)), n, n.op != "dma_copy")
              for n in graph.nodes]
     sizes = {v.name: _align(v.type.nbytes, align) for v in graph.values()}
+    sizes.update({_stage_key(n): n.meta["stream"]["size"] for n in stages})
     return _buffers(steps, sizes, [v.name for v in graph.constants.values() if ocm(v)],
                     [v.name for v in graph.inputs if ocm(v)],
                     [v.name for v in graph.outputs.values() if ocm(v)])
 
 
-# ---- a hypothetical timeline: some values in DDR, some loads prefetched -------------------
+# ---- the plan's timeline: node steps, some values in DDR, some loads prefetched ------------
 def _load_key(name: str, i: int) -> str:
     return f"{name}@{i}"
 
 
-@dataclass
-class _Schedule:
-    """The original nodes with DMA steps for the values in ``ddr``; ``prefetch`` holds the
-    loads ``(value, node index)`` issued one node early."""
+class _Timeline:
+    """The graph's buffers by node step, with live bytes per core kept up to date as values
+    move to DDR (``ddr``) and loads are issued a node early (``prefetch``: (value, node)).
 
-    graph: Graph
-    cores: int
-    shared: bool
-    ddr: dict[str, None] = field(default_factory=dict)
-    prefetch: dict[tuple[str, int], None] = field(default_factory=dict)
+    Node steps suffice: a DMA before node ``i`` touches a subset of what node ``i`` touches
+    (its load is node ``i``'s operand), one after it a subset of node ``i``'s results, so the
+    live bytes peak at node steps and a placement without conflicts there has none at the
+    DMA steps either. A value in OCM is live on each core that touches it from that core's
+    first touch to its last (graph inputs from step 0, outputs to the last step, resident
+    constants always); a value in DDR is a load buffer at each node that reads it (from the
+    node before, when prefetched) and, with a producer, its result buffer until the store."""
 
+    def __init__(self, graph: Graph, cores: int, shared: bool, align: int, ocm: int,
+                 stream: bool = True):
+        self.graph, self.nodes, self.align = graph, graph.nodes, align
+        self.core = [node_core(n, cores, shared) for n in self.nodes]
+        self.last = max(len(self.nodes) - 1, 0)
+        self.ddr: dict[str, None] = {}
+        self.prefetch: dict[tuple[str, int], None] = {}
+        index = {id(n): i for i, n in enumerate(self.nodes)}
+        self.values: dict[str, Value] = {}
+        self.size: dict[str, int] = {}
+        self.touches: dict[str, dict[int, list[int]]] = {}   # value -> core -> node steps
+        self.readers: dict[str, list[int]] = {}
+        for i, n in enumerate(self.nodes):
+            for v in _distinct_values(list(n.inputs) + n.outputs):
+                self._see(v, align)
+                self.touches[v.name].setdefault(self.core[i], []).append(i)
+            for v in _distinct_values(n.inputs):
+                self.readers[v.name].append(i)
+        self.producer = {v.name: index[id(v.producer)] for v in self.values.values()
+                         if v.producer is not None}
+        self.static = {v.name for v in graph.constants.values()}
+        self.pinned_in = {v.name for v in graph.inputs}
+        self.pinned_out = {v.name for v in graph.outputs.values()}
+        for v in list(graph.inputs) + list(graph.outputs.values()):
+            self._see(v, align)
+            if not self.touches[v.name]:                     # no node touches it
+                self.touches[v.name][0] = []
+        self.live = {c: np.zeros(len(self.nodes) or 1, dtype=np.int64)
+                     for c in sorted({c for t in self.touches.values() for c in t} | {0})}
+        for name in self.values:
+            self._add(self.ocm_intervals(name), +1)
+        self.stages = self._stages(ocm) if stream else {}
+        for i, (stripes, size) in self.stages.items():
+            self.live[self.core[i]][i] += size
+        self.streamed_values = {v.name for i in self.stages for v in
+                                _distinct_values(list(self.nodes[i].inputs) + self.nodes[i].outputs)}
+        for name in self.values:
+            if name in self.streamed_values:
+                self.to_ddr(name)
+
+    def _stages(self, ocm: int) -> dict[int, tuple[int, int]]:
+        """The nodes whose operands and results together exceed the OCM: they stream them
+        between DDR and a stage buffer of two stripes (one filled while the other is
+        computed on), each stripe at most a quarter of the OCM. Node -> (stripes, bytes)."""
+        out = {}
+        for i, n in enumerate(self.nodes):
+            working = sum(self.size[v.name] for v in
+                          _distinct_values(list(n.inputs) + n.outputs))
+            if working > ocm:
+                stripes = -(-working // max(ocm // 4, 1))
+                out[i] = (stripes, 2 * _align(-(-working // stripes), self.align))
+        return out
+
+    def _see(self, v: Value, align: int) -> None:
+        if v.name not in self.values:
+            self.values[v.name], self.size[v.name] = v, _align(v.type.nbytes, align)
+            self.touches[v.name], self.readers[v.name] = {}, []
+
+    # ---- intervals (core, start, end, key, static) of one value -------------------------
+    def ocm_intervals(self, name: str) -> list[tuple]:
+        out = []
+        for c, steps in self.touches[name].items():
+            if name in self.static:
+                out.append((c, 0, self.last, name, True))
+                continue
+            start = 0 if name in self.pinned_in or not steps else steps[0]
+            end = self.last if name in self.pinned_out or not steps else steps[-1]
+            out.append((c, start, end, name, False))
+        return out
+
+    def ddr_intervals(self, name: str) -> list[tuple]:
+        out = [(self.core[i], i - ((name, i) in self.prefetch), i, _load_key(name, i), False)
+               for i in self.readers[name] if i not in self.stages]
+        p = self.producer.get(name)
+        if p is not None and p not in self.stages:         # its result, until the store
+            out.append((self.core[p], p, p, name, False))
+        return out
+
+    def intervals(self, name: str) -> list[tuple]:
+        return self.ddr_intervals(name) if name in self.ddr else self.ocm_intervals(name)
+
+    def _add(self, intervals: list[tuple], sign: int) -> None:
+        for c, start, end, key, _ in intervals:
+            self.live[c][start:end + 1] += sign * self.size[key.rsplit("@", 1)[0]]
+
+    def fits(self, ocm: int) -> bool:
+        return all(int(live.max()) <= ocm for live in self.live.values())
+
+    # ---- moves ------------------------------------------------------------------------
+    def to_ddr(self, name: str) -> None:
+        self._add(self.ocm_intervals(name), -1)
+        self.ddr[name] = None
+        self._add(self.ddr_intervals(name), +1)
+
+    def to_ocm(self, name: str) -> None:
+        self._add(self.ddr_intervals(name), -1)
+        del self.ddr[name]
+        self._add(self.ocm_intervals(name), +1)
+
+    def add_prefetch(self, name: str, i: int) -> None:
+        self.prefetch[name, i] = None
+        self.live[self.core[i]][i - 1] += self.size[name]
+
+    def clear_prefetch(self) -> None:
+        for name, i in self.prefetch:
+            self.live[self.core[i]][i - 1] -= self.size[name]
+        self.prefetch.clear()
+
+    # ---- what the rest of the pass reads ----------------------------------------------
     def loads(self, i: int) -> list[str]:
-        return list(_distinct(v.name for v in self.graph.nodes[i].inputs
-                              if v is not None and v.name in self.ddr))
+        if i in self.stages:
+            return []                           # the node streams its DDR operands itself
+        return [v.name for v in _distinct_values(self.nodes[i].inputs) if v.name in self.ddr]
 
-    def steps(self) -> tuple[list[Step], dict[int, int]]:
-        """The steps, and the step of each original node."""
-        nodes, out, at = self.graph.nodes, [], {}
-        for i, n in enumerate(nodes):
-            core = node_core(n, self.cores, self.shared)
-            for name in self.loads(i):
-                if (name, i) not in self.prefetch:
-                    out.append(Step(core, (_load_key(name, i),), n, False))
-            if i + 1 < len(nodes):
-                nxt = nodes[i + 1]
-                for name in self.loads(i + 1):
-                    if (name, i + 1) in self.prefetch:
-                        out.append(Step(node_core(nxt, self.cores, self.shared),
-                                        (_load_key(name, i + 1),), nxt, False))
-            at[i] = len(out)
-            keys = [_load_key(v.name, i) if v.name in self.ddr else v.name
-                    for v in n.inputs if v is not None] + [v.name for v in n.outputs]
-            out.append(Step(core, _distinct(keys), n, True))
-            out += [Step(core, (v.name,), n, False) for v in n.outputs if v.name in self.ddr]
-        return out, at
+    def touched_at(self, i: int) -> set[str]:
+        return {v.name for v in _distinct_values(list(self.nodes[i].inputs) + self.nodes[i].outputs)}
 
-    def buffers(self, align: int) -> tuple[list[Step], dict[int, int], list[Buffer]]:
-        steps, at = self.steps()
-        sizes = {}
-        for v in self.graph.values():
-            sizes[v.name] = _align(v.type.nbytes, align)
-        for s in steps:
-            for k in s.keys:
-                if k not in sizes:
-                    sizes[k] = sizes[k.rsplit("@", 1)[0]]
-        keep = lambda vs: [v.name for v in vs if v.name not in self.ddr]  # noqa: E731
-        return steps, at, _buffers(steps, sizes, keep(self.graph.constants.values()),
-                                   keep(self.graph.inputs), keep(self.graph.outputs.values()))
+    def buffers(self) -> list[Buffer]:
+        """Every buffer (in order of first touch), for placement."""
+        out = [Buffer(key, c, self.size[key.rsplit("@", 1)[0]], start, end, static)
+               for name in self.values for c, start, end, key, static in self.intervals(name)]
+        out += [Buffer(_stage_key(self.nodes[i]), self.core[i], size, i, i)
+                for i, (_, size) in self.stages.items()]
+        return sorted(out, key=lambda b: (b.start, b.end))
+
+
+def _stage_key(node: Node) -> str:
+    return f"#stage:{node.name}"
+
+
+def _distinct_values(values: Iterable[Value | None]) -> list[Value]:
+    return list({id(v): v for v in values if v is not None}.values())
 
 
 # ---- bounds and placement -----------------------------------------------------------------
@@ -285,6 +389,7 @@ class PlanMemory(Pass):
     seed: int = 0                     # the placement search's random choices
     search_steps: int = 200           # placements the hill-climb may try per core
     double_buffer: bool = True        # issue loads one node early where the OCM allows
+    stream: bool = True               # stream ops that do not fit the OCM through a stage
     hw: str = ""                      # a hardware config: ocm, cores and shared from it
 
     def __post_init__(self):
@@ -310,121 +415,110 @@ class PlanMemory(Pass):
         dead = len(am.get(Liveness).dead_nodes)
         if dead:
             self.stat("dead-nodes-planned", dead)     # they still run; dce drops them
-        sched = _Schedule(graph, self.cores, self.shared)
-        figures = self._fit(sched)
-        if sched.ddr and self._restore(sched):
-            figures = self._fit(sched)
-        if self.double_buffer and sched.ddr:
-            figures = self._prefetch(sched, figures)
-        self._materialize(graph, sched, figures)
+        tl = _Timeline(graph, self.cores, self.shared, self.align, self.ocm, self.stream)
+        self._spill(tl)
+        self._restore(tl)
+        bufs, figures = self._fit(tl)
+        if self.double_buffer and tl.ddr:
+            bufs, figures = self._prefetch(tl, bufs, figures)
+        self._materialize(graph, tl, bufs, figures)
         verify_memory_plan(graph)
 
     # ---- search -----------------------------------------------------------------------
-    def _plan(self, sched: _Schedule):
-        """Place every core of ``sched``; None and the over-full core when one does not fit."""
-        steps, at, bufs = sched.buffers(self.align)
+    def _spill(self, tl: _Timeline) -> None:
+        """Move values to DDR until every core's live bytes fit its OCM."""
+        while True:
+            over = [(int(live.max()), c) for c, live in tl.live.items() if live.max() > self.ocm]
+            if not over:
+                return
+            _, core = max(over, key=lambda o: (o[0], -o[1]))
+            tl.to_ddr(self._victim(tl, core))
+
+    def _restore(self, tl: _Timeline) -> None:
+        """Bring values back from DDR, last moved first, while every core's bound stays
+        within its OCM (a value moved early may not be needed in DDR once later ones are)."""
+        for name in reversed(list(tl.ddr)):
+            if name in tl.streamed_values:
+                continue
+            tl.to_ocm(name)
+            if not tl.fits(self.ocm):
+                tl.to_ddr(name)
+
+    def _place(self, tl: _Timeline) -> tuple[list[Buffer], dict[int, dict] | None, int]:
+        """Place every core; the figures, or None and the first core that does not fit."""
+        bufs = tl.buffers()
         per_core: dict[int, list[Buffer]] = {}
         for b in bufs:
             per_core.setdefault(b.core, []).append(b)
-        for c, bs in per_core.items():
-            if lower_bound(bs, len(steps)) > self.ocm:
-                return None, (c, steps, bs)
         figures = {}
         for c in sorted(per_core):
-            figures[c] = place_core(per_core[c], len(steps), self.search_steps,
+            figures[c] = place_core(per_core[c], tl.last + 1, self.search_steps,
                                     random.Random(self.seed * 1009 + c))
             if figures[c]["peak"] > self.ocm:
-                return None, (c, steps, per_core[c])
-        return (steps, at, bufs, figures), None
+                return bufs, None, c
+        return bufs, figures, -1
 
-    def _fit(self, sched: _Schedule):
+    def _fit(self, tl: _Timeline) -> tuple[list[Buffer], dict[int, dict]]:
+        """Place; while a core's placement does not fit (fragmentation), move one more
+        value of that core to DDR."""
         while True:
-            plan, over = self._plan(sched)
-            if plan is not None:
-                return plan
-            sched.ddr[self._victim(*over, sched.ddr)] = None
+            bufs, figures, core = self._place(tl)
+            if figures is not None:
+                return bufs, figures
+            tl.to_ddr(self._victim(tl, core, placement=True))
 
-    def _restore(self, sched: _Schedule) -> bool:
-        """Bring values back from DDR, last moved first, while every core's bound stays
-        within its OCM (a value moved early may not be needed in DDR once later ones are)."""
-        restored = False
-        for name in reversed(list(sched.ddr)):
-            del sched.ddr[name]
-            steps, _, bufs = sched.buffers(self.align)
-            if any(lower_bound([b for b in bufs if b.core == c], len(steps)) > self.ocm
-                   for c in {b.core for b in bufs}):
-                sched.ddr[name] = None
-            else:
-                restored = True
-        return restored
-
-    def _victim(self, core: int, steps: list[Step], bufs: list[Buffer], ddr) -> str:
-        """The value to move to DDR: live but untouched at the fullest step of ``core``
-        that has one, used farthest ahead there (then the largest, then the first)."""
-        live = live_bytes(bufs, len(steps))
-        by_fullness = sorted(range(len(steps)), key=lambda s: (-live[s], not (
-            steps[s].compute and steps[s].core == core), s))
-        touches: dict[str, list[int]] = {}
-        for s, st in enumerate(steps):
-            if st.core == core:
-                for k in st.keys:
-                    touches.setdefault(k, []).append(s)
-        for t in by_fullness:
-            here = set(steps[t].keys) if steps[t].core == core else set()
-            best, best_key = None, None
-            for i, b in enumerate(bufs):
-                if (b.start <= t <= b.end and b.size and b.key not in here and "@" not in b.key
-                        and b.key not in ddr):
-                    ts = touches.get(b.key, [])
-                    j = bisect_right(ts, t)
-                    key = (ts[j] if j < len(ts) else len(steps) + 1, b.size, -i)
+    def _victim(self, tl: _Timeline, core: int, placement: bool = False) -> str:
+        """The value to move to DDR: live but untouched at the fullest step of ``core``,
+        used farthest ahead there (Belady), then the largest, then the first."""
+        live = tl.live[core]
+        t = int(live.argmax())
+        here = tl.touched_at(t) if tl.core[t] == core else set()
+        best, best_key = None, None
+        for i, name in enumerate(tl.values):
+            if name in tl.ddr or name in here or not tl.size[name]:
+                continue
+            for c, start, end, _, _ in tl.ocm_intervals(name):
+                if c == core and start <= t <= end:
+                    steps = tl.touches[name].get(core, [])
+                    j = bisect_right(steps, t)
+                    key = (steps[j] if j < len(steps) else tl.last + 2, tl.size[name], -i)
                     if best_key is None or key > best_key:
-                        best, best_key = b.key, key
-            if best is not None:
-                return best
-        t = by_fullness[0]
-        node = steps[t].node
-        held = sorted((b for b in bufs if b.start <= t <= b.end), key=lambda b: -b.size)
-        need = ", ".join(f"%{b.key.split('@')[0]} {b.size}" for b in held[:8])
-        if live[t] > self.ocm:
-            raise PassError(f"needs {live[t]} bytes of on-chip memory at once ({need}), more "
-                            f"than the {self.ocm} bytes of core {core}, and none of them can "
-                            "move to DDR", node=node.name, op=node.op, loc=node.loc)
+                        best, best_key = name, key
+        if best is not None:
+            return best
+        node = tl.nodes[t]
+        held = sorted(((tl.size[key.rsplit("@", 1)[0]], key) for name in tl.values
+                       for c, start, end, key, _ in tl.intervals(name)
+                       if c == core and start <= t <= end), key=lambda h: -h[0])
+        need = ", ".join(f"%{key.split('@')[0]} {size}" for size, key in held[:8])
+        if not placement:
+            raise PassError(f"needs {int(live[t])} bytes of on-chip memory at once ({need}), "
+                            f"more than the {self.ocm} bytes of core {core}, and none of them "
+                            "can move to DDR", node=node.name, op=node.op, loc=node.loc)
         raise PassError(f"the placement on core {core} does not fit its {self.ocm} bytes "
-                        f"although at most {live[t]} bytes are live at once, and nothing "
+                        f"although at most {int(live[t])} bytes are live at once, and nothing "
                         "more can move to DDR", node=node.name, op=node.op, loc=node.loc)
 
-    def _prefetch(self, sched: _Schedule, plan):
+    def _prefetch(self, tl: _Timeline, bufs: list[Buffer], figures: dict[int, dict]):
         """Issue loads one node early (double buffering) while the bound stays within the
         OCM; keep the plan without them if the placement then does not fit."""
-        steps, at, bufs, _ = plan
-        live = {c: live_bytes([b for b in bufs if b.core == c], len(steps)) for c in
-                {b.core for b in bufs}}
-        size = {b.key: b.size for b in bufs}
-        index = {n: i for i, n in enumerate(sched.graph.nodes)}
-        values = {v.name: v for v in sched.graph.values()}
-        for i in range(1, len(sched.graph.nodes)):
-            core = node_core(sched.graph.nodes[i], self.cores, self.shared)
-            for name in sched.loads(i):
-                producer = values[name].producer
-                if producer is not None and index[producer] >= i - 1:
+        for i in range(1, len(tl.nodes)):
+            for name in tl.loads(i):
+                if tl.producer.get(name, -1) >= i - 1:
                     continue                    # not stored yet when node i - 1 starts
-                k, span = _load_key(name, i), range(at[i - 1], at[i])
-                if all(live[core][s] + size[k] <= self.ocm for s in span):
-                    for s in span:
-                        live[core][s] += size[k]
-                    sched.prefetch[name, i] = None
-        if not sched.prefetch:
-            return plan
-        new, _ = self._plan(sched)
-        if new is None:
-            sched.prefetch.clear()
-            return plan
-        return new
+                if tl.live[tl.core[i]][i - 1] + tl.size[name] <= self.ocm:
+                    tl.add_prefetch(name, i)
+        if not tl.prefetch:
+            return bufs, figures
+        new_bufs, new_figures, _ = self._place(tl)
+        if new_figures is None:
+            tl.clear_prefetch()
+            return bufs, figures
+        return new_bufs, new_figures
 
     # ---- writing the plan into the graph ------------------------------------------------
-    def _materialize(self, graph: Graph, sched: _Schedule, plan) -> None:
-        steps, at, bufs, figures = plan
+    def _materialize(self, graph: Graph, sched: _Timeline, bufs: list[Buffer],
+                     figures: dict[int, dict]) -> None:
         nodes = list(graph.nodes)
         loads = [sched.loads(i) for i in range(len(nodes))]     # before stores rename uses
         key_value: dict[str, Value] = {}
@@ -436,7 +530,10 @@ class PlanMemory(Pass):
         for i, n in enumerate(nodes):             # stores after the producers
             after = n
             for v in n.outputs:
-                if v.name in sched.ddr:
+                if v.name in sched.ddr and i in sched.stages:      # written to DDR directly
+                    v.meta["mem"] = "ddr"
+                    ddr_value[v.name] = v
+                elif v.name in sched.ddr:
                     s = self._dma(graph, v, "ocm", "ddr", n, after=after)
                     for user, j in list(v.uses):
                         if user is not s:
@@ -455,7 +552,14 @@ class PlanMemory(Pass):
                         self._load(graph, name, i + 1, nodes[i + 1], n, ddr_value, key_value)
         for v in graph.values():
             key_value.setdefault(v.name, v)
+        stage = {_stage_key(nodes[i]): (nodes[i], stripes) for i, (stripes, _) in sched.stages.items()}
         for b in bufs:
+            if b.key in stage:
+                node, stripes = stage[b.key]
+                node.meta["stream"] = {"core": b.core, "stripes": stripes, "offset": b.offset,
+                                       "size": b.size}
+                self.stat("streamed-ops")
+                continue
             v = key_value[b.key]
             v.meta.setdefault("mem", "ocm")
             v.meta["ocm"] = v.meta.get("ocm", []) + [{"core": b.core, "offset": b.offset,
@@ -482,7 +586,7 @@ class PlanMemory(Pass):
                 user.set_input(j, d.output)
         key_value[_load_key(name, i)] = d.output
 
-    def _record(self, graph: Graph, sched: _Schedule, figures: dict[int, dict[str, int]]) -> None:
+    def _record(self, graph: Graph, sched: _Timeline, figures: dict[int, dict[str, int]]) -> None:
         ddr = list(sched.ddr)
         sizes = {v.name: v.type.nbytes for v in graph.values()}
         graph.meta["memory_plan"] = {
@@ -555,7 +659,7 @@ def memory_plan(graph: Graph) -> MemoryPlan:
     """The plan held in ``graph``'s meta, with live ranges recomputed from the graph."""
     meta = graph.meta.get("memory_plan")
     o = _options(graph)
-    by_name = {v.name: v for v in graph.values()}
+    by_name = _placed(graph)
     bufs = []
     for b in graph_timeline(graph, o["cores"], o["shared"], o["align"]):
         placed = _placement(by_name[b.key], b.core)
@@ -568,8 +672,17 @@ def memory_plan(graph: Graph) -> MemoryPlan:
                       meta["prefetched_loads"])
 
 
-def _placement(v: Value, core: int) -> dict | None:
+def _placement(v: Value | Node, core: int) -> dict | None:
+    """Where ``v`` (a value, or a streamed node's stage) sits on ``core``, or None."""
+    if isinstance(v, Node):
+        return v.meta["stream"] if v.meta["stream"]["core"] == core else None
     return next((p for p in v.meta.get("ocm", []) if p["core"] == core), None)
+
+
+def _placed(graph: Graph) -> dict[str, Value | Node]:
+    """The placed things by buffer key: values by name, streamed nodes by stage key."""
+    return {**{v.name: v for v in graph.values()},
+            **{_stage_key(n): n for n in graph.nodes if "stream" in n.meta}}
 
 
 def verify_memory_plan(graph: Graph) -> None:
@@ -580,10 +693,11 @@ def verify_memory_plan(graph: Graph) -> None:
     o = _options(graph)
     for n in graph.nodes:
         for v in list(n.inputs) + n.outputs:
-            if v is not None and v.meta.get("mem") == "ddr" and n.op != "dma_copy":
-                raise VerifyError(f"%{v.name} is in DDR but read by a node that is not a "
-                                  "dma_copy", node=n.name, op=n.op, loc=n.loc)
-    by_name = {v.name: v for v in graph.values()}
+            if (v is not None and v.meta.get("mem") == "ddr" and n.op != "dma_copy"
+                    and "stream" not in n.meta):
+                raise VerifyError(f"%{v.name} is in DDR but read by a node that is neither a "
+                                  "dma_copy nor streamed", node=n.name, op=n.op, loc=n.loc)
+    by_name = _placed(graph)
     per_core: dict[int, list[tuple[Buffer, int]]] = {}
     for b in graph_timeline(graph, o["cores"], o["shared"], o["align"]):
         p = _placement(by_name[b.key], b.core)
