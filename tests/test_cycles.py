@@ -146,6 +146,44 @@ def test_ops_on_another_core_wait_for_their_operands():
         model(g, hw)
 
 
+
+def test_the_pieces_of_a_split_op_share_the_ddr_bandwidth():
+    hw = HW.model_copy(update={"cores": 4})
+    g = matmul_graph()
+    alone = model(g, hw).records[0]
+    assert alone.terms["ddr"] == sum(map(dma, (32 * 24 * 4, 24 * 20 * 4, 32 * 20 * 4)))
+    for pieces in (2, 4, 8):                           # 8 pieces: still 4 cores at most
+        g.nodes[0].meta["piece"] = {"of": "y", "kind": "rows", "index": 0, "pieces": pieces}
+        share = 32 / min(pieces, 4)                    # DDR bytes per cycle per core
+        want = sum(HW.dma_setup_cycles + ceil(ceil(b, 128) * 128, share)
+                   for b in (32 * 24 * 4, 24 * 20 * 4, 32 * 20 * 4))
+        assert model(g, hw).records[0].terms["ddr"] == want > alone.terms["ddr"]
+
+
+def test_a_planned_graph_moves_what_the_plan_says():
+    b = Builder()
+    v = b.input("x", TensorType((1024,), DType.f32))       # 4 KiB per tensor
+    for _ in range(3):
+        v = b.relu(v)
+    b.output("y", v)
+    g = b.graph
+    bevir.optimize(g, "plan-memory")                        # all in OCM
+    first, middle, last = model(g, HW).records
+    assert (first.terms["ddr"], middle.terms["ddr"], last.terms["ddr"]) == (dma(4096), 0,
+                                                                           dma(4096))
+    assert middle.own_cycles == HW.launch_cycles + max(middle.terms["compute"],
+                                                       middle.terms["ocm"])   # nothing exposed
+    b = Builder()                          # two matmuls: their weights do not both fit
+    x = b.input("x", TensorType((32, 32), DType.f32))
+    w1, w2 = (b.const(RNG.normal(size=(32, 32)).astype(np.float32)) for _ in range(2))
+    b.output("y", b.matmul(b.matmul(x, w1), w2))
+    g, t = b.graph, 32 * 32 * 4
+    bevir.optimize(g, f"plan-memory{{ocm={3 * t + 64} double_buffer=false}}")
+    loads = [r for r in model(g, HW).records if r.op == "dma_copy"]
+    mm1, mm2 = [r for r in model(g, HW).records if r.op == "matmul"]
+    assert len(loads) == 2 and all(r.terms["ddr"] == dma(t) for r in loads)   # w1, w2
+    assert (mm1.terms["ddr"], mm2.terms["ddr"]) == (dma(t), dma(t))   # reads x, writes y
+
 def test_summary_roofline_and_utilisation():
     hw = HWConfig.parse("QC-U 8MB 16MAC x4")
     p = model(conv_graph(), hw)

@@ -295,7 +295,7 @@ def test_unknown_op_names_op_and_node():
     assert "FancyOp" in str(e.value) and "fancy_1" in str(e.value) and "17" in str(e.value)
 
 
-@pytest.mark.parametrize("opset", [9, 22])
+@pytest.mark.parametrize("opset", [5, 29])
 def test_wrong_opset(opset):
     model = _model([helper.make_node("Relu", ["x"], ["y"])],
                    [_vi("x", TensorProto.FLOAT, [2])], [_vi("y", TensorProto.FLOAT, [2])],

@@ -1,28 +1,24 @@
-"""The ONNX backend node test cases shipped with the onnx package, through bevir.from_onnx.
+"""The ONNX backend node test cases shipped with the onnx package, through bevir.from_onnx,
+at the opsets they ship with (10..28).
 
 Only the cases whose ops all have a converter are collected. Every case must import and
 match the expected outputs (with the backend's own tolerances, rtol 1e-3 / atol 1e-7;
 exact for integers and bools), except the cases listed in ``data/onnx_node_skips.json``:
-those the importer is expected to refuse (UnsupportedError: an opset, dtype, attribute or
+those the importer is expected to refuse (UnsupportedError: a dtype, attribute, mode or
 dynamic shape bevir does not take), each with the importer's message as its reason. A
 case refused but not listed fails ("newly refused"), so does a listed case refused for
 another reason or one that imports ("listed as skip but passes"); a listed name that is
 no longer a collected case, and a supported op whose node cases are all listed, fail
 their own tests. After a change to the importer, ``python -m tests.test_onnx_node`` (from
 the repository root) rewrites the manifest from the current refusals: review its diff, a
-refusal from a supported converter that should take the case is a bug, not a skip. A
-one-line summary is printed at the end of the session.
+refusal from a supported converter that should take the case is a bug, not a skip. The
+session ends with the counts: passed, skipped by reason (:func:`skip_reason`) and failed,
+per opset range and per op, and the pass rate of the cases whose dtypes bevir has.
 
-Two adaptations let more cases exercise the importer, without changing what they check:
-
-* The cases are generated at each op's newest version, which is above bevir's opset range
-  (11..21) for most ops, only because opsets 22+ added dtypes (bfloat16, float8, int4...)
-  or attributes. A case whose nodes all fit the op's schema at opset 21 (same inputs and
-  outputs, every attribute set exists there) is re-stamped to opset 21; cases with the new
-  dtypes still skip. A case below opset 11 whose ops are defined the same at 11 (And,
-  Not...) is re-stamped to 11.
-* An operand bevir needs constant (Reduce axes, Slice starts, Pad pads...) that the case
-  passes as a graph input is turned into an initializer holding the case's data.
+One adaptation lets more cases exercise the importer, without changing what they check: an
+operand that determines a shape (Reduce axes, Slice starts, Pad pads...) that the case
+passes as a graph input is turned into an initializer holding the case's data (bevir
+shapes are static, so such a model is imported for given shapes).
 """
 from __future__ import annotations
 
@@ -59,41 +55,6 @@ def _default_opset(model) -> int:
     return max(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
 
 
-def _fits(node, newer, older) -> bool:
-    """Whether ``node`` (valid for schema ``newer``) means the same under ``older``: the
-    same inputs and outputs, and every attribute it sets exists there."""
-    return ([i.name for i in newer.inputs] == [i.name for i in older.inputs]
-            and [o.name for o in newer.outputs] == [o.name for o in older.outputs]
-            and all(a.name in older.attributes for a in node.attribute))
-
-
-def _restamped(model):
-    """The model re-stamped into bevir's opset range, or None when it is in range already
-    or cannot be: a model below the range moves up when each op's definition is unchanged
-    (the same since_version), one above it moves down to 21 when each node fits the op's
-    opset-21 schema (see the module docstring)."""
-    version = _default_opset(model)
-    if 11 <= version <= 21:
-        return None
-    target = 11 if version < 11 else 21
-    for n in model.graph.node:
-        try:
-            have = onnx.defs.get_schema(n.op_type, version)
-            there = onnx.defs.get_schema(n.op_type, target)
-        except onnx.defs.SchemaError:
-            return None
-        if version < 11 and have.since_version != there.since_version:
-            return None
-        if version > 21 and not _fits(n, have, there):
-            return None
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
-    for o in m.opset_import:
-        if o.domain in ("", "ai.onnx"):
-            o.version = target
-    return m
-
-
 def _freeze(model, name: str, value: np.ndarray):
     """The model with graph input ``name`` turned into an initializer holding ``value``."""
     m = onnx.ModelProto()
@@ -115,30 +76,76 @@ CASES = [c for c in _ALL if _collectable(c)]
 # the empty-set reduction cases take log(0) = -inf on purpose
 pytestmark = pytest.mark.filterwarnings("ignore:divide by zero encountered:RuntimeWarning")
 
-_counts = {"passed": 0, "skipped": 0, "failed": 0}
-_adapted = {"restamped": set(), "frozen": set()}
+#: the opset ranges the summary counts by
+OPSET_RANGES = ((1, 9), (10, 12), (13, 17), (18, 21), (22, 28))
+_DTYPE_WORDS = ("dtype", "must be float32, got float16", "float8", "bfloat16")
+
+
+def skip_reason(message: str) -> str:
+    """The reason class of a listed refusal: a dtype bevir does not have, training-only
+    behaviour, or a feature out of bevir's scope (an attribute, mode, rank or dynamic
+    shape)."""
+    if any(w in message for w in _DTYPE_WORDS):
+        return "dtype"
+    if "inference only" in message or "training" in message:
+        return "training"
+    return "out of scope"
+
+
+_outcomes: dict[str, str] = {}     # case name -> passed / failed / skipped:<reason>
+_frozen: set[str] = set()
+
+
+def summary_lines() -> list[str]:
+    """The counts the session prints: totals, per opset range, the pass rate of the cases
+    whose dtypes bevir has, and per op type."""
+    by_name = {c.name: c for c in CASES}
+
+    def counts(names) -> Counter:
+        return Counter(_outcomes[n] for n in names)
+
+    def fmt(cnt: Counter) -> str:
+        skips = {k.split(":", 1)[1]: v for k, v in cnt.items() if k.startswith("skipped:")}
+        s = ", ".join(f"{v} {k}" for k, v in sorted(skips.items()))
+        return (f"{cnt['passed']} passed, {sum(skips.values())} skipped ({s or 'none'}), "
+                f"{cnt['failed']} failed")
+    ran = [n for n in by_name if n in _outcomes]
+    total = counts(ran)
+    eligible = sum(v for k, v in total.items() if k != "skipped:dtype")
+    rate = 100.0 * total["passed"] / eligible if eligible else 0.0
+    lines = [f"onnx node tests: {len(ran)} cases for supported ops at their own opsets: "
+             f"{fmt(total)}; {total['passed']}/{eligible} = {rate:.1f} % of the cases whose "
+             f"dtypes bevir has pass ({len(_frozen)} with shape inputs frozen to constants)"]
+    for lo, hi in OPSET_RANGES:
+        names = [n for n in ran if lo <= _default_opset(by_name[n].model) <= hi]
+        lines.append(f"  opsets {lo}..{hi}: {len(names)} cases: {fmt(counts(names))}")
+    per_op: dict[str, Counter] = {}
+    for n in ran:
+        for op in sorted(_op_types(by_name[n])):
+            per_op.setdefault(op, Counter())[_outcomes[n]] += 1
+    for op, cnt in sorted(per_op.items()):
+        lines.append(f"  {op}: {fmt(cnt)}")
+    return lines
 
 
 class _Summary:
-    """Counts this file's node-case outcomes and prints one line at the session's end."""
+    """Records this file's node-case outcomes and prints the counts at the session's end."""
 
     def pytest_runtest_logreport(self, report):
         if "test_onnx_node.py::test_node[" not in report.nodeid:
             return
+        name = report.nodeid.split("[", 1)[1][:-1]
         if report.skipped:
-            _counts["skipped"] += 1
+            _outcomes[name] = f"skipped:{skip_reason(SKIPS.get(name, ''))}"
         elif report.failed:
-            _counts["failed"] += 1
+            _outcomes[name] = "failed"
         elif report.when == "call" and report.passed:
-            _counts["passed"] += 1
+            _outcomes[name] = "passed"
 
     def pytest_terminal_summary(self, terminalreporter):
-        terminalreporter.write_line(
-            f"onnx node tests: {len(CASES)} cases collected for supported ops, "
-            f"{_counts['passed']} passed, {_counts['skipped']} skipped ({len(SKIPS)} listed in "
-            f"{MANIFEST.name}), "
-            f"{_counts['failed']} failed ({len(_adapted['restamped'])} re-stamped into "
-            f"opsets 11..21, {len(_adapted['frozen'])} with inputs frozen to constants)")
+        if _outcomes:
+            for line in summary_lines():
+                terminalreporter.write_line(line)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -165,10 +172,6 @@ def _imported(case):
     in_names = [i.name for i in model.graph.input if i.name not in inits]
     assert len(case.data_sets) == 1
     feeds = {n: _array(a) for n, a in zip(in_names, case.data_sets[0][0])}
-    restamped = _restamped(model)
-    if restamped is not None:
-        model = restamped
-        _adapted["restamped"].add(case.name)
     while True:
         try:
             return bevir.from_onnx(model), feeds
@@ -176,7 +179,7 @@ def _imported(case):
             if e.value_name not in feeds:
                 raise
             model = _freeze(model, e.value_name, feeds.pop(e.value_name))
-            _adapted["frozen"].add(case.name)
+            _frozen.add(case.name)
 
 
 def _check_outputs(case, graph, feeds) -> None:

@@ -97,7 +97,7 @@ def test_node_cases_of_every_quantized_op_are_collected():
 
 @pytest.mark.parametrize("case", _NODE_CASES, ids=[c.name for c in _NODE_CASES])
 def test_node_case(case):
-    """The backend case through test_onnx_node's runner (re-stamping, freezing of
+    """The backend case through test_onnx_node's runner (freezing of
     parameters passed as inputs into initializers; a skip gives the importer's reason:
     float8/int4/uint16 dtypes, float16 scales, blocked quantization)."""
     _node_tests.test_node(case)
@@ -118,8 +118,6 @@ def test_node_case_imports(name):
     in_names = [i.name for i in model.graph.input if i.name not in inits]
     inputs, expected = case.data_sets[0]
     feeds = dict(zip(in_names, (np.asarray(a) for a in inputs)))
-    restamped = _node_tests._restamped(model)
-    model = restamped if restamped is not None else model
     while True:
         try:
             graph = bevir.from_onnx(model)

@@ -1,18 +1,24 @@
-"""ONNX import: ``from_onnx(model) -> Graph`` for float models of opsets 11..21.
+"""ONNX import: ``from_onnx(model) -> Graph`` for models of opsets 10..28.
 
 Each ONNX op type has one small converter, registered with :func:`converts`, that maps a
 node onto bevir ops (decomposing where bevir has no direct equivalent). A converter gets a
 :class:`NodeCtx`: the node, its inputs as bevir values, helpers to read attributes, to
 require an input to be a constant and to emit bevir nodes.
 
-Shapes in bevir are static, so every operand that ONNX passes as a tensor but bevir takes
-as an attribute (a Reshape shape, Slice starts, Pad pads, Resize sizes...) must be a
-constant at import time. Nodes whose inputs are all constants are evaluated right away
-with the registry's reference semantics (constant folding), which makes the
-Shape -> Gather -> Concat -> Reshape chains of exported models collapse into constants;
-an all-constant node of an op bevir has no converter for (Mod, ScatterND, ...) is
-evaluated with onnx's reference evaluator, so only data-path ops need converters.
+Shapes in bevir are static, so every operand that determines a shape (a Reshape shape,
+Slice starts, Pad pads, Resize sizes...) must be a constant at import time; other operands
+(Clip bounds, quantization scales and zero points...) may be graph inputs. Nodes whose
+inputs are all constants are evaluated right away with the registry's reference semantics
+(constant folding), which makes the Shape -> Gather -> Concat -> Reshape chains of exported
+models collapse into constants; an all-constant node of an op bevir has no converter for
+(Mod, ScatterND, ...) is evaluated with onnx's reference evaluator, so only data-path ops
+need converters.
 Every node created carries the ONNX node name as its ``loc``.
+
+Each op's versions: a converter sees the model's opset (``c.opset``) and the op's version
+there (``c.version``, the schema's since_version). :data:`VERSION_NOTES` lists, per op, the
+versions in the supported opsets whose inputs, outputs or attributes changed and what the
+converter does about them; the other versions only added types or reworded the text.
 """
 from __future__ import annotations
 
@@ -27,14 +33,18 @@ from onnx import numpy_helper
 
 from ..errors import BevirError, InterpreterError, UnsupportedError
 from ..ir.graph import Graph, Node, Value
+from ..ir.parser import tensor_too_big
 from ..ir.types import DType, TensorType
 from ..ops import get_op
 
 __all__ = ["import_onnx", "load_model", "is_qdq", "converts", "supported_ops", "NodeCtx", "OnnxLoadError",
-           "NonConstantInputError",
+           "NonConstantInputError", "VERSION_NOTES", "op_version",
            "MIN_OPSET", "MAX_OPSET"]
 
-MIN_OPSET, MAX_OPSET = 11, 21
+#: the default-domain opsets imported; MAX_OPSET is the newest one of the onnx package the
+#: version notes were checked against (tests/test_onnx_opsets.py keeps them in step). An
+#: older model imports when each of its ops has the version it has in MIN_OPSET.
+MIN_OPSET, MAX_OPSET = 10, 28
 
 _DEFAULT_DOMAINS = ("", "ai.onnx")
 
@@ -45,6 +55,70 @@ _ONNX_DTYPES = {
     onnx.TensorProto.INT8: DType.i8, onnx.TensorProto.UINT8: DType.u8,
     onnx.TensorProto.BOOL: DType.bool,
 }
+
+
+#: op type -> {version: what changed there and how the converter takes it}, for every
+#: version in opsets MIN_OPSET..MAX_OPSET whose inputs, outputs, attributes or meaning differ
+#: from the version before (an attribute a converter does not read is refused by the
+#: registry, so a new attribute is safe by default; a moved or new input is not)
+VERSION_NOTES: dict[str, dict[int, str]] = {
+    "AveragePool": {19: "attribute 'dilations' (refused unless 1)"},
+    "BatchNormalization": {14: "attribute 'training_mode', outputs running_mean/var (refused)"},
+    "Cast": {19: "attribute 'saturate' (float8 targets only)",
+             24: "attribute 'round_mode' (float8e8m0 targets only)"},
+    "CastLike": {19: "attribute 'saturate' (float8 targets only)",
+                 24: "attribute 'round_mode' (float8e8m0 targets only)"},
+    "Clip": {11: "min/max moved from attributes to inputs (both read)"},
+    "Constant": {11: "attribute 'sparse_value' (refused)",
+                 12: "attributes value_float(s)/value_int(s) read, value_string(s) refused"},
+    "DequantizeLinear": {13: "attribute 'axis' (per-axis scales)",
+                         21: "attribute 'block_size' (refused unless 0)",
+                         23: "attribute 'output_dtype' (refused unless float32)"},
+    "Dropout": {12: "ratio moved to an input, training_mode input (refused when true)"},
+    "Gemm": {11: "C became optional"},
+    "GridSample": {20: "modes renamed (bilinear -> linear), N-D input (refused unless 4-D)"},
+    "Pad": {11: "pads and the value moved from attributes to inputs (both read)",
+            18: "input 'axes'", 19: "mode 'wrap'"},
+    "QuantizeLinear": {13: "attribute 'axis' (per-axis scales)",
+                       19: "attribute 'saturate' (float8 targets only)",
+                       21: "attributes 'block_size' (refused unless 0) and 'output_dtype'",
+                       23: "attribute 'precision' (refused unless float32)"},
+    "Range": {27: "attribute 'stash_type': float16 computed in float32"},
+    "ReduceMax": {18: "axes moved from an attribute to an input (both read)",
+                  20: "bool operands"},
+    "ReduceMin": {18: "axes moved from an attribute to an input (both read)",
+                  20: "bool operands"},
+    **{op: {18: "axes moved from an attribute to an input (both read)"}
+       for op in ("ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceMean",
+                  "ReduceSumSquare")},
+    "ReduceSum": {13: "axes moved from an attribute to an input (both read)"},
+    "Reshape": {14: "attribute 'allowzero'"},
+    "Resize": {10: "inputs X and scales: asymmetric coordinates, nearest rounds down",
+               11: "inputs roi and sizes, coordinate_transformation_mode and nearest_mode",
+               13: "roi and scales became optional",
+               18: "attributes 'axes', 'antialias' and 'keep_aspect_ratio_policy' (the last "
+                   "two refused unless default)",
+               19: "coordinate_transformation_mode 'half_pixel_symmetric'"},
+    "Shape": {15: "attributes 'start' and 'end'"},
+    "Softmax": {13: "normalizes along 'axis' alone (before: the axis and all after it, "
+                    "default axis 1)"},
+    "LogSoftmax": {13: "normalizes along 'axis' alone (before: the axis and all after it, "
+                       "default axis 1)"},
+    "Split": {13: "split moved from an attribute to an input (both read)",
+              18: "attribute 'num_outputs'"},
+    "Squeeze": {13: "axes moved from an attribute to an input (both read)"},
+    "TopK": {11: "attributes 'largest' and 'sorted'"},
+    "Unsqueeze": {13: "axes moved from an attribute to an input (both read)"},
+}
+
+
+def op_version(op_type: str, opset: int) -> int | None:
+    """The version (since_version) of default-domain ``op_type`` in ``opset``; None when the
+    op is not defined there."""
+    try:
+        return onnx.defs.get_schema(op_type, opset, "").since_version
+    except onnx.defs.SchemaError:
+        return None
 
 
 class OnnxLoadError(BevirError):
@@ -102,30 +176,68 @@ def supported_ops() -> frozenset[str]:
 _MISSING = object()
 
 
-def _attr_value(a: onnx.AttributeProto) -> Any:
-    v = onnx.helper.get_attribute_value(a)
+_TYPED_FIELDS = ("float_data", "int32_data", "int64_data", "double_data", "uint64_data",
+                 "string_data")
+
+
+def tensor_array(t: onnx.TensorProto, what: str, **where) -> np.ndarray:
+    """A TensorProto's data as an array, refusing (before allocating) one whose declared
+    shape holds more elements than the tensor stores or than this machine's memory."""
+    dims = list(t.dims)
+    if any(d < 0 for d in dims):
+        raise UnsupportedError(f"{what} has a negative dimension in {dims}", **where)
+    numel = math.prod(dims)
+    item = onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize \
+        if t.data_type in _ONNX_DTYPES else 1
+    too_big = tensor_too_big(dims, item)
+    if too_big:
+        raise UnsupportedError(f"{what}: {too_big}", **where)
+    if t.data_location != onnx.TensorProto.EXTERNAL and t.data_type in _ONNX_DTYPES:
+        stored = len(t.raw_data) if t.HasField("raw_data") else \
+            max(len(getattr(t, f)) for f in _TYPED_FIELDS)
+        held = stored // item if t.HasField("raw_data") else stored
+        if held != numel or (t.HasField("raw_data") and stored % item):
+            raise UnsupportedError(f"{what} declares shape {dims} ({numel} elements) but "
+                                   f"holds {stored} {'bytes' if t.HasField('raw_data') else 'values'}",
+                                   **where)
+    try:
+        return np.asarray(numpy_helper.to_array(t), order="C")
+    except Exception as e:   # noqa: BLE001  (malformed data, external file missing...)
+        raise UnsupportedError(f"{what} cannot be read: {type(e).__name__}: {e}",
+                               **where) from None
+
+
+def _attr_value(a: onnx.AttributeProto, **where) -> Any:
+    try:
+        v = onnx.helper.get_attribute_value(a)
+    except Exception as e:   # noqa: BLE001  (an attribute type protobuf does not know)
+        raise UnsupportedError(f"attribute '{a.name}' cannot be read: {e}", **where) from None
     if isinstance(v, bytes):
-        return v.decode()
+        return v.decode(errors="replace")
     if isinstance(v, onnx.TensorProto):
-        return numpy_helper.to_array(v)
+        return tensor_array(v, f"attribute '{a.name}'", **where)
     if isinstance(v, list) and v and isinstance(v[0], bytes):
-        return [x.decode() for x in v]
+        return [x.decode(errors="replace") for x in v]
     return v
 
 
 class NodeCtx:
     """What a converter sees of one ONNX node."""
 
-    def __init__(self, imp: _Importer, node: onnx.NodeProto, index: int):
+    def __init__(self, imp: _Importer, node: onnx.NodeProto, index: int,
+                 version: int | None = None):
         self.imp = imp
         self.node = node
         self.op_type = node.op_type
         self.loc = node.name or f"{node.op_type}_{index}"
         self.opset = imp.opset
+        #: the op's version in the model's opset (since_version); None for other domains
+        self.version = version
         self.graph = imp.graph
         self.inputs: list[Value | None] = [imp.lookup(n, self) if n else None for n in node.input]
         self.outputs: list[str] = list(node.output)
-        self.attrs: dict[str, Any] = {a.name: _attr_value(a) for a in node.attribute}
+        self.attrs: dict[str, Any] = {a.name: _attr_value(a, op=self.op_type, node=self.loc)
+                                      for a in node.attribute}
         self.created: set[int] = set()      # ids of the values this conversion made
         hint = next((o for o in node.output if o), self.loc)
         self._hint = hint
@@ -157,8 +269,11 @@ class NodeCtx:
             raise self.unsupported(f"missing required attribute '{name}'")
         return default
 
-    def const(self, i: int, what: str, optional: bool = False) -> np.ndarray | None:
-        """Input ``i`` as a numpy array; it must be a constant at import time.
+    def const(self, i: int, what: str, optional: bool = False,
+              why: str = "it determines a shape and bevir shapes are static"
+              ) -> np.ndarray | None:
+        """Input ``i`` as a numpy array; it must be a constant at import time (``why``
+        says why, in the error).
 
         An omitted optional input gives None (``optional``) or raises.
         """
@@ -170,7 +285,7 @@ class NodeCtx:
         if not v.is_const:
             raise NonConstantInputError(
                 f"input {i} ({what}, '{self.node.input[i]}') must be a constant at import "
-                f"time: bevir shapes are static (ONNX {self.op_type}, opset {self.opset})",
+                f"time: {why} (ONNX {self.op_type}, opset {self.opset})",
                 value_name=self.node.input[i], op=self.op_type, node=self.loc)
         return np.asarray(v.const)
 
@@ -260,6 +375,8 @@ class _Importer:
         attrs = opdef.check_attrs(attrs, where=dict(op=opdef.name, loc=c.loc))
         node = Node(opdef.name, inputs, attrs, c.loc)
         types = opdef.infer_node(node)
+        for t in types:
+            _check_numel(c, t.numel, f"constant-folded {opdef.name}", t.dtype.np.itemsize)
         node.outputs = [Value("folded", t) for t in types]
         try:
             arrays = opdef.run(node, [None if v is None else v.const for v in inputs])
@@ -283,11 +400,10 @@ class _Importer:
         g = self.model.graph
         inits = {t.name for t in g.initializer}
         for t in g.initializer:
-            try:
-                arr = numpy_helper.to_array(t)
-            except Exception as e:   # noqa: BLE001
-                raise UnsupportedError(f"initializer '{t.name}' cannot be read: {e}") from None
-            arr = np.asarray(arr, order="C")
+            if t.data_type not in _ONNX_DTYPES:
+                raise UnsupportedError(f"initializer '{t.name}' has unsupported dtype "
+                                       f"{_dtype_name(t.data_type)}")
+            arr = tensor_array(t, f"initializer '{t.name}'")
             try:
                 TensorType.of(arr)
             except TypeError:
@@ -326,11 +442,29 @@ class _Importer:
         if entry is None and node.domain in _DEFAULT_DOMAINS:
             raise UnsupportedError(f"unsupported ONNX op '{node.op_type}' (opset {self.opset})",
                                    op=node.op_type, node=loc)
-        c = NodeCtx(self, node, index)
+        version = None
+        if node.domain in _DEFAULT_DOMAINS:
+            version = op_version(node.op_type, self.opset)
+            if version is None:
+                raise UnsupportedError(f"ONNX op '{node.op_type}' is not defined in opset "
+                                       f"{self.opset}", op=node.op_type, node=loc)
+            if self.opset < MIN_OPSET and version != op_version(node.op_type, MIN_OPSET):
+                raise UnsupportedError(
+                    f"ONNX {node.op_type}-{version} (opset {self.opset}) predates the "
+                    f"definition of opset {MIN_OPSET}: bevir supports opsets "
+                    f"{MIN_OPSET}..{MAX_OPSET} (and older models whose ops are unchanged "
+                    f"by then)", op=node.op_type, node=loc)
+        c = NodeCtx(self, node, index, version)
         for a in node.attribute:
             if a.name not in entry.attrs:
                 raise c.unsupported(f"attribute '{a.name}' is not supported")
-        result = entry.fn(c)
+        try:
+            result = entry.fn(c)
+        except (TypeError, AttributeError, IndexError, KeyError, ValueError) as e:
+            # A malformed node (a missing input, an attribute of the wrong kind) reaches the
+            # converter's assumptions: report it as the node's error, not a Python crash.
+            raise OnnxLoadError(f"malformed ONNX {node.op_type} node: {type(e).__name__}: {e}",
+                                op=node.op_type, node=loc) from e
         results = [result] if isinstance(result, Value) or result is None else list(result)
         if len(results) < len(node.output):
             results += [None] * (len(node.output) - len(results))
@@ -408,10 +542,23 @@ def _default_opset(model: onnx.ModelProto) -> int:
         raise UnsupportedError("the model imports no default-domain (ai.onnx) opset; "
                                f"bevir supports opsets {MIN_OPSET}..{MAX_OPSET}")
     v = max(versions)
-    if not MIN_OPSET <= v <= MAX_OPSET:
+    if not 1 <= v <= MAX_OPSET:
         raise UnsupportedError(f"unsupported ONNX opset {v}: bevir supports opsets "
                                f"{MIN_OPSET}..{MAX_OPSET}")
     return v
+
+
+def _dtype_name(onnx_type: int) -> str:
+    if onnx_type in onnx.TensorProto.DataType.values():
+        return onnx.TensorProto.DataType.Name(onnx_type)
+    return str(onnx_type)
+
+
+def _check_numel(c: NodeCtx, numel: int, what: str, itemsize: int = 8) -> None:
+    """Refuse a folded result too large for this machine before it is allocated."""
+    too_big = tensor_too_big([numel], itemsize)
+    if too_big:
+        raise c.unsupported(f"{what}: {too_big}")
 
 
 def _value_type(vi: onnx.ValueInfoProto) -> TensorType:
@@ -422,7 +569,7 @@ def _value_type(vi: onnx.ValueInfoProto) -> TensorType:
     tt = t.tensor_type
     if tt.elem_type not in _ONNX_DTYPES:
         raise UnsupportedError(f"graph input '{vi.name}' has unsupported dtype "
-                               f"{onnx.TensorProto.DataType.Name(tt.elem_type)}")
+                               f"{_dtype_name(tt.elem_type)}")
     if not tt.HasField("shape"):
         raise UnsupportedError(f"graph input '{vi.name}' has no static shape (unknown rank)")
     dims = []
@@ -433,7 +580,11 @@ def _value_type(vi: onnx.ValueInfoProto) -> TensorType:
             sym = f" '{d.dim_param}'" if d.HasField("dim_param") else ""
             raise UnsupportedError(f"graph input '{vi.name}' has a symbolic/unknown "
                                    f"dimension{sym} at axis {i}: bevir shapes are static")
-    return TensorType(tuple(dims), _ONNX_DTYPES[tt.elem_type])
+    dtype = _ONNX_DTYPES[tt.elem_type]
+    too_big = tensor_too_big(dims, dtype.np.itemsize)
+    if too_big:
+        raise UnsupportedError(f"graph input '{vi.name}': {too_big}")
+    return TensorType(tuple(dims), dtype)
 
 
 def _check_declared_shape(vi: onnx.ValueInfoProto, v: Value) -> None:
@@ -729,26 +880,36 @@ def _variadic(c: NodeCtx):
 @converts("Clip", attrs=("min", "max"))
 def _clip(c: NodeCtx):
     x = c.input(0)
-    if c.opset >= 11:
+    if c.version < 11:   # Clip-6: float bounds as attributes
+        lo, hi = c.attrs.get("min"), c.attrs.get("max")
+        bounds = [None if b is None else _scalar(c, b, x) for b in (lo, hi)]
+    else:
         if "min" in c.attrs or "max" in c.attrs:
             raise c.unsupported("attributes 'min'/'max' (inputs since opset 11)")
-        lo, hi = c.const(1, "min", optional=True), c.const(2, "max", optional=True)
-    else:   # pragma: no cover  (opset < 11 is refused before conversion)
-        lo, hi = c.attrs.get("min"), c.attrs.get("max")
-    lo = None if lo is None or np.size(lo) == 0 else np.asarray(lo).reshape(())
-    hi = None if hi is None or np.size(hi) == 0 else np.asarray(hi).reshape(())
-    if lo is None and hi is None:
-        return x
-    if x.type.dtype.is_float:
-        return c.emit("clip", [x], {"min": None if lo is None else float(lo),
-                                    "max": None if hi is None else float(hi)})
-    # integers: exact bounds through max/min
+        bounds = [c.input(i) for i in (1, 2)]
+        bounds = [None if b is None or b.type.numel == 0 else b for b in bounds]
+    for b in bounds:
+        if b is not None and b.type.numel != 1:
+            raise c.unsupported(f"a bound of shape {list(b.type.shape)} (a scalar is needed)")
+    lo, hi = bounds
+    if all(b is None or b.is_const for b in bounds) and x.type.dtype.is_float:
+        return c.emit("clip", [x], {
+            "min": None if lo is None else float(lo.const.reshape(())),
+            "max": None if hi is None else float(hi.const.reshape(()))})
+    # integer operands or bounds given at run time: min(max(x, lo), hi), exactly ONNX's
     y = x
     if lo is not None:
-        y = c.emit("max", [y, _scalar(c, lo, x)])
+        y = c.emit("max", [y, _as_scalar(c, lo)])
     if hi is not None:
-        y = c.emit("min", [y, _scalar(c, hi, x)])
+        y = c.emit("min", [y, _as_scalar(c, hi)])
     return y
+
+
+def _as_scalar(c: NodeCtx, v: Value) -> Value:
+    """A one-element operand as a rank-0 value (so that it broadcasts like a scalar)."""
+    if v.type.rank == 0:
+        return v
+    return c.emit("reshape", [v], {"shape": ()})
 
 
 @converts("Where")
@@ -1235,16 +1396,24 @@ def _tile(c: NodeCtx):
     return c.emit("reshape", [y], {"shape": tuple(r * d for r, d in zip(reps, shape))})
 
 
-@converts("Pad", attrs=("mode",))
+@converts("Pad", attrs=("mode", "pads", "value"))
 def _pad(c: NodeCtx):
     x = c.input(0)
     rank = x.type.rank
     mode = c.attr("mode", "constant")
     if mode not in ("constant", "reflect", "edge", "wrap"):
         raise c.unsupported(f"attribute 'mode' = {mode!r}")
-    pads = c.ints(1, "pads")
-    value = c.const(2, "constant_value", optional=True)
-    axes = c.ints(3, "axes", optional=True) if c.opset >= 18 else None
+    if c.version < 11:   # Pad-2: pads and value are attributes
+        pads = [int(p) for p in c.attr("pads")]
+        value = c.attr("value", 0.0)
+    else:
+        for a in ("pads", "value"):
+            if a in c.attrs:
+                raise c.unsupported(f"attribute '{a}' (an input since opset 11)")
+        pads = c.ints(1, "pads")
+        value = c.const(2, "constant_value", optional=True,
+                        why="bevir's pad takes its value as an attribute")
+    axes = c.ints(3, "axes", optional=True) if c.version >= 18 else None
     if axes is not None:
         axes = _norm_axes(axes, rank, c)
         if len(pads) != 2 * len(axes):
@@ -1277,10 +1446,14 @@ def _resize(c: NodeCtx):
         raise c.unsupported(f"attribute 'mode' = {mode!r} (only nearest and linear)")
     if mode == "linear":
         c.require_float(x)
-    ct = c.attr("coordinate_transformation_mode", "half_pixel")
+    if c.version < 11:   # Resize-10: (X, scales), asymmetric coordinates, nearest = floor
+        ct, nearest, scales_i = "asymmetric", "floor", 1
+    else:
+        ct = c.attr("coordinate_transformation_mode", "half_pixel")
+        nearest = c.attr("nearest_mode", "round_prefer_floor")
+        scales_i = 2
     if ct not in _RESIZE_CT:
         raise c.unsupported(f"attribute 'coordinate_transformation_mode' = {ct!r}")
-    nearest = c.attr("nearest_mode", "round_prefer_floor")
     if nearest not in _NEAREST:
         raise c.unsupported(f"attribute 'nearest_mode' = {nearest!r}")
     for name, default in (("antialias", 0), ("exclude_outside", 0),
@@ -1289,8 +1462,8 @@ def _resize(c: NodeCtx):
             raise c.unsupported(f"attribute '{name}' = {c.attr(name)!r}")
     axes = c.attr("axes", None)
     axes = list(range(rank)) if axes is None else list(_norm_axes(axes, rank, c))
-    scales = c.const(2, "scales", optional=True)
-    sizes = c.ints(3, "sizes", optional=True)
+    scales = c.const(scales_i, "scales", optional=True)
+    sizes = c.ints(3, "sizes", optional=True) if scales_i == 2 else None
     if scales is not None and scales.size == 0:
         scales = None
     if sizes is not None and len(sizes) == 0:
@@ -1400,18 +1573,30 @@ def _constant_of_shape(c: NodeCtx):
     value = np.asarray(value)
     if value.size != 1:
         raise c.unsupported("attribute 'value' must have one element")
+    if min(shape, default=0) < 0:
+        raise c.unsupported(f"negative dimension in shape {shape}")
+    too_big = tensor_too_big(shape, value.dtype.itemsize)
+    if too_big:
+        raise c.unsupported(f"output: {too_big}")
     return c.constant(np.full(shape, value.reshape(-1)[0], value.dtype))
 
 
-@converts("Range")
+@converts("Range", attrs=("stash_type",))
 def _range(c: NodeCtx):
     start, limit, delta = (c.const(i, w) for i, w in enumerate(("start", "limit", "delta")))
     dtype = start.dtype
-    s, l, d = (np.asarray(v).reshape(()).item() for v in (start, limit, delta))
+    stash = dtype
+    if dtype == np.float16 and c.version >= 27:
+        if c.attr("stash_type", 1) != 1:
+            raise c.unsupported(f"attribute 'stash_type' = {c.attr('stash_type')} (only 1, "
+                                "float32)")
+        stash = np.dtype(np.float32)
+    s, l, d = (np.asarray(v).astype(stash).reshape(()).item() for v in (start, limit, delta))
     if d == 0:
         raise c.unsupported("delta of 0")
     n = max(int(math.ceil((l - s) / d)), 0)
-    return c.constant((s + np.arange(n) * d).astype(dtype))
+    _check_numel(c, n, "output")
+    return c.constant((s + np.arange(n) * d).astype(stash).astype(dtype))
 
 
 @converts("Einsum", attrs=("equation",))

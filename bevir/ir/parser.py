@@ -5,8 +5,10 @@ Errors raise :class:`bevir.ParseError` with the 1-based line and column.
 from __future__ import annotations
 
 import json
+import math
+import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -22,6 +24,26 @@ _NUMBER = re.compile(r"[-+]?(?:inf|nan|(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)")
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
 _WS = re.compile(r"(?:\s|//[^\n]*)*")
 _DIMS = re.compile(r"((?:\d+x)*)([a-z][a-z0-9]*)")
+
+
+def memory_limit() -> int:
+    """The most bytes one tensor may need: this machine's physical memory (a declared shape
+    beyond it is refused before anything is allocated)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):   # no sysconf: assume 1 TiB
+        return 1 << 40
+
+
+def tensor_too_big(shape: Sequence[int], itemsize: int) -> str | None:
+    """Why a tensor of ``shape`` with ``itemsize``-byte elements cannot be allocated here
+    (None when it can)."""
+    need = math.prod(int(d) for d in shape) * itemsize
+    limit = memory_limit()
+    if need > limit:
+        return (f"shape {list(shape)} needs {need:,} bytes, more than this machine's memory "
+                f"({limit:,} bytes)")
+    return None
 
 
 class _Reader:
@@ -66,7 +88,12 @@ class _Reader:
         return self.match(_IDENT, "an identifier")
 
     def string(self) -> str:
-        return json.loads(self.match(_STRING, "a string"))
+        start = self.pos
+        token = self.match(_STRING, "a string")
+        try:
+            return json.loads(token)
+        except json.JSONDecodeError as e:   # e.g. a raw control character inside the quotes
+            raise self.error(f"malformed string: {e.msg}", start + e.pos) from None
 
     def name(self, sigil: str) -> str:
         self.expect(sigil)
@@ -100,6 +127,9 @@ class _Reader:
         except ValueError:
             raise self.error(f"unknown element type '{m.group(2)}'", start) from None
         shape = tuple(int(d) for d in m.group(1).split("x")[:-1])
+        too_big = tensor_too_big(shape, dtype.np.itemsize)
+        if too_big:
+            raise self.error(f"tensor type {too_big}", start)
         layout, quant = Layout.plain, None
         while self.accept(","):
             word = self.ident()

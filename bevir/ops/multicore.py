@@ -22,6 +22,8 @@ from ..ir.types import Quant, TensorType
 from .common import norm_axis, require
 
 register_meta_key("core", int, doc="the core a node runs on (set by the partition pass)")
+register_meta_key("piece", dict, doc="the partition pass: {of, kind, index, pieces} of one "
+                  "core's piece of a split node (its pieces run, and stream DDR, at once)")
 
 
 def sliced_quant(q: Quant | None, axis: int, start: int, stop: int) -> Quant | None:

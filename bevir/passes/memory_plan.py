@@ -569,8 +569,9 @@ class PlanMemory(Pass):
     def _dma(self, graph: Graph, v: Value, src: str, dst: str, node: Node, **where) -> Node:
         d = graph.create_node("dma_copy", [v], {"src": src, "dst": dst}, loc=node.loc,
                               names=[graph.unique_name(f"{v.name}_{dst}")], **where)
-        if "core" in node.meta:
-            d.meta["core"] = node.meta["core"]
+        for key in ("core", "piece"):           # a piece's DMA streams beside the others
+            if key in node.meta:
+                d.meta[key] = node.meta[key]
         if dst == "ddr":
             d.output.meta["mem"] = "ddr"
         self.stat("dma-ops")

@@ -168,6 +168,8 @@ def pieces_of(node: Node, kind: str, axis: int, sizes: list[int]) -> list[PieceS
             raise VerifyError(f"piece [{start}, {start + size}) of axis {axis} infers "
                               f"{', '.join(map(str, got))}, not {want}")
         detached.outputs = [Value("out", want, producer=detached)]
+        detached.meta["piece"] = {"of": node.output.name, "kind": kind, "index": len(specs),
+                                  "pieces": len(sizes)}
         specs.append(PieceSpec(piece.operands, attrs, detached))
         start += size
     return specs
@@ -258,6 +260,7 @@ def split_node(graph: Graph, node: Node, kind: str, axis: int, sizes: list[int])
                               names=[f"{name}.c{core}"], before=node)
         p.meta.update(node.meta)
         p.meta["core"] = core
+        p.meta["piece"] = dict(spec.node.meta["piece"])
         pieces.append(p.output)
     done = graph.create_node("barrier", pieces, loc=node.loc, before=node,
                              names=[f"{name}.c{k}.done" for k in range(len(pieces))])

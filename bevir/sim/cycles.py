@@ -15,6 +15,12 @@ Per op (docs/target.md gives the formulas and worked numbers):
     own     = launch + max(compute, ocm, ddr) + exposed     exposed: DDR latency + one burst
                                                             (double buffering hides the rest)
 
+The DDR share is the DDR bandwidth over the cores streaming at once: the pieces of a split
+op (``node.meta["piece"]``) run and stream together, any other op streams alone. The DDR
+tensors of an op in an unplanned graph are its weights, graph inputs and outputs (all its
+tensors when they do not fit the OCM); in a memory-planned graph they are what the plan says
+(:func:`planned_tensors`): dma_copy transfers, streamed ops, resident tensors loaded once.
+
 The op's mapping is the one with the fewest own cycles (memory terms included: a mapping
 that computes faster but re-reads more weights can lose).
 
@@ -95,41 +101,78 @@ def mapping_cycles(m: PEMapping, hw: HWConfig) -> tuple[int, int]:
     return m.batch * math.prod(tiles) * m.serial, m.batch * passes
 
 
-def dma_cycles(nbytes: int, hw: HWConfig) -> int:
-    """One DMA transfer DDR <-> OCM: set-up plus whole bursts at this core's DDR share."""
+def dma_cycles(nbytes: int, hw: HWConfig, streams: int = 1) -> int:
+    """One DMA transfer DDR <-> OCM: set-up plus whole bursts at this core's share of the
+    DDR bandwidth, ``streams`` cores moving data at once (the pieces of one split op)."""
     if nbytes <= 0:
         return 0
     bursts = -(-nbytes // hw.dma_burst_bytes)
-    share = hw.ddr_bytes_per_cycle / hw.cores       # all cores stream at once
+    share = hw.ddr_bytes_per_cycle / max(1, min(streams, hw.cores))
     return hw.dma_setup_cycles + math.ceil(bursts * hw.dma_burst_bytes / share)
 
 
+def streams_of(node: Node) -> int:
+    """How many cores stream DDR while ``node`` runs: its split's pieces, else one."""
+    piece = node.meta.get("piece")
+    return piece["pieces"] if piece else 1
+
+
+def _distinct(values) -> list:
+    return list({id(v): v for v in values if v is not None}.values())
+
+
 def ddr_tensors(node: Node, graph_io: set[int], hw: HWConfig) -> list[int]:
-    """Bytes of each tensor the op moves between DDR and OCM: constants (weights), graph
-    inputs and outputs; all operands and results when they do not fit the core's OCM."""
+    """Bytes of each tensor an op of an unplanned graph moves between DDR and OCM:
+    constants (weights), graph inputs and outputs; all operands and results when they do
+    not fit the core's OCM."""
     ins = [v for v in node.inputs if v is not None]
-    working = sum(v.type.nbytes for v in {id(v): v for v in ins + node.outputs}.values())
-    spill = working > hw.ocm_per_core
+    spill = sum(v.type.nbytes for v in _distinct(ins + node.outputs)) > hw.ocm_per_core
     return [v.type.nbytes for v in ins + node.outputs
             if spill or v.is_const or id(v) in graph_io]
 
 
-def cost_node(node: Node, hw: HWConfig, graph_io: set[int]) -> dict:
-    """The cycle terms of one op on one core (no waits), for its cheapest mapping."""
+def planned_tensors(node: Node, graph_io: set[int], loaded: set[int]) -> list[int]:
+    """Bytes of each tensor an op of a memory-planned graph moves between DDR and OCM: a
+    ``dma_copy`` its tensor; a streamed op (``meta["stream"]``) its operands and results
+    in DDR; the first reader of a constant or graph input held in OCM loads it once (a
+    prologue charged to it), the producer of a graph output held in OCM stores it. Every
+    other operand is already in OCM."""
+    if node.op == "dma_copy":
+        return [node.inputs[0].type.nbytes]
+    values = _distinct(list(node.inputs) + node.outputs)
+    if "stream" in node.meta:
+        return [v.type.nbytes for v in values if v.meta.get("mem") == "ddr"]
+    out = []
+    for v in values:
+        resident = v.meta.get("mem") != "ddr" and (v.is_const or id(v) in graph_io)
+        if resident and id(v) not in loaded:
+            loaded.add(id(v))
+            out.append(v.type.nbytes)
+    return out
+
+
+def cost_node(node: Node, hw: HWConfig, graph_io: set[int],
+              transfers: list[int] | None = None) -> dict:
+    """The cycle terms of one op on one core (no waits), for its cheapest mapping.
+    ``transfers``: the bytes of each tensor it moves from or to DDR (default: as in an
+    unplanned graph, :func:`ddr_tensors`)."""
     op = get_op(node.op)
     work, cost = work_of(op, op.ctx(node)), op.cost(node)
     moved = {"read": cost["bytes_read"], "written": cost["bytes_written"]}
     if work.view:
         return dict(work=work, cost=cost, mapping=None, terms={}, own=0, bound="view",
                     bytes={**moved, "array": 0, "ddr": 0})
-    transfers = ddr_tensors(node, graph_io, hw)
-    options = [terms_of(work, m, moved, transfers, hw) for m in work.mappings or (None,)]
+    if transfers is None:
+        transfers = ddr_tensors(node, graph_io, hw)
+    streams = streams_of(node)
+    options = [terms_of(work, m, moved, transfers, hw, streams)
+               for m in work.mappings or (None,)]
     best = min(options, key=lambda r: r["own"])           # first on ties
     return dict(work=work, cost=cost, **best)
 
 
 def terms_of(work: Work, mapping: PEMapping | None, moved: dict, transfers: list[int],
-             hw: HWConfig) -> dict:
+             hw: HWConfig, streams: int = 1) -> dict:
     """The terms of one mapping (None: no MACs) and the op's cycles with it."""
     mac, passes = mapping_cycles(mapping, hw) if mapping else (0, 0)
     alu = -(-work.alu_ops // (hw.pes * hw.alu_ops_per_pe))
@@ -137,8 +180,9 @@ def terms_of(work: Work, mapping: PEMapping | None, moved: dict, transfers: list
     rebroadcast = max(0, work.tile_weight_bytes * passes - work.weight_bytes)
     array = moved["read"] + moved["written"] + rebroadcast
     ocm = math.ceil(array / hw.ocm_bytes_per_cycle)
-    ddr = sum(dma_cycles(b, hw) for b in transfers)
-    exposed = (hw.ddr_latency_cycles + dma_cycles(min(max(transfers), hw.dma_burst_bytes), hw)
+    ddr = sum(dma_cycles(b, hw, streams) for b in transfers)
+    exposed = (hw.ddr_latency_cycles
+               + dma_cycles(min(max(transfers), hw.dma_burst_bytes), hw, streams)
                if transfers else 0)
     if hw.double_buffer:
         own = hw.launch_cycles + max(compute, ocm, ddr) + exposed
@@ -171,12 +215,14 @@ def core_of(node: Node, hw: HWConfig) -> int:
 def model(graph: Graph, hw: HWConfig) -> Profile:
     """Model every op of ``graph`` on ``hw``, in graph order, each core in sequence."""
     graph_io = {id(v) for v in graph.inputs} | {id(v) for v in graph.outputs.values()}
+    planned, loaded = "memory_plan" in graph.meta, set()
     free = [0] * hw.cores
     done: dict[int, tuple[int, int]] = {}           # value id -> (end, core)
     records = []
     for i, node in enumerate(graph.nodes):
         core = core_of(node, hw)
-        r = cost_node(node, hw, graph_io)
+        r = cost_node(node, hw, graph_io,
+                      planned_tensors(node, graph_io, loaded) if planned else None)
         ready = [done[id(v)][0] + (hw.barrier_cycles if done[id(v)][1] != core else 0)
                  for v in node.inputs if v is not None and id(v) in done]
         start = max([free[core]] + ready)
