@@ -12,8 +12,12 @@ passes.
     bevir sweep opt.bevir --cores 1,2,4,8 --macs 8,16 --ocm 4MB,8MB,16MB --out sweep/
     bevir passes
 
-Errors in the input (bevir.BevirError, unreadable files) print one line
-``bevir: error: <message>`` on stderr and exit with status 1.
+Every error prints one line ``bevir: error: <message>`` on stderr and exits with status
+1: errors in the input (bevir.BevirError, unreadable or unwritable files) say what is
+wrong; anything else is reported as an internal error (``BEVIR_TRACEBACK=1`` shows the
+traceback). ``show`` and ``run`` read ``.onnx`` files too (imported with ``from_onnx``);
+``opt``, ``run``, ``show`` and ``passes`` take ``--load FILE.py`` / ``--load-module NAME``
+to register a user's passes and ops first.
 """
 from __future__ import annotations
 
@@ -40,6 +44,55 @@ def _out(text: str) -> None:
 
 def _err(text: str) -> None:
     sys.stderr.write(text if text.endswith("\n") else text + "\n")
+
+
+# ---- loading -----------------------------------------------------------------------------
+def load_plugins(files: Sequence[str] = (), modules: Sequence[str] = ()) -> None:
+    """Import user plugins: Python files and importable modules whose Pass and OpDef
+    subclasses register themselves when defined (like mlir-opt's --load-pass-plugin)."""
+    import importlib
+    import importlib.util
+    for path in files:
+        if not Path(path).is_file():
+            raise CliError(f"--load: no such file '{path}'")
+        resolved = Path(path).resolve()
+        name = "bevir_plugin_" + "".join(c if c.isalnum() else "_" for c in resolved.stem)
+        loaded = sys.modules.get(name)
+        if loaded is not None and getattr(loaded, "__file__", None) == str(resolved):
+            continue                # loaded already in this process: its classes exist
+        spec = importlib.util.spec_from_file_location(name, resolved)
+        if spec is None or spec.loader is None:
+            raise CliError(f"--load: '{path}' is not a Python file")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        _import_plugin(f"--load {path}", lambda: spec.loader.exec_module(module))
+    for name in modules:
+        _import_plugin(f"--load-module {name}", lambda: importlib.import_module(name))
+
+
+def _import_plugin(what: str, do) -> None:
+    try:
+        do()
+    except BevirError as e:
+        raise CliError(f"{what}: {e}") from None
+    except Exception as e:      # the plugin's own code failed: say where, in one line
+        raise CliError(f"{what} failed: {type(e).__name__}: {e}") from None
+
+
+def load_graph(path: str):
+    """A model file as a Graph: a ``.bevir`` file, or an ``.onnx`` file imported (and
+    verified) with ``from_onnx``."""
+    import bevir
+    if Path(path).suffix.lower() == ".onnx":
+        graph = bevir.from_onnx(path)
+        bevir.verify(graph)
+        return graph
+    with open(path, "rb") as f:             # FileNotFoundError: one line in main
+        head = f.read(64)
+    if head.startswith(b"\x08") or b"\x00" in head:
+        raise CliError(f"{path} is not bevir IR text (an ONNX model? name it .onnx, or "
+                       "convert it: bevir import MODEL.onnx -o MODEL.bevir)")
+    return bevir.load(path)
 
 
 # ---- import ------------------------------------------------------------------------------
@@ -102,8 +155,8 @@ def partitioned(graph, cores: int, plan: str | None = None, hw: str | None = Non
 
 
 def cmd_show(args) -> int:
-    from .ir import load, print_graph
-    graph = load(args.model)
+    from .ir import print_graph
+    graph = load_graph(args.model)
     if args.partition:
         from .passes.partition import format_plan, plan_of, save_plan
         plan = plan_of(graph) or plan_of(partitioned(graph.clone(), args.cores, args.plan))
@@ -131,7 +184,7 @@ def _numerics(args, graph):
 
 
 def cmd_opt(args) -> int:
-    from .ir import load, print_graph, save
+    from .ir import print_graph, save
     from .passes import (DumpIR, PassManager, Reproducer, Statistics, Timing, parse_pipeline,
                          replay)
     if args.dump_ir_after_change and not args.dump_ir:
@@ -148,7 +201,7 @@ def cmd_opt(args) -> int:
         if args.pipeline is None:
             raise CliError("opt needs a pipeline: -p PIPELINE (e.g. -p canonicalize,cse,dce)")
         passes = parse_pipeline(args.pipeline)        # bad pipelines fail before loading
-        graph = load(args.model)
+        graph = load_graph(args.model)
         target = Path(args.output or args.model)
         reproducer = Reproducer(args.reproducer or target.with_suffix(".reproducer.bevir"))
     timing = Timing() if args.time_passes else None
@@ -193,12 +246,29 @@ def _describe(a: np.ndarray) -> str:
     return text
 
 
+def check_inputs(graph, inputs: dict[str, np.ndarray]) -> None:
+    """Refuse inputs that do not name a graph input or whose dtype or shape differ from the
+    declared ones (a file's arrays are taken as they are: no casts)."""
+    declared = {v.name: v for v in graph.inputs}
+    unknown = sorted(set(inputs) - set(declared))
+    if unknown:
+        raise CliError(f"inputs {unknown} are not inputs of @{graph.name} "
+                       f"(its inputs: {sorted(declared)})")
+    for name, a in inputs.items():
+        t = declared[name].type
+        if a.dtype != t.dtype.np or tuple(a.shape) != tuple(t.shape):
+            raise CliError(f"input '{name}' is {a.dtype}{list(a.shape)}, @{graph.name} "
+                           f"declares {t}")
+
+
 def cmd_run(args) -> int:
     from safetensors import SafetensorError
     from safetensors.numpy import load_file, save_file
-    from .ir import load
     from .sim import run
-    graph = load(args.model)
+    if args.output and not Path(args.output).resolve().parent.is_dir():
+        raise CliError(f"cannot write {args.output}: no directory "
+                       f"'{Path(args.output).resolve().parent}'")
+    graph = load_graph(args.model)
     inputs: dict[str, np.ndarray] = {}
     if args.inputs:
         if not Path(args.inputs).exists():
@@ -210,6 +280,7 @@ def cmd_run(args) -> int:
         for v in graph.inputs:     # safetensors stores scalars as [1]
             if v.name in inputs and v.type.rank == 0 and inputs[v.name].size == 1:
                 inputs[v.name] = inputs[v.name].reshape(())
+    check_inputs(graph, inputs)
     fetch = None
     if args.fetch:
         fetch = "all" if args.fetch == ["all"] else args.fetch
@@ -222,7 +293,10 @@ def cmd_run(args) -> int:
     for name, a in results.items():
         _out(f"{name}: {_describe(np.asarray(a))}")
     if args.output:
-        save_file({k: np.ascontiguousarray(v) for k, v in results.items()}, args.output)
+        try:
+            save_file({k: np.ascontiguousarray(v) for k, v in results.items()}, args.output)
+        except (SafetensorError, OSError) as e:
+            raise CliError(f"cannot write {args.output}: {e}") from None
         _out(f"wrote {args.output}: {len(results)} tensors")
     return 0
 
@@ -314,6 +388,14 @@ def cmd_passes(args) -> int:
 
 
 # ---- main --------------------------------------------------------------------------------
+def _plugin_options(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--load", action="append", default=[], metavar="FILE.py",
+                   help="import this Python file first: the passes and ops it defines "
+                   "register themselves (repeatable)")
+    s.add_argument("--load-module", action="append", default=[], metavar="NAME",
+                   help="import this module first, like --load (repeatable)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="bevir", description="bevir: a graph-IR compiler for an "
                                 "INT8 NPU. Import, inspect, optimize and run models.")
@@ -347,7 +429,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_quantize_backbone)
 
     s = sub.add_parser("show", help="print a model's IR and a cost summary")
-    s.add_argument("model", help="a .bevir file")
+    s.add_argument("model", help="a .bevir or .onnx file")
     s.add_argument("--constants", choices=("elide", "inline", "external"), default="elide",
                    help="how to print constant payloads (default: elide)")
     s.add_argument("--summary-only", action="store_true", help="print only the summary")
@@ -356,10 +438,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--cores", type=int, default=4, help="with --partition: cores (default 4)")
     s.add_argument("--plan", metavar="FILE", help="with --partition: replay this plan")
     s.add_argument("--plan-out", metavar="FILE", help="with --partition: write the plan (JSON)")
+    _plugin_options(s)
     s.set_defaults(fn=cmd_show)
 
     s = sub.add_parser("opt", help="run a pass pipeline on a model")
-    s.add_argument("model", nargs="?", help="a .bevir file")
+    s.add_argument("model", nargs="?", help="a .bevir or .onnx file")
     s.add_argument("-p", "--pipeline", help="e.g. 'canonicalize{fold_limit=65536},cse,dce'")
     s.add_argument("-o", "--output", help="the .bevir file to write "
                    "(default: print the IR, constants elided)")
@@ -383,10 +466,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="absolute difference allowed on float outputs (default 0)")
     s.add_argument("--numerics-reproducer", metavar="DIR", help="where a numeric mismatch "
                    "leaves its reproducer (default: a new temporary directory)")
+    _plugin_options(s)
     s.set_defaults(fn=cmd_opt)
 
     s = sub.add_parser("run", help="run a model with the golden interpreter")
-    s.add_argument("model", help="a .bevir file")
+    s.add_argument("model", help="a .bevir or .onnx file")
     s.add_argument("--inputs", metavar="FILE", help="a safetensors file of the graph inputs")
     s.add_argument("-o", "--output", metavar="FILE", help="a safetensors file for the results")
     s.add_argument("--fetch", nargs="+", metavar="NAME",
@@ -396,6 +480,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--plan", metavar="FILE", help="partition by this plan (see show --partition)")
     s.add_argument("--hw", metavar="CONFIG", help="partition with this hardware config's cycle "
                    "model (a preset or e.g. 'QC-U 8MB 16MAC x4'; cores default to its)")
+    _plugin_options(s)
     s.set_defaults(fn=cmd_run)
 
     s = sub.add_parser("sim", help="model a lowered model's cycles per op per core")
@@ -424,6 +509,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_sweep)
 
     s = sub.add_parser("passes", help="list the registered passes and their options")
+    _plugin_options(s)
     s.set_defaults(fn=cmd_passes)
     return p
 
@@ -443,12 +529,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as e:     # --help, --version and usage errors
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
     try:
+        load_plugins(getattr(args, "load", ()), getattr(args, "load_module", ()))
         return args.fn(args)
     except BevirError as e:
-        _err("bevir: error: " + " ".join(str(e).split("\n")))
+        _err("bevir: error: " + _one_line(str(e)))
     except OSError as e:
         _err(f"bevir: error: {_os_message(e)}")
+    except KeyboardInterrupt:
+        _err("bevir: error: interrupted")
+        return 130
+    except Exception as e:      # a bug, not bad input: still one line unless asked
+        if os.environ.get("BEVIR_TRACEBACK"):
+            raise
+        _err(f"bevir: error: internal error: {type(e).__name__}: {_one_line(str(e))} "
+             "(BEVIR_TRACEBACK=1 shows the traceback)")
     return 1
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split("\n"))
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 from safetensors.numpy import load_file, save_file
@@ -220,3 +221,150 @@ def test_entry_point_subprocess():
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "bevir"]
     r = subprocess.run(cmd + ["--help"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "opt" in r.stdout and "import" in r.stdout
+
+
+# ---- every error path is one line --------------------------------------------------------
+def test_run_error_paths_are_one_line(tmp_path, capsys):
+    path = small_model(tmp_path)
+    x = np.zeros((1, 3, 6, 6), np.float32)
+    good = tmp_path / "in.safetensors"
+    save_file({"x": x}, str(good))
+    assert main(["run", str(path), "--inputs", str(good), "--fetch", "nosuchvalue"]) == 1
+    assert "no value %nosuchvalue" in one_line_error(capsys)
+    assert main(["run", str(path), "--inputs", str(good), "-o", "/nonexistent/x.safetensors"]) == 1
+    assert "cannot write /nonexistent/x.safetensors" in one_line_error(capsys)
+    assert not capsys.readouterr().out          # refused before running
+    for name, arrays, words in [
+            ("f64", {"x": x.astype(np.float64)}, ["'x'", "float64", "f32"]),
+            ("i64", {"x": np.full((1, 3, 6, 6), 300, np.int64)}, ["'x'", "int64"]),
+            ("shape", {"x": np.zeros((1, 3, 5, 6), np.float32)}, ["'x'", "[1, 3, 5, 6]"]),
+            ("extra", {"x": x, "extra": x}, ["['extra']", "its inputs: ['x']"])]:
+        f = tmp_path / f"{name}.safetensors"
+        save_file(arrays, str(f))
+        assert main(["run", str(path), "--inputs", str(f)]) == 1
+        line = one_line_error(capsys)
+        assert all(w in line for w in words), line
+    garbage = tmp_path / "garbage.safetensors"
+    garbage.write_bytes(b"\x00" * 16)
+    assert main(["run", str(path), "--inputs", str(garbage)]) == 1
+    assert "cannot read inputs" in one_line_error(capsys)
+
+
+def test_interpreter_refuses_unknown_inputs_and_wrap_around(tmp_path):
+    g = bevir.load(small_model(tmp_path))
+    x = np.zeros((1, 3, 6, 6), np.float32)
+    with pytest.raises(bevir.InterpreterError, match=r"\['z'\] are not inputs"):
+        bevir.run(g, {"x": x, "z": x})
+    b = Builder("codes")
+    c = b.input("c", TensorType((2,), bevir.DType.i8))
+    b.output("y", b.reshape(c, shape=(1, 2)))
+    with pytest.raises(bevir.InterpreterError, match="300 is outside the i8 range"):
+        bevir.run(b.graph, {"c": np.array([1, 300], np.int64)})
+
+
+def test_show_and_run_read_onnx(tmp_path, capsys):
+    src = tmp_path / "tiny.onnx"
+    _onnx_model(src)
+    assert main(["show", str(src), "--summary-only"]) == 0
+    assert "conv2d 1" in capsys.readouterr().out
+    x = np.random.default_rng(5).standard_normal((1, 3, 8, 8)).astype(np.float32)
+    save_file({"X": x}, str(tmp_path / "in.safetensors"))
+    out = tmp_path / "out.safetensors"
+    assert main(["run", str(src), "--inputs", str(tmp_path / "in.safetensors"), "-o", str(out)]) == 0
+    import onnxruntime as ort
+    ref = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"]).run(None, {"X": x})[0]
+    assert np.abs(load_file(str(out))["Y"] - ref).max() <= 1e-5 * np.abs(ref).max()
+    disguised = tmp_path / "tiny.bevir"
+    disguised.write_bytes(src.read_bytes())
+    assert main(["show", str(disguised)]) == 1
+    assert "not bevir IR text" in one_line_error(capsys)
+
+
+def test_pass_option_typos_are_refused_while_parsing(tmp_path, capsys):
+    path = small_model(tmp_path)
+    assert main(["opt", str(path), "-p", "fuse{disable=typo}", "-o", str(tmp_path / "o.bevir")]) == 1
+    line = one_line_error(capsys)
+    assert "has no pattern 'typo' (option 'disable')" in line and "fuse-conv-activation" in line
+    assert "failed" not in line and not list(tmp_path.glob("*reproducer*"))
+    assert main(["opt", str(path), "-p", "fuse{disabel=x}"]) == 1
+    assert "no option 'disabel' (options: enable, disable, max_rewrites)" in one_line_error(capsys)
+
+
+def test_large_reproducer_keeps_constants_beside_it(tmp_path, capsys):
+    b = Builder("big")
+    x = b.input("x", TensorType((512, 1024)))
+    w = b.const(np.random.default_rng(0).standard_normal((512, 1024)).astype(np.float32), "w")
+    b.output("y", b.add(x, w))
+    path = tmp_path / "big.bevir"
+    bevir.save(b.graph, path)
+    assert main(["opt", str(path), "-p", "test-cli-explode"]) == 1
+    one_line_error(capsys)
+    repro = tmp_path / "big.reproducer.bevir"
+    assert repro.stat().st_size < 4096                          # 2 MiB of weights not in the text
+    assert (tmp_path / "big.reproducer.safetensors").exists()
+    assert main(["opt", "--reproduce", str(repro)]) == 1
+    assert "add is not allowed here" in one_line_error(capsys)
+    graph, _ = bevir.passes.replay(repro)
+    assert np.array_equal(graph.constants["w"].const, b.graph.constants["w"].const)
+
+
+def test_internal_errors_are_one_line(tmp_path, capsys, monkeypatch):
+    path = small_model(tmp_path)
+    import bevir.cli as cli
+    monkeypatch.setattr(cli, "summary", lambda graph: {}["boom"])
+    assert main(["show", str(path), "--summary-only"]) == 1
+    line = one_line_error(capsys)
+    assert "internal error: KeyError: 'boom'" in line and "BEVIR_TRACEBACK=1" in line
+
+
+PLUGIN = '''
+import numpy as np
+import pytest
+from bevir.passes import Pass
+from bevir import OpDef
+
+
+class NegToSub(Pass):
+    name = "test-neg-to-sub"
+    description = "neg(x) -> sub(0, x)"
+
+    def run(self, graph, am):
+        for n in list(graph.nodes):
+            if n.op == "neg":
+                self.stat("seen")
+
+
+class Twice(OpDef):
+    name = "test-plugin-twice"
+
+    def infer(self, c, x):
+        return x
+
+    def compute(self, c, x):
+        return x * np.asarray(2, x.dtype)
+'''
+
+
+def test_load_plugins(tmp_path, capsys, monkeypatch):
+    plugin = tmp_path / "myplugin.py"
+    plugin.write_text(PLUGIN)
+    path = small_model(tmp_path)
+    for _ in range(2):                               # a second load in one process is a no-op
+        assert main(["opt", str(path), "--load", str(plugin), "-p", "test-neg-to-sub", "--stats",
+                     "-o", str(tmp_path / "o.bevir")]) == 0
+        assert "seen" in capsys.readouterr().err
+    mod = tmp_path / "mods"
+    mod.mkdir()
+    (mod / "bevir_test_mod_plugin.py").write_text(PLUGIN.replace("test-neg-to-sub", "test-mod-pass")
+                                                  .replace("test-plugin-twice", "test-mod-twice"))
+    monkeypatch.syspath_prepend(str(mod))
+    assert main(["passes", "--load-module", "bevir_test_mod_plugin"]) == 0
+    assert "test-mod-pass" in capsys.readouterr().out
+    assert main(["passes", "--load-module", "no_such_module_xyz"]) == 1
+    assert "--load-module no_such_module_xyz failed: ModuleNotFoundError" in one_line_error(capsys)
+    broken = tmp_path / "broken.py"
+    broken.write_text("raise RuntimeError('plugin says no')\n")
+    assert main(["passes", "--load", str(broken)]) == 1
+    assert "RuntimeError: plugin says no" in one_line_error(capsys)
+    assert main(["passes", "--load", str(tmp_path / "absent.py")]) == 1
+    assert "no such file" in one_line_error(capsys)

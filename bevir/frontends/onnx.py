@@ -10,7 +10,9 @@ Slice starts, Pad pads, Resize sizes...) must be a constant at import time; othe
 (Clip bounds, quantization scales and zero points...) may be graph inputs. Nodes whose
 inputs are all constants are evaluated right away with the registry's reference semantics
 (constant folding), which makes the Shape -> Gather -> Concat -> Reshape chains of exported
-models collapse into constants.
+models collapse into constants; an all-constant node of an op bevir has no converter for
+(Mod, ScatterND, ...) is evaluated with onnx's reference evaluator, so only data-path ops
+need converters.
 Every node created carries the ONNX node name as its ``loc``.
 
 Each op's versions: a converter sees the model's opset (``c.opset``) and the op's version
@@ -428,13 +430,16 @@ class _Importer:
         loc = node.name or f"{node.op_type}_{index}"
         if node.domain not in _DEFAULT_DOMAINS:
             entry = _DOMAIN_CONVERTERS.get((node.domain, node.op_type))
-            if entry is None:
+            if entry is None and not self.all_constant(node):
                 raise UnsupportedError(f"unsupported ONNX op '{node.op_type}' of domain "
                                        f"'{node.domain}' (default-domain opset {self.opset})",
                                        op=node.op_type, node=loc)
         else:
             entry = _CONVERTERS.get(node.op_type)
-        if entry is None:
+        if entry is None and self.all_constant(node):
+            self.fold_with_reference(node, loc)
+            return
+        if entry is None and node.domain in _DEFAULT_DOMAINS:
             raise UnsupportedError(f"unsupported ONNX op '{node.op_type}' (opset {self.opset})",
                                    op=node.op_type, node=loc)
         version = None
@@ -480,6 +485,48 @@ class _Importer:
                     self.graph.rename(v, name)
                 named[id(old)] = v
             self.values[name] = v
+
+    def all_constant(self, node: onnx.NodeProto) -> bool:
+        """Every input given is a constant (nodes with subgraphs are never folded: their
+        bodies may read outer values)."""
+        if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+               for a in node.attribute):
+            return False
+        return all(n in self.values and self.values[n].is_const for n in node.input if n)
+
+    def fold_with_reference(self, node: onnx.NodeProto, loc: str) -> None:
+        """Evaluate a node bevir has no converter for, whose inputs are all constants, with
+        onnx's reference evaluator (constant folding of any op: only data-path ops need
+        converters)."""
+        from onnx.reference import ReferenceEvaluator
+        inits = [numpy_helper.from_array(np.asarray(self.values[n].const), f"in{i}")
+                 for i, n in enumerate(node.input) if n]
+        renamed = {n: f"in{i}" for i, n in enumerate(node.input) if n}
+        one = onnx.helper.make_node(node.op_type, [renamed.get(n, "") for n in node.input],
+                                    [f"out{i}" if n else "" for i, n in enumerate(node.output)],
+                                    domain=node.domain)
+        one.attribute.extend(node.attribute)
+        outs = [onnx.helper.make_empty_tensor_value_info(f"out{i}")
+                for i, n in enumerate(node.output) if n]
+        model = onnx.helper.make_model(
+            onnx.helper.make_graph([one], "fold", [], outs, initializer=inits),
+            opset_imports=list(self.model.opset_import), ir_version=self.model.ir_version)
+        try:
+            arrays = ReferenceEvaluator(model).run(None, {})
+        except Exception as e:   # noqa: BLE001  (the evaluator's own errors, e.g. no kernel)
+            raise UnsupportedError(f"unsupported ONNX op '{node.op_type}' (opset {self.opset}); "
+                                   f"its inputs are constants but folding it failed: "
+                                   f"{type(e).__name__}: {e}", op=node.op_type,
+                                   node=loc) from None
+        for name, a in zip([n for n in node.output if n], arrays):
+            a = np.asarray(a, order="C")
+            try:
+                TensorType.of(a)
+            except TypeError:
+                raise UnsupportedError(f"folding gave a constant of dtype {a.dtype}, which "
+                                       "bevir does not support", op=node.op_type,
+                                       node=loc) from None
+            self.values[name] = self.graph.add_const(a, self.graph.unique_name(name))
 
     def _prune(self) -> None:
         """Drop constants nothing uses (the leftovers of constant folding)."""
@@ -1550,3 +1597,13 @@ def _range(c: NodeCtx):
     n = max(int(math.ceil((l - s) / d)), 0)
     _check_numel(c, n, "output")
     return c.constant((s + np.arange(n) * d).astype(stash).astype(dtype))
+
+
+@converts("Einsum", attrs=("equation",))
+def _einsum(c: NodeCtx):
+    from .einsum import einsum
+    c.require_float(*c.inputs)
+    try:
+        return einsum(lambda op, xs, attrs: c.emit(op, xs, attrs), c.attr("equation"), c.inputs)
+    except UnsupportedError as e:
+        raise c.unsupported(e.message) from None

@@ -293,6 +293,15 @@ class Instrument:
 
     def on_failure(self, pass_: Pass, graph_before_text: str, error: BevirError) -> None: ...
 
+    def on_failure_graph(self, pass_: Pass, graph_before: Graph | None,
+                         error: BevirError) -> None:
+        """Called on failure with the graph before the pass (None unless an instrument
+        ``wants_ir_before``); by default prints it with constants inline for
+        :meth:`on_failure`. Override to write it another way (e.g. constants beside it)."""
+        from ..ir.printer import print_graph
+        text = print_graph(graph_before, constants="inline") if graph_before is not None else ""
+        self.on_failure(pass_, text, error)
+
 
 # ---- reproducers -------------------------------------------------------------------------
 REPRODUCER_TAG = "// bevir-reproducer:"

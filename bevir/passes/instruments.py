@@ -17,7 +17,7 @@ from safetensors.numpy import load_file, save_file
 from ..errors import BevirError, PassError, VerifyError
 from ..ir.graph import Graph
 from ..ir.printer import print_graph
-from ..ir.serialize import save
+from ..ir.serialize import constants_path, save
 from ..ir.types import DType, TensorType
 from ..ir.verifier import verify
 from ..sim import run
@@ -153,18 +153,32 @@ class Statistics(Instrument):
 
 class Reproducer(Instrument):
     """On failure, writes ``path``: the failing pass's pipeline in a header comment, then
-    the IR just before that pass with constants inline, so that
-    :func:`~bevir.passes.replay` (``bevir opt --reproduce``) re-runs it standalone."""
+    the IR just before that pass, so that :func:`~bevir.passes.replay` (``bevir opt
+    --reproduce``) re-runs it standalone. Constants are inline up to ``inline_bytes`` in
+    all; a larger graph's constants go to ``constants_path(path)`` beside it (the text
+    stays small and the payloads are written once, in binary)."""
 
     wants_ir_before = True
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, inline_bytes: int = 1 << 20):
         self.path = Path(path)
+        self.inline_bytes = inline_bytes
         self.written: Path | None = None
 
-    def on_failure(self, pass_: Pass, graph_before_text: str, error: BevirError) -> None:
+    def on_failure_graph(self, pass_: Pass, graph_before: Graph | None,
+                         error: BevirError) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.write_text(reproducer_text(pass_, graph_before_text, error))
+        sidecar = constants_path(self.path)
+        sidecar.unlink(missing_ok=True)
+        if graph_before is None:
+            text = ""
+        elif sum(v.const.nbytes for v in graph_before.constants.values()) <= self.inline_bytes:
+            text = print_graph(graph_before, constants="inline")
+        else:
+            text = print_graph(graph_before, constants="external")
+            save_file({k: np.ascontiguousarray(v.const)
+                       for k, v in graph_before.constants.items()}, str(sidecar))
+        self.path.write_text(reproducer_text(pass_, text, error))
         self.written = self.path
 
 

@@ -11,7 +11,7 @@ import numpy as np
 from ..errors import BevirError, PassError
 from ..ir.graph import Graph
 from ..ir.parser import parse
-from ..ir.printer import print_graph
+from ..ir.serialize import constants_path, load
 from .analysis import AnalysisManager
 from .core import REPRODUCER_TAG, Instrument, Pass, parse_pipeline, pipeline_text
 from .instruments import VerifyEach, VerifyNumerics
@@ -88,9 +88,8 @@ class PassManager:
         return graph
 
     def _fail(self, p: Pass, before: Graph | None, error: BevirError) -> None:
-        text = print_graph(before, constants="inline") if before is not None else ""
         for inst in self.instruments:
-            inst.on_failure(p, text, error)
+            inst.on_failure_graph(p, before, error)
 
 
 def _has(instruments: Sequence[Instrument], cls: type) -> bool:
@@ -118,5 +117,7 @@ def replay(path: str | Path) -> tuple[Graph, list[Pass]]:
                 pipeline = json.loads(rest[len("pipeline="):])
             except json.JSONDecodeError:
                 break
-            return parse(text, source=str(path)), parse_pipeline(pipeline)
+            sidecar = constants_path(path)     # large constants live beside the text
+            graph = load(path) if sidecar.exists() else parse(text, source=str(path))
+            return graph, parse_pipeline(pipeline)
     raise PassError(f"{path}: not a bevir reproducer (no '{REPRODUCER_TAG} pipeline=\"...\"' line)")

@@ -541,14 +541,23 @@ class PatternPass(Pass):
     disable: str = ""
     max_rewrites: int = 0
 
+    def __post_init__(self):
+        super().__post_init__()
+        self._check_names()     # a typo in enable/disable fails while parsing the pipeline
+
+    def _check_names(self) -> None:
+        known = [p.name for p in self.patterns]
+        for option in ("enable", "disable"):
+            for name in sorted(_names(getattr(self, option))):
+                if name not in known:
+                    raise PassError(f"pass '{self.name}' has no pattern '{name}' (option "
+                                    f"'{option}'); its patterns: {', '.join(known)}")
+
     def active_patterns(self) -> list[RewritePattern]:
         """The patterns this instance runs, after ``enable`` / ``disable``."""
         known = {p.name: p for p in self.patterns}
         enable, disable = _names(self.enable), _names(self.disable)
-        for name in enable | disable:
-            if name not in known:
-                raise PassError(f"pass '{self.name}' has no pattern '{name}'; its patterns: "
-                                f"{', '.join(known)}")
+        self._check_names()
         return [p() for name, p in known.items() if name not in disable
                 and (getattr(p, "enabled_by_default", True) or name in enable)]
 

@@ -157,6 +157,10 @@ class Interpreter:
         missing = [v.name for v in self.graph.inputs if v.name not in inputs]
         if missing:
             raise InterpreterError(f"missing graph input(s) {missing}")
+        unknown = sorted(set(inputs) - {v.name for v in self.graph.inputs})
+        if unknown:
+            raise InterpreterError(f"{unknown} are not inputs of graph @{self.graph.name} "
+                                   f"(its inputs: {[v.name for v in self.graph.inputs]})")
         for v in self.graph.inputs:
             a = np.asarray(inputs[v.name])
             if tuple(a.shape) != v.type.shape:
