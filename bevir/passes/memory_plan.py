@@ -320,13 +320,17 @@ def _conflicts(bufs: Sequence[Buffer]) -> list[list[int]]:
     return out
 
 
-def _place(bufs: Sequence[Buffer], conflicts: Sequence[list[int]], order: Sequence[int]
-           ) -> tuple[list[int], int]:
+def _place(bufs: Sequence[Buffer], conflicts: Sequence[list[int]], order: Sequence[int],
+           start: int = 0, placed: Sequence[int] | None = None) -> tuple[list[int], int]:
     """Best fit in ``order``: each buffer into the smallest gap among the placed buffers
-    it conflicts with (the lowest such gap), else on top of them."""
+    it conflicts with (the lowest such gap), else on top of them. ``placed``: the offsets
+    of an earlier placement whose order agrees with ``order`` on its first ``start``
+    buffers, which therefore keep their offsets (only the rest is placed again)."""
     offsets = [-1] * len(bufs)
-    peak = 0
-    for i in order:
+    for i in order[:start]:
+        offsets[i] = placed[i]
+    peak = max((offsets[i] + bufs[i].size for i in order[:start]), default=0)
+    for i in order[start:]:
         size = bufs[i].size
         taken = sorted((offsets[j], offsets[j] + bufs[j].size) for j in conflicts[i]
                        if offsets[j] >= 0 and bufs[j].size)
@@ -359,9 +363,9 @@ def place_core(bufs: list[Buffer], num_steps: int, search_steps: int, rng: rando
         pos = order.index(tops[rng.randrange(len(tops))])
         if pos == 0:
             continue
-        trial = list(order)
-        trial.insert(rng.randrange(pos), trial.pop(pos))
-        t_offsets, t_peak = _place(dyn, conflicts, trial)
+        trial, to = list(order), rng.randrange(pos)
+        trial.insert(to, trial.pop(pos))
+        t_offsets, t_peak = _place(dyn, conflicts, trial, to, offsets)
         if t_peak <= peak:
             order, offsets, peak = trial, t_offsets, t_peak
     for b, o in zip(dyn, offsets):
