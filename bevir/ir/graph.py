@@ -50,6 +50,11 @@ class Value:
         return f"%{self.name}: {self.type}"
 
 
+def distinct_values(values: Sequence[Value | None]) -> list[Value]:
+    """``values`` without None and without repeats (by identity), in order."""
+    return list({id(v): v for v in values if v is not None}.values())
+
+
 class Node:
     """One op application: ``outputs = op(inputs) {attrs}``, remembering where it came from."""
 
@@ -79,6 +84,15 @@ class Node:
         if len(self.outputs) != 1:
             raise BevirError(f"has {len(self.outputs)} results, not 1", node=self.name, op=self.op)
         return self.outputs[0]
+
+    def distinct_inputs(self) -> list[Value]:
+        """The distinct values the node reads (an operand used twice once, absent ones
+        skipped), in operand order."""
+        return distinct_values(self.inputs)
+
+    def tensors(self) -> list[Value]:
+        """The distinct values the node reads or writes: its operands, then its results."""
+        return distinct_values(list(self.inputs) + self.outputs)
 
     def set_input(self, index: int, value: Value | None) -> None:
         old = self.inputs[index]

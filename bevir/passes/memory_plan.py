@@ -166,10 +166,10 @@ class _Timeline:
         self.touches: dict[str, dict[int, list[int]]] = {}   # value -> core -> node steps
         self.readers: dict[str, list[int]] = {}
         for i, n in enumerate(self.nodes):
-            for v in _distinct_values(list(n.inputs) + n.outputs):
+            for v in n.tensors():
                 self._see(v, align)
                 self.touches[v.name].setdefault(self.core[i], []).append(i)
-            for v in _distinct_values(n.inputs):
+            for v in n.distinct_inputs():
                 self.readers[v.name].append(i)
         self.producer = {v.name: index[id(v.producer)] for v in self.values.values()
                          if v.producer is not None}
@@ -187,8 +187,7 @@ class _Timeline:
         self.stages = self._stages(ocm) if stream else {}
         for i, (stripes, size) in self.stages.items():
             self.live[self.core[i]][i] += size
-        self.streamed_values = {v.name for i in self.stages for v in
-                                _distinct_values(list(self.nodes[i].inputs) + self.nodes[i].outputs)}
+        self.streamed_values = {v.name for i in self.stages for v in self.nodes[i].tensors()}
         for name in self.values:
             if name in self.streamed_values:
                 self.to_ddr(name)
@@ -199,8 +198,7 @@ class _Timeline:
         computed on), each stripe at most a quarter of the OCM. Node -> (stripes, bytes)."""
         out = {}
         for i, n in enumerate(self.nodes):
-            working = sum(self.size[v.name] for v in
-                          _distinct_values(list(n.inputs) + n.outputs))
+            working = sum(self.size[v.name] for v in n.tensors())
             if working > ocm:
                 stripes = -(-working // max(ocm // 4, 1))
                 out[i] = (stripes, 2 * _align(-(-working // stripes), self.align))
@@ -265,10 +263,10 @@ class _Timeline:
     def loads(self, i: int) -> list[str]:
         if i in self.stages:
             return []                           # the node streams its DDR operands itself
-        return [v.name for v in _distinct_values(self.nodes[i].inputs) if v.name in self.ddr]
+        return [v.name for v in self.nodes[i].distinct_inputs() if v.name in self.ddr]
 
     def touched_at(self, i: int) -> set[str]:
-        return {v.name for v in _distinct_values(list(self.nodes[i].inputs) + self.nodes[i].outputs)}
+        return {v.name for v in self.nodes[i].tensors()}
 
     def buffers(self) -> list[Buffer]:
         """Every buffer (in order of first touch), for placement."""
@@ -281,10 +279,6 @@ class _Timeline:
 
 def _stage_key(node: Node) -> str:
     return f"#stage:{node.name}"
-
-
-def _distinct_values(values: Iterable[Value | None]) -> list[Value]:
-    return list({id(v): v for v in values if v is not None}.values())
 
 
 # ---- bounds and placement -----------------------------------------------------------------

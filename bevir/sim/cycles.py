@@ -117,16 +117,12 @@ def streams_of(node: Node) -> int:
     return piece["pieces"] if piece else 1
 
 
-def _distinct(values) -> list:
-    return list({id(v): v for v in values if v is not None}.values())
-
-
 def ddr_tensors(node: Node, graph_io: set[int], hw: HWConfig) -> list[int]:
     """Bytes of each tensor an op of an unplanned graph moves between DDR and OCM:
     constants (weights), graph inputs and outputs; all operands and results when they do
     not fit the core's OCM."""
     ins = [v for v in node.inputs if v is not None]
-    spill = sum(v.type.nbytes for v in _distinct(ins + node.outputs)) > hw.ocm_per_core
+    spill = sum(v.type.nbytes for v in node.tensors()) > hw.ocm_per_core
     return [v.type.nbytes for v in ins + node.outputs
             if spill or v.is_const or id(v) in graph_io]
 
@@ -139,7 +135,7 @@ def planned_tensors(node: Node, graph_io: set[int], loaded: set[int]) -> list[in
     other operand is already in OCM."""
     if node.op == "dma_copy":
         return [node.inputs[0].type.nbytes]
-    values = _distinct(list(node.inputs) + node.outputs)
+    values = node.tensors()
     if "stream" in node.meta:
         return [v.type.nbytes for v in values if v.meta.get("mem") == "ddr"]
     out = []
