@@ -17,7 +17,9 @@ transfer overlaps the previous node) where the bound leaves room.
 
 Placement, per core: greedy by size, best fit (TFLite / TVM USMP), then a seeded
 hill-climb over the placement order (Vela) that stops at the lower bound or after
-``search_steps`` placements. Results go to meta (registered keys, saved with the graph):
+``search_steps`` placements. Where best fit fragments (the bound fits, the placement does
+not), a search stuck above the OCM gives up after 20 steps without progress and a value
+live where the placement overflows, at least as large as the overflow, moves to DDR. Results go to meta (registered keys, saved with the graph):
 ``value.meta["ocm"]`` (a list of ``{"core", "offset", "size"}``, one per core holding the
 value), ``value.meta["mem"]`` (``"ocm"`` or ``"ddr"``), ``graph.meta["memory_plan"]`` (the
 options and per-core figures); :func:`memory_plan` reads them back as a :class:`MemoryPlan`
@@ -339,20 +341,25 @@ def _place(bufs: Sequence[Buffer], conflicts: Sequence[list[int]], order: Sequen
     return offsets, peak
 
 
-def place_core(bufs: list[Buffer], num_steps: int, search_steps: int, rng: random.Random
-               ) -> dict[str, int]:
+def place_core(bufs: list[Buffer], num_steps: int, search_steps: int, rng: random.Random,
+               give_up: int | None = None, patience: int = 20) -> dict[str, int]:
     """Set the offsets of one core's buffers: the dynamic ones from 0, the static block
-    above them. Returns the figures (lower bound, peak, search steps used)."""
+    above them. Returns the figures (lower bound, peak, search steps used). With
+    ``give_up`` (the OCM), a search whose peak stays above it for ``patience`` steps
+    without improving stops early: the caller moves a value to DDR instead."""
     dyn = [b for b in bufs if not b.static]
+    static = sum(b.size for b in bufs if b.static)
     bound = lower_bound(dyn, num_steps)
     conflicts = _conflicts(dyn)
     starts = [sorted(range(len(dyn)), key=lambda i: (-dyn[i].size, -(dyn[i].end - dyn[i].start), i)),
               sorted(range(len(dyn)), key=lambda i: (-(dyn[i].end - dyn[i].start), -dyn[i].size, i))]
     order, (offsets, peak) = min(((o, _place(dyn, conflicts, o)) for o in starts),
                                  key=lambda r: r[1][1])
-    used = 0
+    used = stuck = 0
     while peak > bound and used < search_steps:       # hill-climb: lift a top buffer earlier
-        used += 1
+        if give_up is not None and peak + static > give_up and stuck >= patience:
+            break
+        used, stuck = used + 1, stuck + 1
         tops = [i for i in range(len(dyn)) if offsets[i] + dyn[i].size == peak]
         pos = order.index(tops[rng.randrange(len(tops))])
         if pos == 0:
@@ -361,6 +368,7 @@ def place_core(bufs: list[Buffer], num_steps: int, search_steps: int, rng: rando
         trial.insert(to, trial.pop(pos))
         t_offsets, t_peak = _place(dyn, conflicts, trial, to, offsets)
         if t_peak <= peak:
+            stuck = 0 if t_peak < peak else stuck
             order, offsets, peak = trial, t_offsets, t_peak
     for b, o in zip(dyn, offsets):
         b.offset = o
@@ -368,7 +376,6 @@ def place_core(bufs: list[Buffer], num_steps: int, search_steps: int, rng: rando
     for b in bufs:
         if b.static:
             b.offset, top = top, top + b.size
-    static = top - peak
     return {"lower_bound": bound + static, "peak": top, "static_bytes": static,
             "search_steps": used}
 
@@ -442,8 +449,10 @@ class PlanMemory(Pass):
             if not tl.fits(self.ocm):
                 tl.to_ddr(name)
 
-    def _place(self, tl: _Timeline) -> tuple[list[Buffer], dict[int, dict] | None, int]:
-        """Place every core; the figures, or None and the first core that does not fit."""
+    def _place(self, tl: _Timeline, give_up: bool = True
+               ) -> tuple[list[Buffer], dict[int, dict] | None, int]:
+        """Place every core; the figures, or None and the first core that does not fit
+        (``give_up``: a search stuck above the OCM stops early, see :func:`place_core`)."""
         bufs = tl.buffers()
         per_core: dict[int, list[Buffer]] = {}
         for b in bufs:
@@ -451,25 +460,52 @@ class PlanMemory(Pass):
         figures = {}
         for c in sorted(per_core):
             figures[c] = place_core(per_core[c], tl.last + 1, self.search_steps,
-                                    random.Random(self.seed * 1009 + c))
+                                    random.Random(self.seed * 1009 + c),
+                                    give_up=self.ocm if give_up else None)
             if figures[c]["peak"] > self.ocm:
                 return bufs, None, c
         return bufs, figures, -1
 
     def _fit(self, tl: _Timeline) -> tuple[list[Buffer], dict[int, dict]]:
         """Place; while a core's placement does not fit (fragmentation), move one more
-        value of that core to DDR."""
+        value of that core to DDR: one live where the placement overflows, at least as
+        large as the overflow where one is."""
         while True:
             bufs, figures, core = self._place(tl)
             if figures is not None:
                 return bufs, figures
-            tl.to_ddr(self._victim(tl, core, placement=True))
+            dyn = [b for b in bufs if b.core == core and not b.static]
+            top = max(dyn, key=lambda b: b.offset + b.size)
+            live = tl.live[core][top.start:top.end + 1]
+            peak = top.offset + top.size + sum(b.size for b in bufs if b.core == core and b.static)
+            tl.to_ddr(self._victim(tl, core, top.start + int(live.argmax()), need=peak - self.ocm))
+            self.stat("fragmentation-spills")
 
-    def _victim(self, tl: _Timeline, core: int, placement: bool = False) -> str:
-        """The value to move to DDR: live but untouched at the fullest step of ``core``,
-        used farthest ahead there (Belady), then the largest, then the first."""
+    def _victim(self, tl: _Timeline, core: int, t: int | None = None, need: int = 0) -> str:
+        """The value to move to DDR: live but untouched at step ``t`` of ``core`` (then at
+        its fullest step); one of at least ``need`` bytes first, then the one used farthest
+        ahead there (Belady), then the largest, then the first."""
         live = tl.live[core]
-        t = int(live.argmax())
+        placement, fullest = t is not None, int(live.argmax())
+        for t in dict.fromkeys([fullest if t is None else t, fullest]):
+            best = self._candidate(tl, core, t, need)
+            if best is not None:
+                return best
+        node = tl.nodes[t]
+        held = sorted(((tl.size[key.rsplit("@", 1)[0]], key) for name in tl.values
+                       for c, start, end, key, _ in tl.intervals(name)
+                       if c == core and start <= t <= end), key=lambda h: -h[0])
+        held = ", ".join(f"%{key.split('@')[0]} {size}" for size, key in held[:8])
+        if not placement:
+            raise PassError(f"needs {int(live[t])} bytes of on-chip memory at once ({held}), "
+                            f"more than the {self.ocm} bytes of core {core}, and none of them "
+                            "can move to DDR", node=node.name, op=node.op, loc=node.loc)
+        raise PassError(f"the placement on core {core} does not fit its {self.ocm} bytes "
+                        f"although at most {int(live[t])} bytes are live at once, and nothing "
+                        "more can move to DDR", node=node.name, op=node.op, loc=node.loc)
+
+    @staticmethod
+    def _candidate(tl: _Timeline, core: int, t: int, need: int) -> str | None:
         here = tl.touched_at(t) if tl.core[t] == core else set()
         best, best_key = None, None
         for i, name in enumerate(tl.values):
@@ -479,23 +515,11 @@ class PlanMemory(Pass):
                 if c == core and start <= t <= end:
                     steps = tl.touches[name].get(core, [])
                     j = bisect_right(steps, t)
-                    key = (steps[j] if j < len(steps) else tl.last + 2, tl.size[name], -i)
+                    key = (tl.size[name] >= need, steps[j] if j < len(steps) else tl.last + 2,
+                           tl.size[name], -i)
                     if best_key is None or key > best_key:
                         best, best_key = name, key
-        if best is not None:
-            return best
-        node = tl.nodes[t]
-        held = sorted(((tl.size[key.rsplit("@", 1)[0]], key) for name in tl.values
-                       for c, start, end, key, _ in tl.intervals(name)
-                       if c == core and start <= t <= end), key=lambda h: -h[0])
-        need = ", ".join(f"%{key.split('@')[0]} {size}" for size, key in held[:8])
-        if not placement:
-            raise PassError(f"needs {int(live[t])} bytes of on-chip memory at once ({need}), "
-                            f"more than the {self.ocm} bytes of core {core}, and none of them "
-                            "can move to DDR", node=node.name, op=node.op, loc=node.loc)
-        raise PassError(f"the placement on core {core} does not fit its {self.ocm} bytes "
-                        f"although at most {int(live[t])} bytes are live at once, and nothing "
-                        "more can move to DDR", node=node.name, op=node.op, loc=node.loc)
+        return best
 
     def _prefetch(self, tl: _Timeline, bufs: list[Buffer], figures: dict[int, dict]):
         """Issue loads one node early (double buffering) while the bound stays within the
@@ -508,7 +532,7 @@ class PlanMemory(Pass):
                     tl.add_prefetch(name, i)
         if not tl.prefetch:
             return bufs, figures
-        new_bufs, new_figures, _ = self._place(tl)
+        new_bufs, new_figures, _ = self._place(tl, give_up=False)
         if new_figures is None:
             tl.clear_prefetch()
             return bufs, figures
