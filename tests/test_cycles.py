@@ -184,6 +184,40 @@ def test_a_planned_graph_moves_what_the_plan_says():
     assert len(loads) == 2 and all(r.terms["ddr"] == dma(t) for r in loads)   # w1, w2
     assert (mm1.terms["ddr"], mm2.terms["ddr"]) == (dma(t), dma(t))   # reads x, writes y
 
+def split_relu_graph(n=1024):
+    """relu split by rows over 2 cores as the partition pass writes it."""
+    b = Builder()
+    x = b.input("x", TensorType((2, n), DType.f32))
+    pieces = []
+    for core in range(2):
+        s = b.core_slice(x, axis=0, start=core, stop=core + 1)
+        pieces.append(b.relu(s))
+        s.producer.meta["core"] = pieces[-1].producer.meta["core"] = core
+    done = b.barrier(*pieces)
+    b.output("y", b.core_gather(*done, axis=0))
+    return b.graph
+
+
+def test_a_barrier_moves_nothing_and_in_ddr_slices_and_gathers_are_addressed_in_place():
+    hw = HW.model_copy(update={"cores": 2})
+    g = split_relu_graph()
+    recs = {r.op: r for r in model(g, hw).records}
+    assert recs["barrier"].own_cycles == 0                 # it only orders the cores
+    assert recs["core_gather"].own_cycles > 0              # in OCM it copies the pieces
+    t = 1024 * 4
+    bevir.optimize(g, f"plan-memory{{cores=2 ocm={t}}}")   # the whole tensors do not fit
+    streamed = {n.op for n in g.nodes if "stream" in n.meta}
+    assert {"core_slice", "core_gather"} <= streamed
+    p = model(g, hw)
+    for r in p.records:
+        if r.op in ("core_slice", "core_gather", "barrier"):
+            assert r.own_cycles == 0, r
+    relus = [r for r in p.records if r.op == "relu"]
+    assert [r.core for r in relus] == [0, 1] and all(r.terms["ddr"] > 0 for r in relus)
+    assert bevir.run(g, {"x": np.arange(2 * 1024, dtype=np.float32).reshape(2, 1024) - 1000}
+                     )["y"].min() == 0
+
+
 def test_summary_roofline_and_utilisation():
     hw = HWConfig.parse("QC-U 8MB 16MAC x4")
     p = model(conv_graph(), hw)

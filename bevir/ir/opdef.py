@@ -224,6 +224,9 @@ class OpDef:
     #: the op only moves or selects elements of operand 0 (reshape, transpose, slice...):
     #: it computes the same on quantized codes as on the values they stand for
     moves_data: ClassVar[bool] = False
+    #: the op selects or joins whole ranges along one axis (core_slice, core_gather): with
+    #: its tensors in DDR the code generator addresses the ranges in place, moving nothing
+    in_place_ranges: ClassVar[bool] = False
 
     # ---- interfaces: what passes and backends ask the op (None: not implemented) --------
     #: how the op maps through NCHW -> NHWC (to-nhwc); None: it has no NHWC form

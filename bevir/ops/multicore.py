@@ -20,6 +20,7 @@ from ..ir.meta import register_meta_key
 from ..ir.opdef import Int, OpDef
 from ..ir.types import Quant, TensorType
 from .common import norm_axis, require
+from .cost import view_cost
 
 register_meta_key("core", int, doc="the core a node runs on (set by the partition pass)")
 register_meta_key("piece", dict, doc="the partition pass: {of, kind, index, pieces} of one "
@@ -52,6 +53,7 @@ class CoreSlice(OpDef):
 
     name = "core_slice"
     moves_data = True
+    in_place_ranges = True
     operands = ("x",)
     attrs = {"axis": Int(), "start": Int(), "stop": Int()}
 
@@ -72,6 +74,7 @@ class CoreGather(OpDef):
     """The pieces that the cores computed, joined along ``axis`` in core order."""
 
     name = "core_gather"
+    in_place_ranges = True
     operands = ("*pieces",)
     attrs = {"axis": Int()}
 
@@ -96,6 +99,7 @@ class Barrier(OpDef):
     name = "barrier"
     pure = False
     operands = ("*xs",)
+    cycle_cost = view_cost          # moves nothing; the model charges the cores' waits
 
     def infer(self, c, *xs):
         require(len(xs) >= 1, "barrier takes at least one operand")

@@ -155,7 +155,8 @@ def cost_node(node: Node, hw: HWConfig, graph_io: set[int],
     op = get_op(node.op)
     work, cost = work_of(op, op.ctx(node)), op.cost(node)
     moved = {"read": cost["bytes_read"], "written": cost["bytes_written"]}
-    if work.view:
+    # a streamed slice or gather has all its tensors in DDR, addressed there in place
+    if work.view or (op.in_place_ranges and "stream" in node.meta):
         return dict(work=work, cost=cost, mapping=None, terms={}, own=0, bound="view",
                     bytes={**moved, "array": 0, "ddr": 0})
     if transfers is None:
