@@ -145,7 +145,7 @@ def test_fuse_is_registered_with_its_patterns_and_tolerance():
     fuse = bevir.passes.get_pass("fuse")
     assert fuse is Fuse and fuse.semantics_preserving is True
     names = [p.name for p in fuse.patterns]
-    assert len(names) == len(set(names)) == 13
+    assert len(names) == len(set(names)) == 14
     assert fuse.tolerance == max(p.tolerance for p in fuse.patterns) == 1e-5
     for p in fuse.patterns:
         assert get_pattern(p.name) is p and p.roots
@@ -208,6 +208,60 @@ def test_fuse_conv_activation_declines_a_shared_conv():
     assert "used outside the pattern" in explain(g, "fuse-conv-activation", node_of(g, "relu"))
     rewrite(g)
     assert ops(g) == ["conv2d", "relu"]
+
+
+# ---- fuse-qlinear-clip -----------------------------------------------------------------------
+def qlinear_graph(producer: str, acts: list[tuple], dtype=DType.u8, zp: int = 5) -> Graph:
+    """An onnxruntime-exact QLinear op (conv or add) on 8-bit codes, then ``acts``: ("relu",)
+    or ("clip", min, max) applied to its codes."""
+    rng = np.random.default_rng(2)
+    q = lambda s, z: AffineQuant((s,), (z,))  # noqa: E731
+    b = Builder()
+    x = b.input("x", TensorType((1, 8, 6, 6), dtype, Layout.nchw, q(0.05, zp)))
+    if producer == "qlinear_conv":
+        w = b.const(rng.integers(-20, 20, (8, 8, 3, 3)).astype(np.int8), "w",
+                    TensorType((8, 8, 3, 3), DType.i8, quant=q(0.02, 0)))
+        y = b.qlinear_conv(x, w, pads=(1, 1, 1, 1), out_dtype=str(dtype), out_scale=0.07,
+                           out_zero_point=zp)
+    else:
+        other = b.input("z", TensorType((1, 8, 6, 6), dtype, Layout.nchw, q(0.03, zp - 2)))
+        y = b.qlinear_add(x, other, out_dtype=str(dtype), out_scale=0.04, out_zero_point=zp)
+    for act in acts:
+        y = b.relu(y) if act[0] == "relu" else b.clip(y, min=act[1], max=act[2])
+    b.output("y", y)
+    return b.graph
+
+
+@pytest.mark.parametrize("producer", ["qlinear_conv", "qlinear_add"])
+@pytest.mark.parametrize("dtype", [DType.u8, DType.i8])
+@pytest.mark.parametrize("acts", [[("relu",)], [("clip", 7.0, None)], [("clip", -3.5, 60.7)],
+                                  [("clip", None, 300.0)], [("relu",), ("clip", 2.0, 40.0)]])
+def test_fuse_qlinear_clip_is_bit_identical(producer, dtype, acts):
+    g = qlinear_graph(producer, acts, dtype)
+    fuse = rewrite(g, tol=0.0)                     # bit-identical on random codes
+    assert ops(g) == [producer] and applied(fuse) == {"fuse-qlinear-clip": len(acts)}
+    node = g.nodes[0]
+    assert node.attrs["out_min"] is not None and node.attrs["out_max"] is not None
+    assert str(bevir.parse(str(g))) == str(g)
+
+
+def test_fuse_qlinear_clip_declines_a_shared_result_and_a_constant_clamp():
+    g = qlinear_graph("qlinear_conv", [("relu",)])
+    g.outputs["raw"] = g.nodes[0].output
+    assert "used outside the pattern" in explain(g, "fuse-qlinear-clip", node_of(g, "relu"))
+    g = qlinear_graph("qlinear_conv", [("clip", None, 10.0), ("clip", 20.0, None)], DType.u8)
+    rewrite(g, tol=0.0)                            # the first fuses, the second would be constant
+    assert ops(g) == ["qlinear_conv", "clip"]
+    assert "is constant" in explain(g, "fuse-qlinear-clip", node_of(g, "clip"))
+
+
+def test_a_clamp_outside_the_result_codes_is_refused():
+    g = qlinear_graph("qlinear_conv", [])
+    conv = g.nodes[0]
+    for lo, hi in ((-1, 10), (10, 5), (0, 256)):
+        conv.attrs.update(out_min=lo, out_max=hi)
+        with pytest.raises(bevir.BevirError, match="not an interval of u8 codes"):
+            bevir.verify(g)
 
 
 # ---- linear ------------------------------------------------------------------------------------

@@ -118,12 +118,21 @@ class Clip(OpDef):
         return x
 
     def compute(self, c, x):
+        if x.dtype.kind in "iu":
+            lo, hi = clip_codes(c.min, c.max, x.dtype)
+            return np.clip(x, x.dtype.type(lo), x.dtype.type(hi))
         lo = -np.inf if c.min is None else c.min
         hi = np.inf if c.max is None else c.max
-        if x.dtype.kind in "iu":   # bounds saturate to the integer range before comparing
-            info = np.iinfo(x.dtype)
-            lo, hi = max(lo, info.min), min(hi, info.max)
         return np.clip(x, np.asarray(lo).astype(x.dtype), np.asarray(hi).astype(x.dtype))
+
+
+def clip_codes(lo: float | None, hi: float | None, dtype) -> tuple[int, int]:
+    """The integer bounds clip applies to an integer tensor: each bound saturated to the
+    dtype's range, then cast to it (a fractional bound truncates toward zero)."""
+    info = np.iinfo(dtype)
+    code = lambda b, unset: unset if b is None else int(np.asarray(  # noqa: E731
+        min(max(b, info.min), info.max)).astype(dtype))
+    return code(lo, info.min), code(hi, info.max)
 
 
 def _int_div(a, b):

@@ -67,6 +67,10 @@ def _out_type(c, shape, layout=Layout.plain, dtype: str | None = None) -> Tensor
     require(info.min <= c.out_zero_point <= info.max,
             f"output zero point {c.out_zero_point} outside the {dtype} range")
     require(c.out_scale > 0 and np.isfinite(c.out_scale), "output scale must be positive")
+    lo, hi = c.attrs.get("out_min"), c.attrs.get("out_max")
+    require(all(b is None or info.min <= b <= info.max for b in (lo, hi))
+            and (lo is None or hi is None or lo <= hi),
+            f"clamp [{lo}, {hi}] is not an interval of {dtype} codes")
     shape = tuple(shape)
     return TensorType(shape, dtype, layout if len(shape) == 4 else Layout.plain,
                       AffineQuant((c.out_scale,), (c.out_zero_point,)))
@@ -154,6 +158,16 @@ class Dequantize(OpDef):
 
 # ---- integer convolution and matrix products --------------------------------------------
 _OUT_ATTRS = {"out_dtype": Str(choices=_Q8), "out_scale": Float(), "out_zero_point": Int(0)}
+#: the result codes clamped to [out_min, out_max]: a relu / clip fused into the op
+#: (fuse-qlinear-clip); unset bounds do not clamp
+_CLAMP_ATTRS = {"out_min": Int(None), "out_max": Int(None)}
+
+
+def _clamped(c, y: np.ndarray) -> np.ndarray:
+    """The result codes ``y`` clamped as the op's fused relu / clip says."""
+    if c.out_min is None and c.out_max is None:
+        return y
+    return np.clip(y, c.out_min, c.out_max).astype(y.dtype, copy=False)
 
 
 def _zero_points(c) -> tuple:
@@ -216,7 +230,7 @@ class QLinearConv(Convolution):
     name = "qlinear_conv"
     nhwc = NATIVE
     operands = ("x", "w", "b?")
-    attrs = {**CONV_ATTRS, **_OUT_ATTRS}
+    attrs = {**CONV_ATTRS, **_OUT_ATTRS, **_CLAMP_ATTRS}
 
     def infer(self, c, x, w, b=None):
         _qlinear_pair(x, w)
@@ -233,7 +247,7 @@ class QLinearConv(Convolution):
         zp, dtype = yt.quant.zero_point[0], yt.dtype.np
 
         def finish(acc, axis):
-            return requantize(acc, _channels(mult, axis, acc.ndim), zp, dtype)
+            return _clamped(c, requantize(acc, _channels(mult, axis, acc.ndim), zp, dtype))
         return _int_conv(c, x, w, b, finish, dtype)
 
 
@@ -274,7 +288,7 @@ class QLinearMatMul(MatrixProduct):
 
     name = "qlinear_matmul"
     operands = ("a", "b")
-    attrs = dict(_OUT_ATTRS)
+    attrs = {**_OUT_ATTRS, **_CLAMP_ATTRS}
 
     def infer(self, c, a, b):
         _qlinear_pair(a, b, ("a", "b"))
@@ -286,7 +300,7 @@ class QLinearMatMul(MatrixProduct):
         at, bt, yt = c.in_types[0], c.in_types[1], c.out_types[0]
         acc = _int_matmul(c, a, b)
         mult = conv_multiplier(at.quant, bt.quant, yt.quant)
-        return requantize(acc, mult, yt.quant.zero_point[0], yt.dtype.np)
+        return _clamped(c, requantize(acc, mult, yt.quant.zero_point[0], yt.dtype.np))
 
 
 class MatMulInteger(MatrixProduct):
@@ -332,7 +346,7 @@ class _QBinary(OpDef):
     :meth:`formula` computes (the same arithmetic as element by element)."""
 
     operands = ("a", "b")
-    attrs = dict(_OUT_ATTRS)
+    attrs = {**_OUT_ATTRS, **_CLAMP_ATTRS}
     splits = ("rows",)
     #: results with at least this many elements come from the table
     TABLE_MIN = 1 << 17
@@ -355,9 +369,9 @@ class _QBinary(OpDef):
         ta, tb, tc = c.in_types[0], c.in_types[1], c.out_types[0]
         a_first = _vector_kind(ta, tb, tc.shape) != "a"
         if tc.numel < self.TABLE_MIN:
-            return self.formula(c, a, b, a_first)
+            return _clamped(c, self.formula(c, a, b, a_first))
         codes = np.arange(256, dtype=np.uint8).view(a.dtype)
-        table = self.formula(c, codes[:, None], codes[None, :], a_first).reshape(-1)
+        table = _clamped(c, self.formula(c, codes[:, None], codes[None, :], a_first)).reshape(-1)
         index = np.left_shift(a.view(np.uint8), 8, dtype=np.uint16) | b.view(np.uint8)
         return table[index]
 

@@ -11,6 +11,8 @@ pattern                        rewrites
 fold-bn-into-conv              batch_norm(conv2d(x, const w, const b?)) with constant BN
                                parameters -> conv2d with folded w, b
 fuse-conv-activation           relu / clip of conv2d -> conv2d_act
+fuse-qlinear-clip              relu / clip of qlinear_conv / matmul / add / mul codes -> the
+                               op clamping its result codes (out_min, out_max)
 fuse-linear-bias               matmul (or gemm without bias) + bias add -> linear
 fuse-linear-activation         relu / clip / gelu of matmul, gemm or linear -> linear
 fuse-add-relu                  relu(add(a, b)) -> add_relu
@@ -40,7 +42,8 @@ import numpy as np
 from ..errors import BevirError
 from ..ir.graph import Node, Value
 from ..ir.types import AffineQuant, DType, TensorType
-from ..ops import Ctx, get_op
+from ..ops import Ctx, all_ops, get_op
+from ..ops.elementwise import clip_codes
 from ..ops.fused import activation_of
 from .patterns import Match, NoMatch, Op, PatternPass, RewritePattern, Rewriter, const, match_pattern, op
 
@@ -211,6 +214,33 @@ class FuseConvActivation(FusionPattern):
     def replacement(self, m: Match) -> Replacement:
         conv = m["conv"]
         return "conv2d_act", conv.inputs, {**conv.attrs, **activation_of(m.root)}
+
+
+class FuseQLinearClip(FusionPattern):
+    """relu / clip of the codes of an onnxruntime-exact QLinear op (conv, matmul, add, mul)
+    -> the op clamping its result codes (``out_min``, ``out_max``): bit-identical, and the
+    activation's pass over the tensor is gone."""
+
+    name = "fuse-qlinear-clip"
+    benefit = 2
+    #: the ops that declare the clamp attributes
+    clamped = tuple(sorted(n for n, d in all_ops().items() if "out_min" in d.attrs))
+    pattern = op(("relu", "clip"), op(clamped, ..., name="q"))
+
+    def decline(self, m: Match) -> str | None:
+        lo, hi = self._bounds(m)
+        return None if lo <= hi else f"clip [{lo}, {hi}] of a clamped result is constant"
+
+    def _bounds(self, m: Match) -> tuple[int, int]:
+        q, dtype = m["q"], m["q"].output.type.dtype.np
+        lo, hi = (0, None) if m.root.op == "relu" else (m.root.attrs["min"], m.root.attrs["max"])
+        lo, hi = clip_codes(lo, hi, dtype)
+        old_lo, old_hi = clip_codes(q.attrs.get("out_min"), q.attrs.get("out_max"), dtype)
+        return max(lo, old_lo), min(hi, old_hi)
+
+    def replacement(self, m: Match) -> Replacement:
+        lo, hi = self._bounds(m)
+        return m["q"].op, m["q"].inputs, {**m["q"].attrs, "out_min": lo, "out_max": hi}
 
 
 # ---- matrix products ---------------------------------------------------------------------
@@ -506,7 +536,7 @@ class Fuse(PatternPass):
 
     name = "fuse"
     description = "fuse conv/linear + activation, fold BN, recognize layer_norm/gelu/softmax"
-    patterns = (FoldBnIntoConv, FuseConvActivation, FuseLinearBias, FuseLinearActivation,
+    patterns = (FoldBnIntoConv, FuseConvActivation, FuseQLinearClip, FuseLinearBias, FuseLinearActivation,
                 FuseAddRelu, RecognizeLayerNorm, FoldScaleIntoLayerNorm, FoldBiasIntoLayerNorm,
                 RecognizeGelu, RecognizeSoftmax, FoldRequantizeChain, FoldTransposeIntoMatmul,
                 FoldTransposeIntoGemm)
