@@ -5,7 +5,11 @@
 Runs ``examples/bevformer/e2e.py`` exactly as ``tests/test_bevformer_e2e.py`` does (the
 seed-0 synthetic weights as a .pth checkpoint) and writes ``tests/data/e2e_digests.json``:
 per output file, the sha256 of each array's dtype, shape and bytes, with the commit and the
-library versions they were made from. A refactor that must not change numerics (moving op
+library versions they were made from, under the platform they were made on. Float results
+depend on the SIMD kernels numpy, OpenBLAS and torch pick for the processor (e.g. numpy's
+float32 transcendentals differ between its AVX512_SKX and AVX512_SPR targets), so the
+digests are kept per :func:`platform_key`; a platform without stored digests is reported
+(the test skips, naming the key and this command). A refactor that must not change numerics (moving op
 definitions, renaming) keeps these identical; regenerate only for an intended numerics
 change, and say so in the commit. ``--check`` compares instead of writing.
 """
@@ -52,8 +56,34 @@ def e2e_argv(out: Path) -> list[str]:
     return ["--config", "test", "--checkpoint", str(pth), "--out", str(out)]
 
 
-def stored() -> dict[str, dict[str, str]]:
-    return json.loads(DIGESTS.read_text())["outputs"]
+def platform_key() -> str:
+    """The kernels that decide float rounding here: numpy's best dispatch target, the
+    OpenBLAS core and torch's CPU capability, e.g. 'numpy AVX512_SPR, openblas SkylakeX,
+    torch AVX512'."""
+    import ctypes
+    import torch
+    from numpy._core._multiarray_umath import __cpu_dispatch__, __cpu_features__
+    targets = [t for t in __cpu_dispatch__ if __cpu_features__.get(t)]
+    libs = sorted((Path(np.__file__).parent.parent / "numpy.libs").glob("libscipy_openblas*"))
+    core = "?"
+    for lib in libs:
+        fn = getattr(ctypes.CDLL(str(lib)), "scipy_openblas_get_corename64_", None)
+        if fn is not None:
+            fn.restype = ctypes.c_char_p
+            core = fn().decode()
+    amx = "amx_tile" in Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else False
+    return (f"numpy {targets[-1] if targets else 'baseline'}, openblas {core}, "
+            f"torch {torch.backends.cpu.get_cpu_capability()}{' amx' if amx else ''}")
+
+
+def _all_stored() -> dict:
+    return json.loads(DIGESTS.read_text())["platforms"]
+
+
+def stored() -> dict[str, dict[str, str]] | None:
+    """The digests stored for this platform, or None."""
+    entry = _all_stored().get(platform_key())
+    return None if entry is None else entry["outputs"]
 
 
 def _provenance() -> dict[str, str]:
@@ -83,9 +113,11 @@ def main(argv: list[str] | None = None) -> int:
         print("e2e outputs match the stored digests" if same else
               f"e2e outputs differ from the stored digests:\n{json.dumps(got, indent=1)}")
         return 0 if same else 1
+    platforms = _all_stored() if DIGESTS.exists() else {}
+    platforms[platform_key()] = {"made_from": _provenance(), "outputs": got}
     DIGESTS.parent.mkdir(parents=True, exist_ok=True)
-    DIGESTS.write_text(json.dumps({"made_from": _provenance(), "outputs": got}, indent=1) + "\n")
-    print(f"wrote {DIGESTS}")
+    DIGESTS.write_text(json.dumps({"platforms": platforms}, indent=1) + "\n")
+    print(f"wrote {DIGESTS} for {platform_key()}")
     return 0
 
 
