@@ -51,3 +51,7 @@ class InterpreterError(BevirError):
 
 class PassError(BevirError):
     """A pass failed, or a pipeline is malformed."""
+
+
+class CodegenError(BevirError):
+    """Code generation failed: an op without a lowering, a lowering, build or run error."""

@@ -238,8 +238,12 @@ class OpDef:
     #: ``decompose(self, builder, node)``: the same computation in primitive ops (the
     #: decompose pass); None: the op is primitive
     decompose: ClassVar[Callable | None] = None
-    #: code generation (TVM compute) and the GPNPU cycle cost: slots the backend fills
+    #: ``tvm_lowering(self, c, L, *operands)``: the op as a TVM tensor-expression compute,
+    #: built with the toolkit ``L`` (bevir.codegen.lower.Lowering: te, the integer numerics
+    #: as expressions, constant tables) on te tensors; returns the result tensor(s). None:
+    #: no lowering (code generation refuses an integer node of the op)
     tvm_lowering: ClassVar[Callable | None] = None
+    #: the GPNPU cycle cost (bevir.sim.cycles); None: the model's default for the op's kind
     cycle_cost: ClassVar[Callable | None] = None
     #: how the op splits across cores (the partition pass), by kind: "rows" (leading
     #: result axes; the default :meth:`split_piece` slices every operand along the

@@ -125,6 +125,14 @@ class Clip(OpDef):
         hi = np.inf if c.max is None else c.max
         return np.clip(x, np.asarray(lo).astype(x.dtype), np.asarray(hi).astype(x.dtype))
 
+    def tvm_lowering(self, c, L, x):
+        t = c.in_types[0]
+        require(t.dtype.is_int, "the lowering takes integer codes")
+        lo, hi = clip_codes(c.min, c.max, t.dtype.np)
+        dt = x.dtype
+        return L.compute(t, lambda *i: L.min(L.max(x[i], L.tirx.const(lo, dt)),
+                                             L.tirx.const(hi, dt)))
+
 
 def clip_codes(lo: float | None, hi: float | None, dtype) -> tuple[int, int]:
     """The integer bounds clip applies to an integer tensor: each bound saturated to the
@@ -206,6 +214,35 @@ class Cast(OpDef):
             info = np.iinfo(to)
             x = np.clip(np.nan_to_num(x), info.min, info.max)
         return x.astype(to)
+
+    def tvm_lowering(self, c, L, x):
+        src, to = c.in_types[0].dtype, DType(c.to)
+        name = np.dtype(to.np).name
+
+        def fn(*i):
+            v = x[i]
+            if to is DType.bool:
+                return v != L.tirx.const(0, v.dtype)
+            if not (src.is_float and to.is_int):
+                return L.cast(v, name)
+            if c.saturate:          # nan_to_num, then clip to bounds rounded to x's dtype
+                info, dt = np.iinfo(to.np), x.dtype
+                v = L.select(L.tirx.isnan(v), L.tirx.const(0, dt), v)
+                v = L.min(L.max(v, L.tirx.const(float(info.min), dt)),
+                          L.tirx.const(float(info.max), dt))
+            return L.cast(_x86_float_to_int(L, v, 64 if to.itemsize == 8 else 32), name)
+        return L.compute(c.out_types[0], fn)
+
+
+def _x86_float_to_int(L, v, bits: int):
+    """numpy's float -> int cast on x86-64 (CVTTSS2SI / CVTTSD2SI): truncation toward zero
+    to a ``bits``-bit integer, NaN and values outside its range giving its minimum; narrower
+    integers keep the low bits of the 32-bit result."""
+    wide, limit = L.cast(v, "float64"), float(2 ** (bits - 1))
+    inside = L.tirx.all(wide >= -limit, wide < limit)          # false for NaN
+    safe = L.select(inside, wide, L.tirx.const(0.0, "float64"))
+    return L.select(inside, L.cast(safe, f"int{bits}"), L.tirx.const(-(1 << (bits - 1)),
+                                                                       f"int{bits}"))
 
 
 class Compare(OpDef):

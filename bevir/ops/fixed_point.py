@@ -144,6 +144,12 @@ class FxRequantize(OpDef):
         q = c.in_types[0].quant
         return Rescale.of(q, c.out_frac_bits).apply(x, q.axis, out_dtype(c).np)
 
+    def tvm_lowering(self, c, L, x):
+        q, out = c.in_types[0].quant, c.out_types[0]
+        r = Rescale.of(q, c.out_frac_bits)
+        return L.compute(out, lambda *i: L.rescale(x[i], r, None if q.axis is None else i[q.axis],
+                                                   np.dtype(out_dtype(c).np).name))
+
 
 # ---- boundaries: float, onnxruntime's affine codes ---------------------------------------
 
@@ -165,6 +171,18 @@ class FxQuantize(OpDef):
 
     def compute(self, c, x):
         return quantize_fixed(x, c.out_frac_bits, out_dtype(c).np)
+
+    def tvm_lowering(self, c, L, x):
+        info = np.iinfo(out_dtype(c).np)
+
+        def fn(*i):
+            v = L.cast(x[i], "float64") * L.tirx.const(math.ldexp(1.0, c.out_frac_bits), "float64")
+            v = L.min(L.max(v, L.tirx.const(info.min - 1.0, "float64")),
+                      L.tirx.const(info.max + 1.0, "float64"))
+            v = L.select(L.tirx.isnan(v), L.tirx.const(info.min - 1.0, "float64"), v)
+            return L.saturate(L.cast(L.tirx.floor(v + L.tirx.const(0.5, "float64")), "int64"),
+                              np.dtype(out_dtype(c).np).name)
+        return L.compute(c.out_types[0], fn)
 
 
 class FxDequantize(OpDef):
@@ -190,6 +208,12 @@ class FxDequantize(OpDef):
             f = f.reshape(shape)
         return np.ldexp(x.astype(np.float64), -f.reshape(f.shape if f.size > 1 else ())
                         ).astype(np.float32)
+
+    def tvm_lowering(self, c, L, x):
+        q = c.in_types[0].quant
+        scale = L.const(np.ldexp(1.0, -np.asarray(q.frac_bits, np.int64)), "scale")
+        return L.compute(c.out_types[0], lambda *i: L.cast(
+            L.cast(x[i], "float64") * scale[0 if q.axis is None else i[q.axis]], "float32"))
 
 
 class FxBridge(OpDef):
@@ -223,8 +247,49 @@ class FxBridge(OpDef):
         y = table[x.view(np.uint8)]
         return np.ascontiguousarray(y.transpose(c.perm)) if c.perm else y
 
+    def tvm_lowering(self, c, L, x):
+        q = c.in_types[0].quant
+        t = L.const(bridge_table(q.scale[0], q.zero_point[0], c.out_frac_bits,
+                                 c.in_types[0].dtype.np), "bridge")
+        perm = c.perm or tuple(range(c.in_types[0].rank))
+
+        def fn(*i):
+            idx = [None] * len(perm)
+            for a, p in enumerate(perm):
+                idx[p] = i[a]
+            return t[L.cast(L.cast(x[tuple(idx)], "uint8"), "int32")]
+        return L.compute(c.out_types[0], fn)
+
 
 # ---- matrix products ---------------------------------------------------------------------
+def batch_index(t: TensorType, batch: tuple, i) -> tuple:
+    """The batch index of matrix operand ``t`` for result index ``i`` (broadcast batches)."""
+    lead = len(batch) - (t.rank - 2)
+    return tuple(0 if t.shape[a] == 1 and batch[a + lead] != 1 else i[a + lead]
+                 for a in range(t.rank - 2))
+
+
+def conv_acc(c, L, x, w, i, dtype: str):
+    """The exact accumulator of convolution result element ``i`` (NCHW or NHWC x, w [O,
+    C/groups, KH, KW]): padding reads as zero, nothing outside x is loaded."""
+    t = c.in_types[0]
+    nhwc = t.layout is Layout.nhwc
+    n, ch, hh, ww = (t.shape[0], t.shape[3], t.shape[1], t.shape[2]) if nhwc else t.shape
+    o, cg, kh, kw = c.in_types[1].shape
+    og = o // c.groups
+    b, oc, oy, ox = (i[0], i[3], i[1], i[2]) if nhwc else i
+    rc, ry, rx = L.reduce_axis(cg, "rc"), L.reduce_axis(kh, "ry"), L.reduce_axis(kw, "rx")
+    (sy, sx), (dy, dx) = c.strides, c.dilations
+    y = oy * sy - c.pads[0] + ry * dy
+    xx = ox * sx - c.pads[1] + rx * dx
+    cin = (oc // og) * cg + rc if c.groups > 1 else rc
+    inside = L.tirx.all(y >= 0, y < hh, xx >= 0, xx < ww)
+    load = x[(b, y, xx, cin) if nhwc else (b, cin, y, xx)]
+    v = L.guarded(inside, L.cast(load, dtype), dtype)
+    return L.sum(v * L.cast(w[oc, rc, ry, rx], dtype), axis=[rc, ry, rx])
+
+
+
 class _FxProduct(Contraction):
     """Shared by the int8 product ops: acc = exact sum of int8 products, + bias, saturated
     to int32, requantized per tensor or per output channel by Rescale to out_dtype (default
@@ -278,6 +343,28 @@ class _FxProduct(Contraction):
         acc = saturate(acc, np.int32)
         return Rescale.of(self._acc_quant(c), c.out_frac_bits).apply(acc, axis, out_dtype(c).np)
 
+    def acc_dtype(self, c) -> str:
+        """The accumulator's dtype: int32 holds any int8 sum (<= 2**16 products of 2**14);
+        wider operands accumulate in int64."""
+        return "int32" if all(t.dtype is I8 for t in c.in_types[:2]) else "int64"
+
+    def lower_acc(self, c, L, x, w, i):
+        """The exact accumulator of result element ``i`` (a reduction expression)."""
+        raise NotImplementedError
+
+    def tvm_lowering(self, c, L, x, w, b=None):
+        out = c.out_types[0]
+        axis = self.channel_axis(out.shape, c.in_types[0])
+        acc = L.te.compute(out.shape, lambda *i: self.lower_acc(c, L, x, w, i), name="acc")
+        r = Rescale.of(self._acc_quant(c), c.out_frac_bits)
+
+        def fn(*i):
+            v = L.i64(acc[i])
+            if b is not None:
+                v = L.saturate(v + L.i64(b[i[axis]]), "int32")
+            return L.rescale(v, r, i[axis], np.dtype(out_dtype(c).np).name)
+        return L.compute(out, fn)
+
 
 class FxMatMul(_FxProduct, MatrixProduct):
     """a (i8 fixed, per tensor) @ b (i8 weight: fixed or symmetric affine, per tensor or per
@@ -299,6 +386,16 @@ class FxMatMul(_FxProduct, MatrixProduct):
 
     def accumulate(self, c, a, b):
         return int_matmul(a, b)
+
+    def lower_acc(self, c, L, a, b, i):
+        ta, tb, out = c.in_types[0], c.in_types[1], c.out_types[0]
+        require(ta.rank >= 2 and tb.rank >= 2, "lowering takes matrices (rank >= 2)")
+        k = L.reduce_axis(ta.shape[-1])
+        batch = out.shape[:-2]
+        ia = batch_index(ta, batch, i) + (i[-2], k)
+        ib = batch_index(tb, batch, i) + (k, i[-1])
+        dt = self.acc_dtype(c)
+        return L.sum(L.cast(a[ia], dt) * L.cast(b[ib], dt), axis=k)
 
 
 class FxLinear(_FxProduct):
@@ -333,6 +430,11 @@ class FxLinear(_FxProduct):
                 f"w must be [N, {x.shape[-1] if x.rank else '?'}], got {w} for x {x}")
         return x.shape[:-1] + (w.shape[0],)
 
+    def lower_acc(self, c, L, x, w, i):
+        k = L.reduce_axis(c.in_types[0].shape[-1])
+        dt = self.acc_dtype(c)
+        return L.sum(L.cast(x[tuple(i[:-1]) + (k,)], dt) * L.cast(w[i[-1], k], dt), axis=k)
+
     def accumulate(self, c, x, w):
         k = x.shape[-1]
         return int_matmul(x.reshape(-1, k), w.T).reshape(*x.shape[:-1], w.shape[0])
@@ -354,6 +456,9 @@ class FxConv2d(_FxProduct, Convolution):
 
     def channel_axis(self, shape, x):
         return 3 if x.layout is Layout.nhwc else 1
+
+    def lower_acc(self, c, L, x, w, i):
+        return conv_acc(c, L, x, w, i, self.acc_dtype(c))
 
     def accumulate(self, c, x, w):
         layout = c.in_types[0].layout
@@ -396,6 +501,18 @@ class _FxAddSub(OpDef):
         s = (a.astype(np.int64) << (f - fa)) + self.sign * (b.astype(np.int64) << (f - fb))
         return saturate(rshift_round(s, f - c.out_frac_bits), out_dtype(c).np)
 
+    def tvm_lowering(self, c, L, a, b):
+        (ta, tb), out = c.in_types, c.out_types[0]
+        fa, fb = ta.quant.frac_bits[0], tb.quant.frac_bits[0]
+        f = max(fa, fb)
+
+        def fn(*i):
+            va = L.shl(a[L.broadcast_index(ta, out.shape, i)], f - fa)
+            vb = L.shl(b[L.broadcast_index(tb, out.shape, i)], f - fb)
+            s = va + vb if self.sign > 0 else va - vb
+            return L.saturate(L.rshift_round(s, f - c.out_frac_bits), np.dtype(out_dtype(c).np).name)
+        return L.compute(out, fn)
+
 
 class FxAdd(_FxAddSub):
     """a + b (see _FxAddSub)."""
@@ -432,6 +549,13 @@ class FxMul(OpDef):
         f = sum(t.quant.frac_bits[0] for t in c.in_types)
         return saturate(rshift_round(a.astype(np.int64) * b, f - c.out_frac_bits),
                         out_dtype(c).np)
+
+    def tvm_lowering(self, c, L, a, b):
+        (ta, tb), out = c.in_types, c.out_types[0]
+        f = ta.quant.frac_bits[0] + tb.quant.frac_bits[0]
+        return L.compute(out, lambda *i: L.saturate(L.rshift_round(
+            L.i64(a[L.broadcast_index(ta, out.shape, i)]) * L.i64(b[L.broadcast_index(tb, out.shape, i)]),
+            f - c.out_frac_bits), np.dtype(out_dtype(c).np).name))
 
 
 class FxDiv(OpDef):
@@ -475,6 +599,22 @@ class FxDiv(OpDef):
         m = np.where(num >= 0, m_pos[d], m_neg[d])
         return saturate((num * m + (1 << (s - 1))) >> s)
 
+    def tvm_lowering(self, c, L, x, count):
+        (tx, tc), out = c.in_types, c.out_types[0]
+        xs, ds = self._shifts(c, tx.quant.frac_bits[0])
+        m_pos, m_neg, s = div_table(c.max_count, ds)
+        tp, tn = L.const(m_pos, "m_pos"), L.const(m_neg, "m_neg")
+
+        def fn(*i):
+            # the golden model rejects counts above max_count; clamp so no load is out of range
+            d = L.min(L.max(L.i64(count[L.broadcast_index(tc, out.shape, i)]), L.i64(1)),
+                      L.i64(c.max_count))
+            den = L.shl(d, ds)
+            num = L.min(L.max(L.shl(x[i], xs), L.i64(-129) * den), L.i64(129) * den)
+            m = L.select(num >= L.i64(0), tp[d], tn[d])
+            return L.saturate(L.rshift_round(num * m, s), "int8")
+        return L.compute(out, fn)
+
 
 class FxReduceSum(OpDef):
     """Sum of i8 fixed x over ``axes`` (exact, int64), rshift_round to out_frac_bits and
@@ -512,6 +652,30 @@ class FxReduceSum(OpDef):
         num, den = acc << max(-shift, 0), n << max(shift, 0)
         return saturate(np.floor_divide(2 * num + den, 2 * den))
 
+    def tvm_lowering(self, c, L, x):
+        t = c.in_types[0]
+        axes = sorted({norm_axis(a, t.rank) for a in c.axes})
+        rs = {a: L.reduce_axis(t.shape[a], f"r{a}") for a in axes}
+        shift = t.quant.frac_bits[0] - c.out_frac_bits
+        n = self._count(t.shape, axes) if self.mean else 1
+
+        def acc(i):
+            it, idx = iter(i), []   # result index -> operand index: reduced axes read their var
+            for a in range(t.rank):
+                if a in rs and c.keepdims:
+                    next(it)        # the kept axis of size 1
+                idx.append(rs[a] if a in rs else next(it))
+            v = L.i64(x[tuple(idx)])
+            return L.sum(v, axis=list(rs.values())) if rs else v
+        s = L.te.compute(c.out_types[0].shape, lambda *i: acc(i), name="acc")
+
+        def fn(*i):
+            if n == 1:
+                return L.saturate(L.rshift_round(s[i], shift), "int8")
+            num, den = L.shl(s[i], max(-shift, 0)), n << max(shift, 0)
+            return L.saturate(L.tirx.floordiv(L.i64(2) * num + L.i64(den), L.i64(2 * den)), "int8")
+        return L.compute(c.out_types[0], fn)
+
 
 class FxReduceMean(FxReduceSum):
     """Mean of i8 fixed x over ``axes``: the exact sum divided by the count, rounded half
@@ -544,6 +708,11 @@ class FxRelu(OpDef):
         fx = c.in_types[0].quant.frac_bits[0]
         return saturate(rshift_round(np.maximum(x, 0), fx - self._out_frac(c, fx)))
 
+    def tvm_lowering(self, c, L, x):
+        fx = c.in_types[0].quant.frac_bits[0]
+        return L.compute(c.out_types[0], lambda *i: L.saturate(L.rshift_round(
+            L.max(L.i64(x[i]), L.i64(0)), fx - self._out_frac(c, fx)), "int8"))
+
 
 # ---- lookup tables -----------------------------------------------------------------------
 
@@ -569,6 +738,12 @@ class FxLookup(OpDef):
         attrs = {k: v for k, v in c.attrs.items() if k != "out_frac_bits"}
         table = lut_table(self.name, c.in_types[0].quant.frac_bits[0], c.out_frac_bits, **attrs)
         return table[x.astype(np.intp) + 128]
+
+    def tvm_lowering(self, c, L, x):
+        attrs = {k: v for k, v in c.attrs.items() if k != "out_frac_bits"}
+        t = L.const(lut_table(self.name, c.in_types[0].quant.frac_bits[0], c.out_frac_bits,
+                              **attrs), "lut")
+        return L.compute(c.out_types[0], lambda *i: t[L.cast(x[i], "int32") + 128])
 
 
 class FxSigmoid(FxLookup):
@@ -660,11 +835,73 @@ class FxSoftmax(OpDef):
         r = (1 << RECIP_BITS) // e.sum(axis, keepdims=True)
         return saturate(rshift_round(e * r, RECIP_BITS - c.out_frac_bits), out_dtype(c).np)
 
+    def tvm_lowering(self, c, L, x):
+        t, out = c.in_types[0], c.out_types[0]
+        axis = norm_axis(c.axis, t.rank)
+        table = L.const(softmax_exp_table(t.quant.frac_bits[0], t.dtype), "exp")
+        last = L.i64(int(table.shape[0]) - 1)
+        row = tuple(1 if a == axis else s for a, s in enumerate(t.shape))
+
+        def at(i, j):           # index i with the softmax axis set to j
+            return tuple(i[:axis]) + (j,) + tuple(i[axis + 1:])
+
+        def exp(i, mx):
+            return table[L.min(L.i64(mx[at(i, 0)]) - L.i64(x[i]), last)]
+
+        k, k2 = L.reduce_axis(t.shape[axis]), L.reduce_axis(t.shape[axis])
+        mx = L.te.compute(row, lambda *i: L.te.max(L.cast(x[at(i, k)], "int32"), axis=k),
+                          name="max")
+        total = L.te.compute(row, lambda *i: L.sum(exp(at(i, k2), mx), axis=k2), name="sum")
+        recip = L.te.compute(row, lambda *i: L.i64(1 << RECIP_BITS) // total[i], name="recip")
+        dtype = np.dtype(out_dtype(c).np).name
+        return L.compute(out, lambda *i: L.saturate(L.rshift_round(
+            exp(i, mx) * recip[at(i, 0)], RECIP_BITS - c.out_frac_bits), dtype))
+
 
 # ---- layer norm --------------------------------------------------------------------------
 def _ln_eps(epsilon: float, fx: int, ch: int) -> int:
     """fx_layer_norm's epsilon in the units of V = sum(d**2): max(1, round(eps * 4**fx * C**3))."""
     return max(1, math.floor(epsilon * 4.0 ** fx * ch ** 3 + 0.5))
+
+
+def _product_le(L, a, b, c: int, s):
+    """[a * b <= c * 2**s] exactly, for int64 expressions 0 <= a, b < 2**63, s >= 0 and a
+    Python int 0 <= c < 2**21 with c * 2**s < 2**126: both sides as six 21-bit limbs (limb
+    products and their column sums stay far below 2**63), compared from the top limb down."""
+    bits, mask = 21, L.i64((1 << 21) - 1)
+    al = [(a >> L.i64(bits * j)) & mask for j in range(3)]
+    bl = [(b >> L.i64(bits * j)) & mask for j in range(3)]
+    le, carry = None, L.i64(0)
+    for col in range(6):
+        v = carry
+        for j in range(max(0, col - 2), min(col, 2) + 1):
+            v = v + al[j] * bl[col - j]
+        p, carry = (v if col == 5 else v & mask), v >> L.i64(bits)
+        t = s - L.i64(bits * col)          # where c's bits start, relative to this limb
+        y = L.select(t >= L.i64(0), L.i64(c) << L.min(t, L.i64(42)),
+                     L.i64(c) >> L.min(-t, L.i64(42))) & mask
+        le = p <= y if le is None else L.tirx.any(p < y, L.tirx.all(p == y, le))
+    return le
+
+
+def _rsqrt_shift(L, n, c: int):
+    """k of numerics.rsqrt_fixed(n, c) for an int64 load 0 < n < 2**62 and the Python int c:
+    (61 + bitlen(n) - bitlen(c)) // 2, the bit length exact as a sum of comparisons."""
+    bitlen = sum(L.cast(n >= L.i64(1 << j), "int64") for j in range(62))
+    return (L.i64(61 - c.bit_length()) + bitlen) // L.i64(2)
+
+
+def _rsqrt_estimate(L, n, k, c: int):
+    """floor(2**k * sqrt(c / n)) in float64: R of rsqrt_fixed or off by one (R < 2**31)."""
+    return L.cast(L.tirx.floor(L.tirx.sqrt(L.cast(L.i64(c), "float64") / L.cast(n, "float64"))
+                               * L.cast(L.i64(1) << k, "float64")), "int64")
+
+
+def _rsqrt_root(L, n, k, r0, c: int):
+    """R of numerics.rsqrt_fixed(n, c) from the loads n, k and the estimate r0: R is r0 - 1,
+    r0 or r0 + 1, the largest r with r**2 * n <= c * 4**k (exact tests)."""
+    ok = [L.cast(_product_le(L, r * r, n, c, k + k), "int64") for r in (r0, r0 + L.i64(1))]
+    return r0 - L.i64(1) + ok[0] + ok[1]
 
 
 class FxLayerNorm(OpDef):
@@ -715,6 +952,39 @@ class FxLayerNorm(OpDef):
         if bias is not None:
             acc = acc + (bias.astype(np.int64) << (NORM_FRAC + fg - bt.quant.frac_bits[0]))
         return saturate(rshift_round(acc, NORM_FRAC + fg - c.out_frac_bits))
+
+    def tvm_lowering(self, c, L, x, scale=None, bias=None):
+        t, out = c.in_types[0], c.out_types[0]
+        ch, fx, rows = t.shape[-1], t.quant.frac_bits[0], t.shape[:-1]
+        eps = _ln_eps(c.epsilon, fx, ch)
+
+        def row(fn, name):      # a per-row stage (the row's index: all but the last axis)
+            return L.te.compute(rows, lambda *r: fn(r), name=name)
+
+        def dev(i, total):      # d = C*x - sum x
+            return L.i64(ch) * L.i64(x[i]) - total[i[:-1]]
+        k1, k2 = L.reduce_axis(ch), L.reduce_axis(ch)
+        total = row(lambda r: L.sum(L.i64(x[r + (k1,)]), axis=k1), "sum")
+
+        def square(r):          # d**2 of element k2 of the row
+            d = dev(r + (k2,), total)
+            return d * d
+        var = row(lambda r: L.sum(square(r), axis=k2), "var")
+        n = row(lambda r: var[r] + L.i64(eps), "n")
+        k = row(lambda r: _rsqrt_shift(L, n[r], ch), "shift")
+        r0 = row(lambda r: _rsqrt_estimate(L, n[r], k[r], ch), "estimate")
+        root = row(lambda r: _rsqrt_root(L, n[r], k[r], r0[r], ch), "rsqrt")
+        fg = 0 if scale is None else c.in_types[1].quant.frac_bits[0]
+
+        def fn(*i):
+            r = i[:-1]
+            acc = L.rshift_round(dev(i, total) * root[r], k[r] - L.i64(NORM_FRAC))
+            if scale is not None:
+                acc = acc * L.i64(scale[i[-1]])
+            if bias is not None:
+                acc = acc + L.shl(bias[i[-1]], NORM_FRAC + fg - c.in_types[2].quant.frac_bits[0])
+            return L.saturate(L.rshift_round(acc, NORM_FRAC + fg - c.out_frac_bits), "int8")
+        return L.compute(out, fn)
 
 
 # ---- deformable attention ----------------------------------------------------------------
@@ -803,6 +1073,47 @@ class FxMsDeformAttn(OpDef):
             idx = np.where(ok, yi * w + xi, 0) + base
             for p in range(points):
                 acc += v[idx[..., p]].astype(np.int32) * cw[..., p, None]
+
+    def tvm_lowering(self, c, L, value, loc, aw):
+        bs, _, heads, d = c.in_types[0].shape
+        nq, points = c.in_types[2].shape[1], c.in_types[2].shape[4]
+        f, bits = c.in_types[1].quant.frac_bits[0], c.weight_bits
+        one = L.i64(1 << bits)
+
+        def pixel(coord, size):         # self.pixel on one coordinate
+            v = L.i64(coord)
+            if c.coordinates == "normalized":
+                v = v * L.i64(size) - L.i64(1 << (f - 1))
+            return L.rshift_round(v, f - bits)
+
+        def taps(b, q, h, ch, lvl, p, start, size):
+            """The level's 4 bilinear taps of value channel ch (bilinear_taps, _sample_level)."""
+            (hh, ww), a = size, L.i64(aw[b, q, h, lvl, p])
+            px, py = pixel(loc[b, q, h, lvl, p, 0], ww), pixel(loc[b, q, h, lvl, p, 1], hh)
+            x0, y0 = px >> L.i64(bits), py >> L.i64(bits)
+            ux, uy = px - (x0 << L.i64(bits)), py - (y0 << L.i64(bits))    # px & (one - 1)
+            total = 0
+            for xi, wx in ((x0, one - ux), (x0 + L.i64(1), ux)):
+                for yi, wy in ((y0, one - uy), (y0 + L.i64(1), uy)):
+                    inside = L.tirx.all(xi >= L.i64(0), xi < L.i64(ww), yi >= L.i64(0),
+                                        yi < L.i64(hh))
+                    pos = L.cast(L.i64(start) + yi * L.i64(ww) + xi, "int32")
+                    v = L.guarded(inside, L.cast(value[b, pos, h, ch], "int32"), "int32")
+                    total = total + v * L.cast(L.rshift_round(a * wx * wy, bits), "int32")
+            return total
+
+        levels = level_shapes(c.spatial_shapes)
+        starts = np.cumsum([0] + [hh * ww for hh, ww in levels]).tolist()
+
+        def acc(b, q, h, ch):           # int32 sum over levels (unrolled), points and taps
+            p = L.reduce_axis(points, "p")
+            return L.sum(sum(taps(b, q, h, ch, lvl, p, starts[lvl], size)
+                             for lvl, size in enumerate(levels)), axis=p)
+        a = L.te.compute((bs, nq, heads, d), acc, name="acc")
+        fv, _, fa = (t.quant.frac_bits[0] for t in c.in_types)
+        r = Rescale.of(FixedPointQuant((fv + fa + bits,)), c.out_frac_bits)
+        return L.compute(c.out_types[0], lambda b, q, j: L.rescale(a[b, q, j // d, j % d], r,
+                                                                    None, "int8"))
 
     def macs(self, c):
         return c.in_types[2].numel * c.in_types[0].shape[3] * 4

@@ -65,6 +65,11 @@ class CoreSlice(OpDef):
         return TensorType(shape, x.dtype, x.layout,
                           sliced_quant(x.quant, axis, c.start, c.stop))
 
+    def tvm_lowering(self, c, L, x):
+        axis = norm_axis(c.axis, c.out_types[0].rank)
+        return L.compute(c.out_types[0], lambda *i: x[tuple(i[:axis]) + (i[axis] + c.start,)
+                                                       + tuple(i[axis + 1:])])
+
     def compute(self, c, x):
         axis = norm_axis(c.axis, x.ndim)
         return np.ascontiguousarray(x[(slice(None),) * axis + (slice(c.start, c.stop),)])
@@ -91,6 +96,9 @@ class CoreGather(OpDef):
     def compute(self, c, *xs):
         return np.concatenate(xs, axis=c.axis)
 
+    def tvm_lowering(self, c, L, *xs):
+        return L.joined(xs, norm_axis(c.axis, c.out_types[0].rank), c.out_types[0])
+
 
 class Barrier(OpDef):
     """Every core waits until each has produced its operand; the results are the operands.
@@ -107,3 +115,8 @@ class Barrier(OpDef):
 
     def compute(self, c, *xs):
         return list(xs)
+
+    def tvm_lowering(self, c, L, *xs):
+        # on the host the pieces are already there: the barrier's results are copies
+        return [L.compute(t, lambda *i, x=x: x[i], name=f"y{k}")
+                for k, (x, t) in enumerate(zip(xs, c.out_types))]

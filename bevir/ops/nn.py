@@ -113,6 +113,23 @@ class MaxPool2d(OpDef):
             np.maximum(y, t, out=y)
         return y
 
+    def tvm_lowering(self, c, L, x):
+        t = c.in_types[0]
+        require(t.dtype.is_int, "the lowering takes integer codes")
+        (ah, aw), out = spatial_axes(t), c.out_types[0]
+        ry, rx = L.reduce_axis(c.kernel[0], "ry"), L.reduce_axis(c.kernel[1], "rx")
+        lowest = L.tirx.const(int(np.iinfo(t.dtype.np).min), x.dtype)
+
+        def fn(*i):
+            idx = list(i)
+            idx[ah] = i[ah] * c.strides[0] - c.pads[0] + ry * _dilations(c)[0]
+            idx[aw] = i[aw] * c.strides[1] - c.pads[1] + rx * _dilations(c)[1]
+            inside = L.tirx.all(idx[ah] >= 0, idx[ah] < t.shape[ah],
+                                idx[aw] >= 0, idx[aw] < t.shape[aw])
+            # padding (and ceil_mode's overhang) reads as the minimum: it never wins
+            return L.te.max(L.tirx.if_then_else(inside, x[tuple(idx)], lowest), axis=[ry, rx])
+        return L.te.compute(out.shape, fn, name="y")
+
 
 class AvgPool2d(OpDef):
     """2-D average pooling. The divisor counts the window's elements inside the input, or

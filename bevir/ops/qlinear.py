@@ -133,6 +133,17 @@ class Quantize(OpDef):
         s, z = _params(t.quant, x.ndim)
         return saturate_round(np.divide(x, s, dtype=F32), z, t.dtype.np, scratch=True)
 
+    def tvm_lowering(self, c, L, x):
+        q = c.out_types[0].quant
+        scale = L.const(np.asarray(q.scale, F32), "scale")
+        zp = L.const(np.asarray(q.zero_point, np.int32), "zp")
+
+        def fn(*i):
+            ch = 0 if q.axis is None else i[q.axis]
+            return _lower_saturate_round(L, L.cast(x[i], "float32") / scale[ch], zp[ch],
+                                         c.out_types[0])
+        return L.compute(c.out_types[0], fn)
+
 
 class Dequantize(OpDef):
     """ONNX DequantizeLinear: float32(int32(q) - zero_point) * scale (one float32
@@ -168,6 +179,27 @@ def _clamped(c, y: np.ndarray) -> np.ndarray:
     if c.out_min is None and c.out_max is None:
         return y
     return np.clip(y, c.out_min, c.out_max).astype(y.dtype, copy=False)
+
+
+def _lower_saturate_round(L, v, zp, t: TensorType):
+    """saturate_round of the float32 expression ``v`` into type ``t``'s dtype: clamped to
+    [min - zp, max - zp] as MAXPS / MINPS do (NaN -> the lower bound), rounded half to
+    even, zero point added."""
+    info, f32 = np.iinfo(t.dtype.np), lambda b: L.cast(b, "float32")
+    zp = L.cast(zp, "int32")
+    lo, hi = f32(L.tirx.const(info.min, "int32") - zp), f32(L.tirx.const(info.max, "int32") - zp)
+    v = L.select(v > lo, v, lo)                  # a NaN compares false: lo
+    v = L.select(v < hi, v, hi)
+    return L.cast(L.cast(L.tirx.nearbyint(v), "int32") + zp, np.dtype(t.dtype.np).name)
+
+
+def _lower_clamped(c, L, v, dtype: str):
+    """_clamped of the result code expression ``v`` (of ``dtype``)."""
+    if c.out_min is not None:
+        v = L.max(v, L.const_or_cast(c.out_min, dtype))
+    if c.out_max is not None:
+        v = L.min(v, L.const_or_cast(c.out_max, dtype))
+    return v
 
 
 def _zero_points(c) -> tuple:
@@ -249,6 +281,30 @@ class QLinearConv(Convolution):
         def finish(acc, axis):
             return _clamped(c, requantize(acc, _channels(mult, axis, acc.ndim), zp, dtype))
         return _int_conv(c, x, w, b, finish, dtype)
+
+    def tvm_lowering(self, c, L, x, w, b=None):
+        from .fixed_point import conv_acc
+        xt, wt, yt = c.in_types[0], c.in_types[1], c.out_types[0]
+        xz, wz = _zero_points(c)
+        wz = L.const(np.asarray(wz, np.int32).reshape(-1), "wzp")
+        mult = L.const(conv_multiplier(xt.quant, wt.quant, yt.quant), "mult")
+        # centered codes: conv_acc's zero padding then reads as x_zp, as the golden's
+        xc = L.te.compute(xt.shape, lambda *i: L.cast(x[i], "int32") - int(xz), name="xc")
+        wc = L.te.compute(wt.shape, lambda o, *k: L.cast(w[(o,) + k], "int32")
+                          - wz[o if wz.shape[0] > 1 else 0], name="wc")
+        o, cg, kh, kw = wt.shape
+        exact32 = 255 * 255 * cg * kh * kw < 1 << 31
+        acc = L.te.compute(yt.shape, lambda *i: conv_acc(c, L, xc, wc, i,
+                           "int32" if exact32 else "int64"), name="acc")
+        axis = 3 if xt.layout is Layout.nhwc else 1
+
+        def fn(*i):
+            ch = i[axis]
+            v = L.i64(acc[i]) + (0 if b is None else L.i64(b[ch]))
+            v = L.cast(v, "float32") * mult[ch if mult.shape[0] > 1 else 0]
+            code = _lower_saturate_round(L, v, yt.quant.zero_point[0], yt)
+            return _lower_clamped(c, L, code, np.dtype(yt.dtype.np).name)
+        return L.compute(yt, fn)
 
 
 class ConvInteger(Convolution):
@@ -365,15 +421,30 @@ class _QBinary(OpDef):
         operand MLAS's kernel takes as its first (see :func:`_vector_kind`)."""
         raise NotImplementedError
 
-    def compute(self, c, a, b):
+    def _a_first(self, c) -> bool:
         ta, tb, tc = c.in_types[0], c.in_types[1], c.out_types[0]
-        a_first = _vector_kind(ta, tb, tc.shape) != "a"
-        if tc.numel < self.TABLE_MIN:
-            return _clamped(c, self.formula(c, a, b, a_first))
-        codes = np.arange(256, dtype=np.uint8).view(a.dtype)
-        table = _clamped(c, self.formula(c, codes[:, None], codes[None, :], a_first)).reshape(-1)
+        return _vector_kind(ta, tb, tc.shape) != "a"
+
+    def table(self, c) -> np.ndarray:
+        """The results of every code pair, indexed by (a's byte << 8) | b's byte."""
+        codes = np.arange(256, dtype=np.uint8).view(c.in_types[0].dtype.np)
+        return _clamped(c, self.formula(c, codes[:, None], codes[None, :],
+                                        self._a_first(c))).reshape(-1)
+
+    def compute(self, c, a, b):
+        if c.out_types[0].numel < self.TABLE_MIN:
+            return _clamped(c, self.formula(c, a, b, self._a_first(c)))
         index = np.left_shift(a.view(np.uint8), 8, dtype=np.uint16) | b.view(np.uint8)
-        return table[index]
+        return self.table(c)[index]
+
+    def tvm_lowering(self, c, L, a, b):
+        # the table gives the formula's results exactly, whatever the tensor's size
+        (ta, tb), out = c.in_types, c.out_types[0]
+        table = L.const(self.table(c), "pairs")
+
+        def byte(v, t, i):
+            return L.cast(L.cast(v[L.broadcast_index(t, out.shape, i)], "uint8"), "int32")
+        return L.compute(out, lambda *i: table[(byte(a, ta, i) << 8) | byte(b, tb, i)])
 
 
 def _qlinear_add_ok(node) -> str | None:

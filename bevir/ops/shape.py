@@ -56,6 +56,9 @@ class Concat(OpDef):
         t = moved(x, shape, layouts.pop() if layouts else Layout.plain)
         return t if all(u.quant == x.quant for u in xs) else t.with_(quant=None)
 
+    def tvm_lowering(self, c, L, *xs):
+        return L.joined(xs, norm_axis(c.axis, c.out_types[0].rank), c.out_types[0])
+
     def compute(self, c, *xs):
         return np.concatenate(xs, axis=c.axis)
 
@@ -105,6 +108,11 @@ class Slice(OpDef):
     def compute(self, c, x):
         return x[_slices(c, x.shape)]
 
+    def tvm_lowering(self, c, L, x):
+        ranges = [range(d)[s] for d, s in zip(c.in_types[0].shape, _slices(c, c.in_types[0].shape))]
+        return L.compute(c.out_types[0], lambda *i: x[tuple(r.start + a * r.step
+                                                             for a, r in zip(i, ranges))])
+
 
 class Reshape(OpDef):
     name = "reshape"
@@ -120,6 +128,9 @@ class Reshape(OpDef):
 
     def compute(self, c, x):
         return x.reshape(c.shape)
+
+    def tvm_lowering(self, c, L, x):
+        return L.same_order(x, c.in_types[0], c.out_types[0])
 
 
 class Flatten(OpDef):
@@ -153,6 +164,9 @@ class Transpose(OpDef):
 
     def compute(self, c, x):
         return x.transpose(c.perm)
+
+    def tvm_lowering(self, c, L, x):
+        return L.permuted(x, c.perm, c.out_types[0])
 
 
 class LayoutTransform(OpDef):
@@ -235,6 +249,17 @@ class Gather(OpDef):
                              f"min {idx.min()}, max {idx.max()}")
         return np.take(x, idx, axis=axis)
 
+    def tvm_lowering(self, c, L, x, idx):
+        xt, it = c.in_types
+        axis = norm_axis(c.axis, xt.rank)
+        n = xt.shape[axis]
+
+        def fn(*i):
+            k = L.cast(idx[i[axis:axis + it.rank]], "int64")
+            k = L.cast(L.select(k < 0, k + L.i64(n), k), "int32")    # numpy wraps negatives
+            return x[i[:axis] + (k,) + i[axis + it.rank:]]
+        return L.compute(c.out_types[0], fn)
+
 
 class Expand(OpDef):
     """ONNX Expand: broadcast ``x`` against ``shape``."""
@@ -250,6 +275,10 @@ class Expand(OpDef):
 
     def compute(self, c, x):
         return np.broadcast_to(x, c.out_types[0].shape)
+
+    def tvm_lowering(self, c, L, x):
+        out = c.out_types[0]
+        return L.compute(out, lambda *i: x[L.broadcast_index(c.in_types[0], out.shape, i)])
 
 
 class Pad(OpDef):

@@ -1,0 +1,155 @@
+"""Building kernels with TVM: the llvm target (the host build, called through TVM's
+runtime) and the C target (sources that the system C compiler builds into libraries
+needing only libc), with a disk cache keyed by the kernel's TIR."""
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import CodegenError
+from .lower import KernelDef, tvm_modules
+
+
+def cache_dir() -> Path:
+    """Where built kernels are kept: $BEVIR_CACHE, else ~/.cache/bevir/kernels."""
+    root = os.environ.get("BEVIR_CACHE") or Path.home() / ".cache" / "bevir"
+    path = Path(root) / "kernels"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def tir_hash(kd: KernelDef, target: str) -> str:
+    """A digest of the kernel's TIR and the target: equal TIR, one build."""
+    return hashlib.sha256(f"{target}\n{kd.func.script()}".encode()).hexdigest()[:20]
+
+
+class HostKernel:
+    """A kernel built for the llvm target, callable on numpy arrays."""
+
+    def __init__(self, kd: KernelDef, threads: bool = True):
+        tvm, _, _ = tvm_modules()
+        self.kd = kd
+        mod = tvm.IRModule({kd.name: kd.func})
+        target = tvm.target.Target({"kind": "llvm"})
+        try:
+            self.fn = tvm.compile(mod, target=target)[kd.name]
+        except Exception as e:
+            raise CodegenError(f"llvm build failed: {type(e).__name__}: {e}", op=kd.op) from e
+        self._tensor = tvm.runtime.tensor
+        self._consts = [self._tensor(c) for c in kd.constants]
+
+    def __call__(self, operands: list[np.ndarray], result_types) -> list[np.ndarray]:
+        from .lower import dtype_name
+        outs = [np.empty(t.shape, dtype_name(t)) for t in result_types]
+        args = [self._tensor(np.ascontiguousarray(a)) for a in operands] + self._consts
+        touts = [self._tensor(o) for o in outs]
+        self.fn(*args, *touts)
+        return [t.numpy() for t in touts]
+
+
+# ---- the C target ------------------------------------------------------------------------
+#: what TVM's C output calls back into; a generated program provides it itself, so the
+#: libraries need only libc (parallel loops are not scheduled for the C target)
+RUNTIME_C = r"""
+#include <stdint.h>
+#include <stdlib.h>
+void TVMFFIErrorSetRaisedFromCStrParts(const char* kind, const char** parts, int32_t n) {
+  (void)kind; (void)parts; (void)n;
+}
+void* TVMBackendAllocWorkspace(int dev_type, int dev_id, uint64_t nbytes, int code, int bits) {
+  (void)dev_type; (void)dev_id; (void)code; (void)bits;
+  return malloc(nbytes ? nbytes : 1);
+}
+int TVMBackendFreeWorkspace(int dev_type, int dev_id, void* ptr) {
+  (void)dev_type; (void)dev_id; free(ptr); return 0;
+}
+"""
+
+_DL_CODE = {"i": "kDLInt", "u": "kDLUInt", "f": "kDLFloat", "b": "kDLBool"}
+
+
+def c_kernel_source(kd: KernelDef, arg_types: list[tuple[tuple[int, ...], str]]) -> str:
+    """TVM's C source of the kernel plus ``int bevir_<name>(void** data)``: the entry a
+    program calls with one data pointer per argument (operands, constants, results); it
+    lays out the DLTensors the packed function checks, on the stack."""
+    tvm, _, _ = tvm_modules()
+    with tvm.transform.PassContext(config={"tirx.disable_vectorize": True}):
+        ex = tvm.compile(tvm.IRModule({kd.name: kd.func}), target="c")
+    src = ex.mod.inspect_source().replace("void* __tvm_ffi__library_ctx = NULL;",
+                                          f"static void* __tvm_ffi__library_ctx_{kd.name} = NULL;")
+    lines = [src, "", f"int bevir_{kd.name}(void** data) {{",
+             f"  DLTensor t[{len(arg_types)}];", f"  TVMFFIAny a[{len(arg_types)}];"]
+    for k, (shape, dtype) in enumerate(arg_types):
+        dt = np.dtype(dtype)
+        dims = ", ".join(str(s) for s in shape) or "1"
+        lines += [f"  static int64_t s{k}[] = {{{dims}}};",
+                  f"  t[{k}] = (DLTensor){{data[{k}], {{kDLCPU, 0}}, {len(shape)}, "
+                  f"{{{_DL_CODE[dt.kind]}, {dt.itemsize * 8}, 1}}, s{k}, NULL, 0}};",
+                  f"  a[{k}].type_index = kTVMFFIDLTensorPtr; a[{k}].zero_padding = 0; "
+                  f"a[{k}].v_ptr = &t[{k}];"]
+    lines += [f"  return __tvm_ffi_{kd.name}(NULL, a, {len(arg_types)}, NULL);", "}", ""]
+    return "\n".join(lines)
+
+
+def include_dirs() -> list[str]:
+    """The headers TVM's C output includes (shipped in the wheels)."""
+    import tvm
+    import tvm_ffi
+    return [str(Path(tvm.__file__).parent / "include"), str(Path(tvm_ffi.__file__).parent / "include")]
+
+
+#: C compiler flags: no FMA contraction (a float multiply-add rounds twice, as the golden
+#: model does), no fast math
+CFLAGS = ["-O2", "-std=gnu11", "-fPIC", "-ffp-contract=off", "-fno-fast-math", "-w"]
+
+
+def build_shared(sources: list[Path], out: Path) -> Path:
+    """Compile C ``sources`` into the shared library ``out`` with the system C compiler."""
+    import subprocess
+    cc = os.environ.get("CC", "cc")
+    cmd = [cc, *CFLAGS, "-shared", *(f"-I{d}" for d in include_dirs()),
+           *map(str, sources), "-o", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise CodegenError(f"C build failed ({' '.join(cmd[:2])} ...): "
+                           f"{done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}")
+    return out
+
+
+class CKernel:
+    """A kernel built for the C target into its own shared library, called on numpy
+    arrays through its ``bevir_<name>`` entry (cached on disk by TIR hash)."""
+
+    def __init__(self, kd: KernelDef, operand_types, result_types):
+        import ctypes
+        from .lower import dtype_name
+        self.kd = kd
+        self.result_types = result_types
+        args = [(t.shape, dtype_name(t)) for t in operand_types] + \
+               [(c.shape, c.dtype.name) for c in kd.constants] + \
+               [(t.shape, dtype_name(t)) for t in result_types]
+        key = tir_hash(kd, "c")
+        lib = cache_dir() / f"{kd.name}_{key}.so"
+        if not lib.exists():
+            src = cache_dir() / f"{kd.name}_{key}.c"
+            src.write_text(c_kernel_source(kd, args) + RUNTIME_C)
+            tmp = lib.with_suffix(f".{os.getpid()}.tmp")
+            build_shared([src], tmp)
+            tmp.replace(lib)
+        self._lib = ctypes.CDLL(str(lib))
+        self._fn = getattr(self._lib, f"bevir_{kd.name}")
+        self._fn.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+        self._consts = [np.ascontiguousarray(c) for c in kd.constants]
+
+    def __call__(self, operands: list[np.ndarray], result_types=None) -> list[np.ndarray]:
+        import ctypes
+        from .lower import dtype_name
+        outs = [np.empty(t.shape, dtype_name(t)) for t in (result_types or self.result_types)]
+        arrays = [np.ascontiguousarray(a) for a in operands] + self._consts + outs
+        ptrs = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
+        if self._fn(ptrs) != 0:
+            raise CodegenError(f"kernel {self.kd.name} failed", op=self.kd.op)
+        return outs

@@ -1,0 +1,239 @@
+"""From a node to a TVM kernel: the toolkit an op's ``tvm_lowering`` builds its compute
+with, the kernel signature kernels are deduplicated by, and the PrimFunc of a node.
+
+An op lowers itself (``OpDef.tvm_lowering(self, c, L, *operands)``): ``c`` is the node's
+:class:`~bevir.ir.opdef.Ctx`, ``L`` a :class:`Lowering` (te, the integer numerics of
+:mod:`bevir.ops.numerics` written as expressions, constants), the operands are te tensors
+(None for an omitted optional one). It returns its result tensor(s), of the node's result
+shapes and dtypes. The kernel's arguments are the operands, then the constant arrays the
+lowering asked for (:meth:`Lowering.const`), then the results.
+
+Ops never import tvm: the toolkit is handed to them, so the op layer stays importable
+without it.
+"""
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import BevirError, CodegenError
+from ..ir.graph import Node
+from ..ir.types import TensorType
+
+
+def tvm_modules():
+    """(tvm, te, tirx), imported on first use (tvm takes a second to import)."""
+    import tvm
+    from tvm import te, tirx
+    return tvm, te, tirx
+
+
+def dtype_name(t: TensorType) -> str:
+    """The numpy / TVM name of a tensor type's dtype ('int8', 'float32', ...)."""
+    return np.dtype(t.dtype.np).name
+
+
+def lowerable(node: Node) -> bool:
+    """Whether code is generated for ``node``: it touches an integer tensor. Float-only ops
+    (the geometry before the network, the box decoding after it) run on the host through
+    the golden model; an integer op without a lowering is an error (:func:`kernel_def`)."""
+    return any(v.type.dtype.is_int for v in node.tensors())
+
+
+def signature(node: Node) -> str:
+    """What a node's kernel depends on: op, attributes, operand and result types. Nodes of
+    equal signature share one kernel."""
+    h = hashlib.sha256()
+    h.update(node.op.encode())
+    for k, v in sorted(node.attrs.items()):
+        h.update(f"|{k}=".encode())
+        h.update(v.tobytes() + str(v.dtype).encode() + str(v.shape).encode()
+                 if isinstance(v, np.ndarray) else repr(v).encode())
+    for v in node.inputs:
+        h.update(f"|in {None if v is None else v.type}".encode())
+    for v in node.outputs:
+        h.update(f"|out {v.type}".encode())
+    return h.hexdigest()[:16]
+
+
+class Lowering:
+    """The toolkit an op's lowering builds with (see the module docstring)."""
+
+    def __init__(self):
+        self.tvm, self.te, self.tirx = tvm_modules()
+        self.constants: list[tuple[object, np.ndarray]] = []
+
+    # ---- tensors ---------------------------------------------------------------------
+    def placeholder(self, t: TensorType, name: str):
+        return self.te.placeholder(t.shape, dtype_name(t), name=name)
+
+    def const(self, array: np.ndarray, name: str = "table"):
+        """A constant array the kernel reads (a table, per-channel parameters): a kernel
+        argument bound to ``array`` whenever the kernel runs."""
+        array = np.ascontiguousarray(array)
+        p = self.te.placeholder(array.shape, str(array.dtype), name=f"{name}{len(self.constants)}")
+        self.constants.append((p, array))
+        return p
+
+    def compute(self, t: TensorType, fn: Callable, name: str = "y"):
+        """te.compute of a result of type ``t``; ``fn(*indices)`` gives its element."""
+        dtype = dtype_name(t)
+        return self.te.compute(t.shape, lambda *i: self.cast(fn(*i), dtype), name=name)
+
+    # ---- scalar expressions ------------------------------------------------------------
+    def cast(self, v, dtype: str):
+        return v if getattr(v, "dtype", None) == dtype else self.tirx.Cast(dtype, v)
+
+    def i64(self, v):
+        return self.const_or_cast(v, "int64")
+
+    def const_or_cast(self, v, dtype):
+        if isinstance(v, (int, np.integer)):
+            return self.tirx.const(int(v), dtype)
+        if isinstance(v, (float, np.floating)):
+            return self.tirx.const(float(v), dtype)
+        return self.cast(v, dtype)
+
+    def select(self, cond, a, b):
+        return self.tirx.Select(cond, a, b)
+
+    def max(self, a, b):
+        return self.tirx.max(a, b)
+
+    def min(self, a, b):
+        return self.tirx.min(a, b)
+
+    def saturate(self, v, dtype: str):
+        """Clamp int64 ``v`` to the range of the integer ``dtype`` and convert (numerics.saturate)."""
+        info = np.iinfo(dtype)
+        v = self.i64(v)
+        return self.cast(self.min(self.max(v, self.i64(info.min)), self.i64(info.max)), dtype)
+
+    def rshift_round(self, v, shift):
+        """round_half_up(v / 2**shift) of int64 ``v`` (numerics.rshift_round); ``shift`` a
+        Python int or an int64 expression (per channel); <= 0 is an exact left shift."""
+        v = self.i64(v)
+        if isinstance(shift, (int, np.integer)):
+            s = int(shift)
+            if s > 0:
+                return (v + self.i64(1 << (s - 1))) >> self.i64(s)
+            return v << self.i64(-s) if s < 0 else v
+        s = self.i64(shift)
+        zero, one = self.i64(0), self.i64(1)
+        right = self.max(s, zero)
+        half = self.select(right > zero, one << self.max(right - one, zero), zero)
+        return ((v + half) >> right) << self.max(-s, zero)
+
+    def rescale(self, acc, rescale, channel, dtype: str):
+        """numerics.Rescale.apply of int64 ``acc``: per tensor, or per channel with
+        ``channel`` the index expression of the element's channel."""
+        m, n = rescale.multiplier, rescale.shift
+        if len(m) == 1:
+            v = self.i64(acc) * self.i64(m[0]) if m[0] != 1 else self.i64(acc)
+            return self.saturate(self.rshift_round(v, n[0]), dtype)
+        mt = self.const(np.asarray(m, np.int64), "mult")
+        nt = self.const(np.asarray(n, np.int64), "shift")
+        return self.saturate(self.rshift_round(self.i64(acc) * mt[channel], nt[channel]), dtype)
+
+    def shl(self, v, n: int):
+        """int64 ``v`` times 2**n (n >= 0), exactly."""
+        return self.i64(v) << self.i64(n) if n else self.i64(v)
+
+    def guarded(self, cond, load, dtype: str):
+        """``load`` where ``cond`` holds, else 0 (the load is not evaluated outside)."""
+        return self.tirx.if_then_else(cond, load, self.tirx.const(0, dtype))
+
+    # ---- data movement -----------------------------------------------------------------
+    def same_order(self, x, t_in: TensorType, t_out: TensorType):
+        """The elements of x in their row-major order, reshaped to ``t_out``."""
+        def fn(*i):
+            flat = 0
+            for a, n in zip(i, t_out.shape):
+                flat = flat * n + a
+            idx = []
+            for n in reversed(t_in.shape):
+                idx.append(flat % n)
+                flat = flat // n
+            return x[tuple(reversed(idx))]
+        return self.compute(t_out, fn)
+
+    def permuted(self, x, perm: Sequence[int], t_out: TensorType):
+        """x transposed by ``perm`` (result axis a is operand axis perm[a])."""
+        def fn(*i):
+            idx = [None] * len(perm)
+            for a, p in enumerate(perm):
+                idx[p] = i[a]
+            return x[tuple(idx)]
+        return self.compute(t_out, fn)
+
+    def joined(self, xs, axis: int, t_out: TensorType):
+        """The pieces xs joined along ``axis`` (concat)."""
+        def fn(*i):
+            starts, start = [], 0
+            for x in xs:
+                starts.append(start)
+                start += int(x.shape[axis])
+            v = None            # the last piece, then each earlier one below its end
+            for x, s in reversed(list(zip(xs, starts))):
+                load = x[tuple(i[:axis]) + (i[axis] - s,) + tuple(i[axis + 1:])]
+                end = s + int(x.shape[axis])
+                v = load if v is None else self.tirx.if_then_else(i[axis] < end, load, v)
+            return v
+        return self.compute(t_out, fn)
+
+    # ---- indexing ------------------------------------------------------------------------
+    @staticmethod
+    def broadcast_index(t: TensorType, out_shape: Sequence[int], idx: Sequence) -> tuple:
+        """The index into operand ``t`` that numpy broadcasting reads for result index ``idx``."""
+        lead = len(out_shape) - t.rank
+        return tuple(0 if t.shape[a] == 1 and out_shape[a + lead] != 1 else idx[a + lead]
+                     for a in range(t.rank))
+
+    def reduce_axis(self, n: int, name: str = "k"):
+        return self.te.reduce_axis((0, n), name=name)
+
+    def sum(self, expr, axis):
+        return self.te.sum(expr, axis=axis)
+
+
+@dataclass
+class KernelDef:
+    """A node's kernel: its PrimFunc (arguments: operands, constants, results), the
+    constants to bind and the signature it is shared by."""
+
+    name: str
+    func: object
+    constants: list[np.ndarray]
+    signature: str
+    op: str
+
+
+def kernel_def(node: Node) -> KernelDef:
+    """Lower ``node`` through its op's ``tvm_lowering`` (raises CodegenError naming the
+    node, op and source for an op without one or a lowering that fails)."""
+    opdef = node.opdef
+    where = {"op": node.op, "node": node.name, "loc": node.loc}
+    if opdef.tvm_lowering is None:
+        raise CodegenError(f"op '{node.op}' has no lowering", **where)
+    L = Lowering()
+    operands = [None if v is None else L.placeholder(v.type, f"in{i}")
+                for i, v in enumerate(node.inputs)]
+    try:
+        outs = opdef.tvm_lowering(opdef.ctx(node), L, *operands)
+    except BevirError:
+        raise
+    except Exception as e:          # a lowering bug: name where it happened
+        raise CodegenError(f"lowering failed: {type(e).__name__}: {e}", **where) from e
+    outs = [outs] if not isinstance(outs, (list, tuple)) else list(outs)
+    for o, v in zip(outs, node.outputs):
+        if tuple(int(s) for s in o.shape) != v.type.shape or o.dtype != dtype_name(v.type):
+            raise CodegenError(f"lowering gives {o.dtype}{list(o.shape)}, the node declares "
+                               f"{v.type}", **where)
+    sig = signature(node)
+    name = f"{node.op}_{sig}"
+    args = [p for p in operands if p is not None] + [p for p, _ in L.constants] + outs
+    func = L.te.create_prim_func(args).with_attr("global_symbol", name)
+    return KernelDef(name, func, [a for _, a in L.constants], sig, node.op)

@@ -1,0 +1,176 @@
+"""Generated kernels of the fx ops with multi-stage lowerings (softmax, reductions, division,
+layer norm, deformable attention) against the golden model: 0 differing elements on
+one-op graphs, whole and partitioned for 2 and 4 cores, with inputs at the edges (every
+code, ties, saturation, i16 softmax inputs, another axis, locations outside the map)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import bevir
+from bevir import DType, TensorType
+from bevir.codegen.program import Program
+from bevir.ops.numerics import rsqrt_fixed
+from test_codegen import all_codes, fx
+from test_partition import GRAPHS, ints, partitioned
+
+I8, I16, I32 = DType.i8, DType.i16, DType.i32
+
+
+def one_op(op: str, inputs: dict, **attrs):
+    """(graph, inputs) of one ``op`` node on ``inputs`` (name -> (array, type))."""
+    b = bevir.Builder(op)
+    xs = [b.input(k, t) for k, (_, t) in inputs.items()]
+    b.output("y", getattr(b, op)(*xs, **attrs))
+    return b.graph, {k: a for k, (a, _) in inputs.items()}
+
+
+def softmax_ties(rng):
+    """Every i8 code; rows of equal codes (ties at the max); a row of the minimum and one
+    maximum (the table's far end)."""
+    x = all_codes((6, 9, 40))
+    x[0] = 5
+    x[1, :, 1:] = -128
+    x[1, :, 0] = 127
+    return one_op("fx_softmax", {"x": (x, fx(x.shape, 4))}, axis=-1, out_frac_bits=7)
+
+
+def softmax_i16_axis(rng):
+    """i16 input past the table's end, the softmax on a middle axis, i16 result."""
+    x = ints(rng, (4, 33, 5), np.int16)
+    x[0, :3] = [[32767] * 5, [-32768] * 5, [0] * 5]
+    return one_op("fx_softmax", {"x": (x, fx(x.shape, 8, I16))}, axis=1, out_frac_bits=15,
+                  out_dtype="i16")
+
+
+def reduce_case(op, axes, keepdims, frac_out):
+    def make(rng):
+        x = all_codes((5, 6, 7))
+        return one_op(op, {"x": (x, fx(x.shape, 3))}, axes=axes, keepdims=keepdims,
+                      out_frac_bits=frac_out)
+    make.__name__ = f"{op[3:]}_{'_'.join(map(str, axes))}_{keepdims}_{frac_out}"
+    return make
+
+
+def div_case(frac_in, frac_out, dtype, count_shape):
+    def make(rng):
+        x = all_codes((6, 50), dtype.np)
+        x[0, :4] = [np.iinfo(dtype.np).min, np.iinfo(dtype.np).max, 0, -1]
+        cnt = rng.integers(0, 256, count_shape).astype(np.int32)   # 0: divides by 1
+        return one_op("fx_div", {"x": (x, fx(x.shape, frac_in, dtype)),
+                                 "count": (cnt, TensorType(cnt.shape, I32))},
+                      out_frac_bits=frac_out)
+    make.__name__ = f"div_{frac_in}_{frac_out}_{dtype}_{'x'.join(map(str, count_shape))}"
+    return make
+
+
+def norm_case(shape, frac, scale_frac=None, bias=None, epsilon=1e-5):
+    """Layer norm over rows of all codes, equal codes (the variance is epsilon alone) and
+    extremes; optional i8/i16 scale and i8/i16/i32 bias."""
+    def make(rng):
+        b = bevir.Builder("norm")
+        x = all_codes(shape)
+        rows = x.reshape(-1, shape[-1])
+        m = min(3, len(rows) - 1)               # keep one row of all codes
+        rows[:m] = np.array([[7], [-128], [127]], np.int8)[:m]
+        ch = shape[-1:]
+        g = None if scale_frac is None else b.const(ints(rng, ch, np.int16), "g",
+                                                     fx(ch, scale_frac, I16))
+        beta = None if bias is None else b.const(ints(rng, ch, bias[0].np), "beta",
+                                                  fx(ch, bias[1], bias[0]))
+        b.output("y", b.fx_layer_norm(b.input("x", fx(shape, frac)), g, beta, epsilon=epsilon,
+                                      out_frac_bits=4))
+        return b.graph, {"x": x}
+    make.__name__ = f"norm_{'x'.join(map(str, shape))}_{scale_frac}_{bias and bias[0]}_{epsilon}"
+    return make
+
+
+def deform_case(coordinates, frac, dtype, weight_bits):
+    """Locations over and well beyond the map (corners outside read zero), negative ones
+    (floor shifts), attention weights of both signs and the extremes."""
+    def make(rng):
+        bs, nq, heads, shapes, points, d = 2, 7, 2, (4, 5, 1, 1, 3, 2), 3, 3
+        levels, nv = len(shapes) // 2, 4 * 5 + 1 + 3 * 2
+        span = 1 if coordinates == "normalized" else 6
+        lo = rng.uniform(-0.5, 1.5, (bs, nq, heads, levels, points, 2)) * span
+        locs = np.floor(lo * 2.0 ** frac).astype(dtype.np)
+        locs[0, 0, 0, 0] = [[np.iinfo(dtype.np).min] * 2, [np.iinfo(dtype.np).max] * 2, [0, 0]]
+        aw = ints(rng, (bs, nq, heads, levels, points))
+        aw[0, 0, 0, 0] = [-128, 127, 0]
+        b = bevir.Builder("deform")
+        args = [b.input("value", fx((bs, nv, heads, d), 6)),
+                b.input("loc", fx(locs.shape, frac, dtype)), b.input("aw", fx(aw.shape, 7))]
+        b.output("y", b.fx_ms_deform_attn(*args, spatial_shapes=shapes, out_frac_bits=4,
+                                          weight_bits=weight_bits, coordinates=coordinates))
+        return b.graph, {"value": all_codes((bs, nv, heads, d)), "loc": locs, "aw": aw}
+    make.__name__ = f"deform_{coordinates}_{frac}_{dtype}_{weight_bits}"
+    return make
+
+
+CASES = {f.__name__: f for f in (
+    softmax_ties, softmax_i16_axis, GRAPHS["softmax"],
+    reduce_case("fx_reduce_sum", (1,), True, 1), reduce_case("fx_reduce_sum", (0, 2), False, 5),
+    reduce_case("fx_reduce_mean", (-1,), True, 3), reduce_case("fx_reduce_mean", (0, 2), False, 0),
+    reduce_case("fx_reduce_mean", (1,), False, 7),
+    div_case(4, 4, I8, (6, 1)), div_case(2, 7, I8, (6, 50)), div_case(20, 12, I32, (50,)),
+    div_case(6, 6, I16, (1, 50)),
+    GRAPHS["layer_norm"], norm_case((3, 5, 64), 5), norm_case((300,), 0, 12, (I32, 14)),
+    norm_case((4, 2, 4096), 7, 14, (I8, 3), 1.0), norm_case((2, 7, 1), 2, None, (I16, 10)),
+    norm_case((6, 33), 4, 9, None, 1e-9),
+    GRAPHS["deform_attn"], deform_case("normalized", 12, I16, 8),
+    deform_case("pixel", 4, I16, 8), deform_case("pixel", 14, I32, 12),
+    deform_case("normalized", 1, I32, 1),
+)}
+
+
+#: one case per op family (reductions do not split), partitioned for 2 and 4 cores
+PARTITIONED = ("softmax", "div_2_7_i8_6x50", "layer_norm", "deform_attn",
+               "deform_pixel_4_i16_8")
+
+
+def check(graph, inputs) -> None:
+    report = Program(graph).check(inputs)
+    assert report.ok, report.mismatch
+    assert report.checked >= 1
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_lowering_is_bit_exact(rng, name):
+    check(*CASES[name](rng))
+
+
+@pytest.mark.parametrize("cores", [2, 4])
+@pytest.mark.parametrize("name", PARTITIONED)
+def test_partitioned_lowering_is_bit_exact(rng, name, cores):
+    graph, inputs = CASES[name](rng)
+    g = partitioned(graph, cores, barrier_cycles=0)
+    assert g.op_counts().get("core_gather", 0) >= 1, "nothing was split"
+    check(g, inputs)
+
+
+def test_rsqrt_matches_numerics():
+    """The layer norm's (R, k) stages against numerics.rsqrt_fixed: random n of every bit
+    length, powers of two and their neighbours, perfect squares and their neighbours."""
+    from bevir.codegen.lower import Lowering
+    from bevir.ops.fixed_point import _rsqrt_estimate, _rsqrt_root, _rsqrt_shift
+    import tvm
+    rng = np.random.default_rng(0)
+    n = np.maximum(rng.integers(1, 1 << 62, 4000, dtype=np.int64) >> rng.integers(0, 62, 4000), 1)
+    m = rng.integers(2, 1 << 31, 1000, dtype=np.int64)
+    edges = [(1 << j) + e for j in range(62) for e in (-1, 0, 1)] + [(1 << 62) - 1]
+    n = np.concatenate([n, m * m - 1, m * m, m * m + 1, np.array(edges[1:], np.int64)])
+    corrected = 0
+    for c in (1, 3, 16, 4095, 4096):
+        L = Lowering()
+        p = L.te.placeholder(n.shape, "int64", name="n")
+        k = L.te.compute(n.shape, lambda i: _rsqrt_shift(L, p[i], c), name="k")
+        r0 = L.te.compute(n.shape, lambda i: _rsqrt_estimate(L, p[i], k[i], c), name="r0")
+        r = L.te.compute(n.shape, lambda i: _rsqrt_root(L, p[i], k[i], r0[i], c), name="r")
+        f = tvm.compile(tvm.IRModule({"f": L.te.create_prim_func([p, k, r0, r]).with_attr(
+            "global_symbol", "f")}), target="llvm")["f"]
+        got_k, got_r0, got_r = (tvm.runtime.tensor(np.zeros(n.shape, np.int64)) for _ in range(3))
+        f(tvm.runtime.tensor(n), got_k, got_r0, got_r)
+        want_r, want_k = rsqrt_fixed(n, c)
+        assert np.array_equal(got_k.numpy(), want_k) and np.array_equal(got_r.numpy(), want_r)
+        corrected += int(np.count_nonzero(got_r0.numpy() != want_r))
+    assert corrected > 0, "no estimate needed its exact correction: the test misses it"
