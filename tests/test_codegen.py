@@ -132,3 +132,16 @@ def test_equal_signatures_share_one_kernel(rng):
     sigs = [kernel_def(n).signature for n in nodes]
     assert sigs[0] == sigs[2] != sigs[1]
     assert len(Program(b.graph).kernels) == 2
+
+
+@pytest.mark.parametrize("target", ["llvm", "c"])
+def test_rank_0_operands_and_results(target):
+    """A scalar index (as BEVFormer's can_bus angle gather) keeps rank 0 in both builds."""
+    b = bevir.Builder("scalar")
+    x = b.input("x", TensorType((18,), DType.f32))
+    i = b.input("i", TensorType((), DType.i64))
+    b.output("y", b.gather(x, i, axis=0))
+    inputs = {"x": np.arange(18, dtype=np.float32), "i": np.array(-2, np.int64)}
+    program = Program(b.graph, target)
+    assert program.check(inputs).ok
+    assert program.run(inputs)["y"].shape == () and program.run(inputs)["y"] == 16

@@ -44,7 +44,7 @@ class HostKernel:
     def __call__(self, operands: list[np.ndarray], result_types) -> list[np.ndarray]:
         from .lower import dtype_name
         outs = [np.empty(t.shape, dtype_name(t)) for t in result_types]
-        args = [self._tensor(np.ascontiguousarray(a)) for a in operands] + self._consts
+        args = [self._tensor(np.require(a, requirements="C")) for a in operands] + self._consts
         touts = [self._tensor(o) for o in outs]
         self.fn(*args, *touts)
         return [t.numpy() for t in touts]
@@ -142,13 +142,13 @@ class CKernel:
         self._lib = ctypes.CDLL(str(lib))
         self._fn = getattr(self._lib, f"bevir_{kd.name}")
         self._fn.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
-        self._consts = [np.ascontiguousarray(c) for c in kd.constants]
+        self._consts = [np.require(c, requirements="C") for c in kd.constants]
 
     def __call__(self, operands: list[np.ndarray], result_types=None) -> list[np.ndarray]:
         import ctypes
         from .lower import dtype_name
         outs = [np.empty(t.shape, dtype_name(t)) for t in (result_types or self.result_types)]
-        arrays = [np.ascontiguousarray(a) for a in operands] + self._consts + outs
+        arrays = [np.require(a, requirements="C") for a in operands] + self._consts + outs
         ptrs = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
         if self._fn(ptrs) != 0:
             raise CodegenError(f"kernel {self.kd.name} failed", op=self.kd.op)

@@ -73,7 +73,7 @@ class Lowering:
     def const(self, array: np.ndarray, name: str = "table"):
         """A constant array the kernel reads (a table, per-channel parameters): a kernel
         argument bound to ``array`` whenever the kernel runs."""
-        array = np.ascontiguousarray(array)
+        array = np.require(array, requirements="C")
         p = self.te.placeholder(array.shape, str(array.dtype), name=f"{name}{len(self.constants)}")
         self.constants.append((p, array))
         return p
