@@ -23,8 +23,6 @@ from bevir.passes import make_pass  # noqa: E402
 from examples.bevformer import e2e  # noqa: E402
 from examples.bevformer.config import CONFIGS  # noqa: E402
 from examples.bevformer.e2e import timed  # noqa: E402
-from examples.bevformer.inputs import make_inputs  # noqa: E402
-from examples.bevformer.weights import build_model  # noqa: E402
 
 
 def main() -> int:
@@ -35,11 +33,7 @@ def main() -> int:
     args = ap.parse_args()
     from bevir.codegen import Program
     config = CONFIGS[args.config]
-    model = build_model(config, 0).eval()
-    inputs = make_inputs(config, 0, with_prev_bev=True)
-    feed = {k: inputs[k].numpy() for k in ("img", "lidar2img", "can_bus", "prev_bev")}
-    with tempfile.TemporaryDirectory() as d:
-        (q, _, _), t_int8 = timed(lambda: e2e.int8_graph(model, inputs, feed, Path(d)))
+    (q, feed), t_int8 = timed(lambda: e2e.int8_frame(config))
     reference, t_golden = timed(lambda: bevir.run(q, feed))
     g = q.clone()
     bevir.optimize(g, [make_pass("partition", hw=args.hw)])

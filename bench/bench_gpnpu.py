@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -29,8 +28,6 @@ from bevir.sim.cycles import Profile, model  # noqa: E402
 from examples.bevformer import e2e  # noqa: E402
 from examples.bevformer.config import CONFIGS  # noqa: E402
 from examples.bevformer.e2e import timed  # noqa: E402
-from examples.bevformer.inputs import make_inputs  # noqa: E402
-from examples.bevformer.weights import build_model  # noqa: E402
 
 SEED_ISS_SECONDS = 3600          # the seed's instruction-set simulation of one tiny frame
 SEED_CORE0_CYCLES = 62_502_966   # its profile_core0.json, sum of data.TotalCycles
@@ -55,11 +52,7 @@ def main() -> int:
     hw = HWConfig.parse(args.hw)
     one = HWConfig.parse(f"{hw.describe().rsplit(' x', 1)[0]} x1")      # the same, one core
     config = CONFIGS[args.config]
-    model_ = build_model(config, 0).eval()
-    inputs = make_inputs(config, 0, with_prev_bev=True)
-    feed = {k: inputs[k].numpy() for k in ("img", "lidar2img", "can_bus", "prev_bev")}
-    with tempfile.TemporaryDirectory() as d:
-        (q, _, _), t_int8 = timed(lambda: e2e.int8_graph(model_, inputs, feed, Path(d)))
+    (q, feed), t_int8 = timed(lambda: e2e.int8_frame(config))
     reference, t_ref = timed(lambda: bevir.run(q, feed))
     print(f"{args.config}: INT8 graph of {len(q.nodes)} nodes in {t_int8:.1f}s; single-core "
           f"golden run {t_ref:.2f}s")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 from collections import Counter
 from pathlib import Path
 
@@ -21,8 +20,6 @@ from bevir.passes.partition import plan_of  # noqa: E402
 from examples.bevformer import e2e  # noqa: E402
 from examples.bevformer.e2e import timed  # noqa: E402
 from examples.bevformer.config import CONFIGS  # noqa: E402
-from examples.bevformer.inputs import make_inputs  # noqa: E402
-from examples.bevformer.weights import build_model  # noqa: E402
 
 
 def main() -> int:
@@ -31,11 +28,7 @@ def main() -> int:
     ap.add_argument("--barrier-cycles", type=int, default=500)
     args = ap.parse_args()
     config = CONFIGS[args.config]
-    model = build_model(config, 0).eval()
-    inputs = make_inputs(config, 0, with_prev_bev=True)
-    feed = {k: inputs[k].numpy() for k in ("img", "lidar2img", "can_bus", "prev_bev")}
-    with tempfile.TemporaryDirectory() as d:
-        (q, _, _), t_int8 = timed(lambda: e2e.int8_graph(model, inputs, feed, Path(d)))
+    (q, feed), t_int8 = timed(lambda: e2e.int8_frame(config))
     reference, t_ref = timed(lambda: bevir.run(q, feed))
     print(f"{args.config}: INT8 graph of {len(q.nodes)} nodes in {t_int8:.1f}s; "
           f"single-core golden run {t_ref:.2f}s")

@@ -382,19 +382,11 @@ def test_cli_runs_partitioned_and_prints_the_plan(rng, tmp_path, capsys):
 
 # ---- BEVFormer's INT8 graph --------------------------------------------------------------
 @pytest.fixture(scope="module")
-def bevformer_int8(tmp_path_factory):
+def bevformer_int8():
     """The `test` config's INT8 graph as the e2e flow builds it, and its inputs."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from examples.bevformer import e2e
-    from examples.bevformer.config import CONFIGS
-    from examples.bevformer.inputs import make_inputs
-    from examples.bevformer.weights import build_model
-    cfg = CONFIGS["test"]
-    model = build_model(cfg, seed=0).eval()
-    inputs = make_inputs(cfg, 0, with_prev_bev=True)
-    feed = {k: inputs[k].numpy() for k in ("img", "lidar2img", "can_bus", "prev_bev")}
-    q, _, _ = e2e.int8_graph(model, inputs, feed, tmp_path_factory.mktemp("bevformer"))
-    return q, feed
+    return e2e.int8_frame("test")
 
 
 @pytest.mark.parametrize("barrier", [500, 0], ids=["default-cost", "no-barrier"])

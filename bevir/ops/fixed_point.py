@@ -27,7 +27,8 @@ from ..ir.types import AffineQuant, DType, FixedPointQuant, Layout, Quant, Tenso
 from .attention import level_shapes
 from .common import broadcast_types, norm_axis, require
 from .linalg import (CONV_ATTRS, NCHW_CHANNEL_LIMIT, Contraction, Convolution, MatrixProduct,
-                     conv2d_nchw, conv2d_nhwc, from_nhwc, matmul_shape, to_nhwc)
+                     batch_index, conv2d_nchw, conv2d_nhwc, conv_acc, from_nhwc, matmul_shape,
+                     to_nhwc)
 from .numerics import (MAX_REDUCTION, NORM_FRAC, RECIP_BITS, Rescale, bilinear_taps,
                        bridge_table, div_table, int_matmul, lut_table, quantize_fixed,
                        rshift_round, rsqrt_fixed, saturate, softmax_exp_table)
@@ -262,34 +263,6 @@ class FxBridge(OpDef):
 
 
 # ---- matrix products ---------------------------------------------------------------------
-def batch_index(t: TensorType, batch: tuple, i) -> tuple:
-    """The batch index of matrix operand ``t`` for result index ``i`` (broadcast batches)."""
-    lead = len(batch) - (t.rank - 2)
-    return tuple(0 if t.shape[a] == 1 and batch[a + lead] != 1 else i[a + lead]
-                 for a in range(t.rank - 2))
-
-
-def conv_acc(c, L, x, w, i, dtype: str):
-    """The exact accumulator of convolution result element ``i`` (NCHW or NHWC x, w [O,
-    C/groups, KH, KW]): padding reads as zero, nothing outside x is loaded."""
-    t = c.in_types[0]
-    nhwc = t.layout is Layout.nhwc
-    n, ch, hh, ww = (t.shape[0], t.shape[3], t.shape[1], t.shape[2]) if nhwc else t.shape
-    o, cg, kh, kw = c.in_types[1].shape
-    og = o // c.groups
-    b, oc, oy, ox = (i[0], i[3], i[1], i[2]) if nhwc else i
-    rc, ry, rx = L.reduce_axis(cg, "rc"), L.reduce_axis(kh, "ry"), L.reduce_axis(kw, "rx")
-    (sy, sx), (dy, dx) = c.strides, c.dilations
-    y = oy * sy - c.pads[0] + ry * dy
-    xx = ox * sx - c.pads[1] + rx * dx
-    cin = (oc // og) * cg + rc if c.groups > 1 else rc
-    inside = L.tirx.all(y >= 0, y < hh, xx >= 0, xx < ww)
-    load = x[(b, y, xx, cin) if nhwc else (b, cin, y, xx)]
-    v = L.guarded(inside, L.cast(load, dtype), dtype)
-    return L.sum(v * L.cast(w[oc, rc, ry, rx], dtype), axis=[rc, ry, rx])
-
-
-
 class _FxProduct(Contraction):
     """Shared by the int8 product ops: acc = exact sum of int8 products, + bias, saturated
     to int32, requantized per tensor or per output channel by Rescale to out_dtype (default

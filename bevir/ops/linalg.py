@@ -461,3 +461,31 @@ class Gemm(Contraction):
 
     def weight_axes(self, c, w):
         return (1,) if c.trans_b else (0,)
+
+
+# ---- lowerings shared by the integer product ops (their tvm_lowering) ------------------
+def batch_index(t: TensorType, batch: tuple, i) -> tuple:
+    """The batch index of matrix operand ``t`` for result index ``i`` (broadcast batches)."""
+    lead = len(batch) - (t.rank - 2)
+    return tuple(0 if t.shape[a] == 1 and batch[a + lead] != 1 else i[a + lead]
+                 for a in range(t.rank - 2))
+
+
+def conv_acc(c, L, x, w, i, dtype: str):
+    """The exact accumulator of convolution result element ``i`` (NCHW or NHWC x, w [O,
+    C/groups, KH, KW]): padding reads as zero, nothing outside x is loaded."""
+    t = c.in_types[0]
+    nhwc = t.layout is Layout.nhwc
+    n, ch, hh, ww = (t.shape[0], t.shape[3], t.shape[1], t.shape[2]) if nhwc else t.shape
+    o, cg, kh, kw = c.in_types[1].shape
+    og = o // c.groups
+    b, oc, oy, ox = (i[0], i[3], i[1], i[2]) if nhwc else i
+    rc, ry, rx = L.reduce_axis(cg, "rc"), L.reduce_axis(kh, "ry"), L.reduce_axis(kw, "rx")
+    (sy, sx), (dy, dx) = c.strides, c.dilations
+    y = oy * sy - c.pads[0] + ry * dy
+    xx = ox * sx - c.pads[1] + rx * dx
+    cin = (oc // og) * cg + rc if c.groups > 1 else rc
+    inside = L.tirx.all(y >= 0, y < hh, xx >= 0, xx < ww)
+    load = x[(b, y, xx, cin) if nhwc else (b, cin, y, xx)]
+    v = L.guarded(inside, L.cast(load, dtype), dtype)
+    return L.sum(v * L.cast(w[oc, rc, ry, rx], dtype), axis=[rc, ry, rx])

@@ -22,7 +22,7 @@ from ..ir.types import AffineQuant, DType, Layout, TensorType
 from .common import broadcast_types, norm_axis, require
 from .layout_rules import AXIS, ELEMENTWISE, NATIVE, converted, nhwc_type
 from .linalg import (CONV_ATTRS, F32_EXACT, NCHW_CHANNEL_LIMIT, Convolution, MatrixProduct,
-                     conv2d_nchw, conv2d_nhwc, exact_chunk, exact_int_matmul, from_nhwc,
+                     conv2d_nchw, conv2d_nhwc, conv_acc, exact_chunk, exact_int_matmul, from_nhwc,
                      int_conv2d_nhwc, matmul_shape, to_nhwc)
 from .numerics import (conv_multiplier, fma32, lookup_table, mlas_logistic, requantize,
                        saturate_round)
@@ -283,7 +283,6 @@ class QLinearConv(Convolution):
         return _int_conv(c, x, w, b, finish, dtype)
 
     def tvm_lowering(self, c, L, x, w, b=None):
-        from .fixed_point import conv_acc
         xt, wt, yt = c.in_types[0], c.in_types[1], c.out_types[0]
         xz, wz = _zero_points(c)
         wz = L.const(np.asarray(wz, np.int32).reshape(-1), "wzp")

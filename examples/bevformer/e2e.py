@@ -115,6 +115,19 @@ def int8_graph(model: BEVFormer, inputs: dict, feed: dict, workdir: Path,
     return q, stats, qb
 
 
+def int8_frame(config: str | BEVFormerConfig, seed: int = 0) -> tuple[bevir.Graph, dict]:
+    """The seed-``seed`` synthetic model of ``config`` quantized as the reference flow does
+    (:func:`int8_graph`, in a temporary folder), and its frame's golden inputs."""
+    import tempfile
+    config = CONFIGS[config] if isinstance(config, str) else config
+    model = build_model(config, seed).eval()
+    inputs = make_inputs(config, seed, with_prev_bev=True)
+    feed = {k: inputs[k].numpy() for k in ("img", "lidar2img", "can_bus", "prev_bev")}
+    with tempfile.TemporaryDirectory() as d:
+        q, _, _ = int8_graph(model, inputs, feed, Path(d))
+    return q, feed
+
+
 def int8_figures(float_out: dict, int8_out: dict, q: bevir.Graph, stats: dict,
                  config: BEVFormerConfig) -> dict:
     """The reference flow's check, INT8 golden against the float reference, plus SQNR and
