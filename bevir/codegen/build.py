@@ -22,8 +22,11 @@ def cache_dir() -> Path:
 
 
 def tir_hash(kd: KernelDef, target: str) -> str:
-    """A digest of the kernel's TIR and the target: equal TIR, one build."""
-    return hashlib.sha256(f"{target}\n{kd.func.script()}".encode()).hexdigest()[:20]
+    """A digest of the kernel's TIR, its constants and the target: equal, one build."""
+    h = hashlib.sha256(f"{target}\n{kd.func.script()}".encode())
+    for c in kd.constants:
+        h.update(f"{c.dtype}{c.shape}".encode() + c.tobytes())
+    return h.hexdigest()[:20]
 
 
 class HostKernel:
@@ -71,26 +74,52 @@ int TVMBackendFreeWorkspace(int dev_type, int dev_id, void* ptr) {
 _DL_CODE = {"i": "kDLInt", "u": "kDLUInt", "f": "kDLFloat", "b": "kDLBool"}
 
 
-def c_kernel_source(kd: KernelDef, arg_types: list[tuple[tuple[int, ...], str]]) -> str:
-    """TVM's C source of the kernel plus ``int bevir_<name>(void** data)``: the entry a
-    program calls with one data pointer per argument (operands, constants, results); it
-    lays out the DLTensors the packed function checks, on the stack."""
+_C_TYPE = {"int8": "int8_t", "uint8": "uint8_t", "int16": "int16_t", "int32": "int32_t",
+           "int64": "int64_t", "float32": "float", "float64": "double", "bool": "uint8_t"}
+
+
+def _c_array(name: str, a: np.ndarray) -> str:
+    """A constant as a static C array (floats by their exact bits, so they load unchanged)."""
+    flat = a.reshape(-1)
+    if a.dtype.kind == "f":
+        bits = flat.view(np.uint32 if a.dtype.itemsize == 4 else np.uint64)
+        ctype = "uint32_t" if a.dtype.itemsize == 4 else "uint64_t"
+        values = ",".join(f"{int(b)}u" for b in bits)
+    else:
+        ctype = _C_TYPE[a.dtype.name]
+        values = ",".join(str(int(v)) for v in flat)
+    return f"static const {ctype} {name}[{max(flat.size, 1)}] __attribute__((aligned(64))) = {{{values or 0}}};"
+
+
+def c_kernel_source(kd: KernelDef, io_types: list[tuple[tuple[int, ...], str]]) -> str:
+    """TVM's C source of the kernel, its constants as static arrays, and the entry
+    ``int bevir_<name>(void** data)`` a program calls with one data pointer per operand and
+    result; it lays out on the stack the DLTensors the packed function checks."""
     tvm, _, _ = tvm_modules()
     with tvm.transform.PassContext(config={"tirx.disable_vectorize": True}):
         ex = tvm.compile(tvm.IRModule({kd.name: kd.func}), target="c")
-    src = ex.mod.inspect_source().replace("void* __tvm_ffi__library_ctx = NULL;",
-                                          f"static void* __tvm_ffi__library_ctx_{kd.name} = NULL;")
-    lines = [src, "", f"int bevir_{kd.name}(void** data) {{",
-             f"  DLTensor t[{len(arg_types)}];", f"  TVMFFIAny a[{len(arg_types)}];"]
-    for k, (shape, dtype) in enumerate(arg_types):
+    src = ex.mod.inspect_source()
+    # one file per kernel, several per library: keep TVM's module-level symbols private
+    src = src.replace("void* __tvm_ffi__library_ctx = NULL;",
+                      f"static void* __tvm_ffi__library_ctx_{kd.name} = NULL;")
+    src = src.replace("TVM_DLL int32_t __tvm_ffi_main(", "static int32_t __tvm_ffi_main_(")
+    n_in = kd.operands
+    args = io_types[:n_in] + [(c.shape, c.dtype.name) for c in kd.constants] + io_types[n_in:]
+    data = [f"data[{k}]" for k in range(n_in)] + \
+           [f"(void*){kd.name}_c{k}" for k in range(len(kd.constants))] + \
+           [f"data[{n_in + k}]" for k in range(len(io_types) - n_in)]
+    lines = [src, ""] + [_c_array(f"{kd.name}_c{k}", c) for k, c in enumerate(kd.constants)]
+    lines += [f"int bevir_{kd.name}(void** data) {{", f"  DLTensor t[{len(args)}];",
+              f"  TVMFFIAny a[{len(args)}];"]
+    for k, ((shape, dtype), ptr) in enumerate(zip(args, data)):
         dt = np.dtype(dtype)
-        dims = ", ".join(str(s) for s in shape) or "1"
+        dims = ", ".join(str(d) for d in shape) or "1"
         lines += [f"  static int64_t s{k}[] = {{{dims}}};",
-                  f"  t[{k}] = (DLTensor){{data[{k}], {{kDLCPU, 0}}, {len(shape)}, "
+                  f"  t[{k}] = (DLTensor){{{ptr}, {{kDLCPU, 0}}, {len(shape)}, "
                   f"{{{_DL_CODE[dt.kind]}, {dt.itemsize * 8}, 1}}, s{k}, NULL, 0}};",
                   f"  a[{k}].type_index = kTVMFFIDLTensorPtr; a[{k}].zero_padding = 0; "
                   f"a[{k}].v_ptr = &t[{k}];"]
-    lines += [f"  return __tvm_ffi_{kd.name}(NULL, a, {len(arg_types)}, NULL);", "}", ""]
+    lines += [f"  return __tvm_ffi_{kd.name}(NULL, a, {len(args)}, NULL);", "}", ""]
     return "\n".join(lines)
 
 
@@ -128,9 +157,7 @@ class CKernel:
         from .lower import dtype_name
         self.kd = kd
         self.result_types = result_types
-        args = [(t.shape, dtype_name(t)) for t in operand_types] + \
-               [(c.shape, c.dtype.name) for c in kd.constants] + \
-               [(t.shape, dtype_name(t)) for t in result_types]
+        args = [(t.shape, dtype_name(t)) for t in list(operand_types) + list(result_types)]
         key = tir_hash(kd, "c")
         lib = cache_dir() / f"{kd.name}_{key}.so"
         if not lib.exists():
@@ -142,13 +169,12 @@ class CKernel:
         self._lib = ctypes.CDLL(str(lib))
         self._fn = getattr(self._lib, f"bevir_{kd.name}")
         self._fn.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
-        self._consts = [np.require(c, requirements="C") for c in kd.constants]
 
     def __call__(self, operands: list[np.ndarray], result_types=None) -> list[np.ndarray]:
         import ctypes
         from .lower import dtype_name
         outs = [np.empty(t.shape, dtype_name(t)) for t in (result_types or self.result_types)]
-        arrays = [np.require(a, requirements="C") for a in operands] + self._consts + outs
+        arrays = [np.require(a, requirements="C") for a in operands] + outs
         ptrs = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
         if self._fn(ptrs) != 0:
             raise CodegenError(f"kernel {self.kd.name} failed", op=self.kd.op)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import BevirError, CodegenError
-from ..ir.graph import Node
+from ..ir.graph import Graph, Node
 from ..ir.types import TensorType
 
 
@@ -37,10 +37,33 @@ def dtype_name(t: TensorType) -> str:
 
 
 def lowerable(node: Node) -> bool:
-    """Whether code is generated for ``node``: it touches an integer tensor. Float-only ops
-    (the geometry before the network, the box decoding after it) run on the host through
-    the golden model; an integer op without a lowering is an error (:func:`kernel_def`)."""
-    return any(v.type.dtype.is_int for v in node.tensors())
+    """Whether code is generated for ``node``: it gives an integer result or reads a
+    quantized operand (fx_dequantize, the device's way out). Float ops (the geometry
+    before the network, the box decoding after it, a float gather by integer indices) run
+    on the host through the golden model; an integer op without a lowering is an error
+    (:func:`kernel_def`)."""
+    return (any(v.type.dtype.is_int for v in node.outputs)
+            or any(v is not None and v.type.quant is not None for v in node.inputs))
+
+
+def stages(graph: Graph) -> list[tuple[bool, list[Node]]]:
+    """The graph's nodes in stages that alternate between host (False) and device (True):
+    a node's stage is the latest of its producers', one later where it changes sides. A
+    quantized network gives three: float pre-processing, the integer network, float
+    post-processing."""
+    stage: dict[int, int] = {}
+    for n in graph.nodes:
+        dev = lowerable(n)
+        s = int(dev)
+        for v in n.inputs:
+            if v is not None and v.producer is not None:
+                p = stage[id(v.producer)]
+                s = max(s, p if (p % 2 == 1) == dev else p + 1)
+        stage[id(n)] = s
+    out: list[tuple[bool, list[Node]]] = [(k % 2 == 1, []) for k in range(max(stage.values(), default=0) + 1)]
+    for n in graph.nodes:
+        out[stage[id(n)]][1].append(n)
+    return [(dev, nodes) for dev, nodes in out if nodes]
 
 
 def signature(node: Node) -> str:
@@ -209,6 +232,7 @@ class KernelDef:
     constants: list[np.ndarray]
     signature: str
     op: str
+    operands: int          # how many of the arguments are operands (then constants, results)
 
 
 def kernel_def(node: Node) -> KernelDef:
@@ -236,4 +260,5 @@ def kernel_def(node: Node) -> KernelDef:
     name = f"{node.op}_{sig}"
     args = [p for p in operands if p is not None] + [p for p, _ in L.constants] + outs
     func = L.te.create_prim_func(args).with_attr("global_symbol", name)
-    return KernelDef(name, func, [a for _, a in L.constants], sig, node.op)
+    return KernelDef(name, func, [a for _, a in L.constants], sig, node.op,
+                     sum(p is not None for p in operands))

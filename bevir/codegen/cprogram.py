@@ -1,0 +1,420 @@
+"""Per-core C programs: a partitioned (and usually memory-planned) graph as one C program
+per core that calls the generated kernels in graph order, with buffer offsets from the
+memory plan, copies between DDR and each core's OCM, and barriers; built with the system
+C compiler into one library per core that needs only libc; run with one thread per core.
+
+    compiled = bevir.codegen.compile(graph, "out/")      # writes and builds out/
+    outputs = compiled.run(inputs)                         # or CompiledProgram.load("out/")
+
+Memory. Each core has an OCM arena; all cores share a DDR arena. A value the plan put in
+OCM (``value.meta["ocm"]``) lives at its planned offset in the OCM of each core holding
+it; any other value lives in DDR. A value also gets a DDR slot where it crosses a
+boundary: written by the host (graph inputs, constants, float pre-processing), read by
+the host (outputs, float post-processing), or read on a core other than its producer's;
+its producer stores it there and then publishes a ready flag, and a reader on another core
+waits for the flag and loads it into its own OCM (or reads it in place). Barriers are full
+barriers of all cores, in graph order. Kernels run on what their core holds.
+
+Stages. Float nodes run on the host through the golden model; the program has one entry
+per core and device stage (:func:`~bevir.codegen.lower.stages`), so a quantized network
+runs as host pre-processing, the cores, host post-processing.
+
+Files in the output folder: ``kernels/<kernel>.c`` (TVM's C with an entry taking data
+pointers), ``core<k>.c`` (the program of core k), ``runtime.c`` (barrier, flags, the few
+functions TVM's C calls), ``core<k>.so``, ``manifest.json`` (kernels, buffers, offsets,
+copies, waits and barriers per core, with provenance) and ``graph.bevir`` (the graph,
+for the host stages). The same graph gives byte-identical sources and manifest.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import CodegenError
+from ..ir.graph import Graph, Node, Value
+from ..sim.interpreter import Interpreter
+from .build import CFLAGS, RUNTIME_C, build_shared, c_kernel_source, cache_dir, include_dirs, tir_hash
+from .lower import dtype_name, kernel_def, stages
+
+ALIGN = 64
+
+RUNTIME_SYNC = r"""
+#include <sched.h>
+/* ready flags: a value's producer publishes the run's epoch once the value is in DDR */
+void bevir_publish(int64_t* flag, int64_t epoch) { __atomic_store_n(flag, epoch, __ATOMIC_RELEASE); }
+void bevir_wait(int64_t* flag, int64_t epoch) {
+  while (__atomic_load_n(flag, __ATOMIC_ACQUIRE) != epoch) sched_yield();
+}
+/* a full barrier of n cores: bar[0] counts arrivals, bar[1] is the generation */
+void bevir_barrier(int64_t* bar, int64_t n) {
+  int64_t gen = __atomic_load_n(&bar[1], __ATOMIC_ACQUIRE);
+  if (__atomic_add_fetch(&bar[0], 1, __ATOMIC_ACQ_REL) == n) {
+    __atomic_store_n(&bar[0], 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&bar[1], gen + 1, __ATOMIC_RELEASE);
+  } else {
+    while (__atomic_load_n(&bar[1], __ATOMIC_ACQUIRE) == gen) sched_yield();
+  }
+}
+"""
+
+
+def _align(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+@dataclass
+class Layout:
+    """Where every value of the device stages lives: DDR slots, OCM offsets per core, the
+    producing core, the ready flags."""
+
+    cores: int
+    ddr: dict[str, int] = field(default_factory=dict)          # value -> DDR offset
+    ocm: dict[tuple[str, int], int] = field(default_factory=dict)  # (value, core) -> offset
+    ocm_size: list[int] = field(default_factory=list)
+    flags: dict[str, int] = field(default_factory=dict)        # value -> flag index
+    ddr_size: int = 0
+
+    def where(self, v: Value, core: int) -> tuple[str, int]:
+        """("ocm", offset) where core holds v on chip, else ("ddr", offset)."""
+        off = self.ocm.get((v.name, core))
+        return ("ocm", off) if off is not None else ("ddr", self.ddr[v.name])
+
+
+def _core(n: Node) -> int:
+    return int(n.meta.get("core", 0) or 0)
+
+
+def producer_core(v: Value, device: set[int]) -> int | None:
+    """The core that produces v (a barrier's result: its operand's), None for the host."""
+    n = v.producer
+    if n is None or id(n) not in device:
+        return None
+    if n.op == "barrier":
+        return producer_core(n.inputs[n.outputs.index(v)], device)
+    return _core(n)
+
+
+def plan_layout(graph: Graph, device: set[int], cores: int) -> Layout:
+    """DDR slots and OCM offsets (from the memory plan's ``meta["ocm"]``) for the values
+    the device stages touch (see the module docstring)."""
+    layout = Layout(cores, ocm_size=[0] * cores)
+    touched: dict[str, Value] = {}
+    readers: dict[str, set] = {}
+    for n in graph.nodes:
+        if id(n) not in device:
+            for v in n.inputs:
+                if v is not None:
+                    readers.setdefault(v.name, set()).add("host")
+            continue
+        for v in n.tensors():
+            touched[v.name] = v
+        for v in n.inputs:
+            if v is not None:
+                readers.setdefault(v.name, set()).add(_core(n) if n.op != "barrier" else None)
+    for v in graph.outputs.values():
+        readers.setdefault(v.name, set()).add("host")
+    for v in touched.values():
+        for e in v.meta.get("ocm") or []:
+            if e["core"] < cores:
+                layout.ocm[(v.name, e["core"])] = e["offset"]
+                layout.ocm_size[e["core"]] = max(layout.ocm_size[e["core"]], e["offset"] + e["size"])
+    for v in touched.values():
+        p = producer_core(v, device)
+        others = readers.get(v.name, set()) - {p, None}
+        if p is None or (v.name, p) not in layout.ocm or others:
+            layout.ddr[v.name] = layout.ddr_size
+            layout.ddr_size += _align(v.type.nbytes)
+        if p is not None and others - {"host"}:
+            layout.flags[v.name] = len(layout.flags)
+    return layout
+
+
+class _CoreWriter:
+    """Emits one core's program: each node's loads, waits, kernel call, stores, flags."""
+
+    def __init__(self, core: int, layout: Layout, device: set[int]):
+        self.core, self.layout, self.device = core, layout, device
+        self.lines: list[str] = []
+        self.steps: list[dict] = []
+        self.on_chip: set[str] = set()        # values this core has loaded into its OCM
+        self.waited: set[str] = set()
+
+    def ptr(self, v: Value) -> str:
+        mem, off = self.layout.where(v, self.core)
+        return f"{mem} + {off}"
+
+    def operand(self, v: Value, step: dict) -> str:
+        """The operand's pointer on this core, after waiting for / loading it as needed."""
+        p = producer_core(v, self.device)
+        mem, off = self.layout.where(v, self.core)
+        if p != self.core and v.name not in self.waited and v.name in self.layout.flags:
+            self.lines.append(f"  bevir_wait(flags + {self.layout.flags[v.name]}, epoch);")
+            self.waited.add(v.name)
+            step["waits"].append(v.name)
+        if mem == "ocm" and p != self.core and v.name not in self.on_chip:
+            self.lines.append(f"  memcpy(ocm + {off}, ddr + {self.layout.ddr[v.name]}, "
+                              f"{v.type.nbytes});")
+            self.on_chip.add(v.name)
+            step["loads"].append(v.name)
+        return f"{mem} + {off}"
+
+    def result(self, v: Value, step: dict) -> None:
+        """Store a result to its DDR slot where it has one and publish it."""
+        mem, off = self.layout.where(v, self.core)
+        if mem == "ocm" and v.name in self.layout.ddr:
+            self.lines.append(f"  memcpy(ddr + {self.layout.ddr[v.name]}, ocm + {off}, "
+                              f"{v.type.nbytes});")
+            step["stores"].append(v.name)
+        if v.name in self.layout.flags:
+            self.lines.append(f"  bevir_publish(flags + {self.layout.flags[v.name]}, epoch);")
+
+    def node(self, n: Node, kernel: str | None) -> None:
+        step = {"node": n.name, "op": n.op, "loc": n.loc, "kernel": kernel, "loads": [],
+                "waits": [], "stores": [], "args": []}
+        self.lines.append(f"  /* {n.name} = {n.op} from '{n.loc}' */")
+        if n.op == "barrier":           # this core's pieces pass through, then all wait
+            for x, y in zip(n.inputs, n.outputs):
+                if producer_core(x, self.device) == self.core:
+                    src = self.operand(x, step)
+                    self.lines.append(f"  memcpy({self.ptr(y)}, {src}, {x.type.nbytes});")
+                    self.result(y, step)
+            self.lines.append(f"  bevir_barrier(bar, {self.layout.cores});")
+            step["barrier"] = True
+        else:
+            args = [self.operand(v, step) for v in n.inputs if v is not None]
+            args += [self.ptr(v) for v in n.outputs]
+            step["args"] = [{"value": v.name, "mem": p.split(" + ")[0], "offset": int(p.split(" + ")[1]),
+                             "bytes": v.type.nbytes}
+                            for v, p in zip([v for v in n.inputs if v is not None] + n.outputs, args)]
+            self.lines.append(f"  {{ void* a[] = {{{', '.join(f'(void*)({a})' for a in args)}}};"
+                              f" if (bevir_{kernel}(a)) return {len(self.steps) + 1}; }}")
+            for v in n.outputs:
+                self.result(v, step)
+        self.steps.append(step)
+
+
+def generate(graph: Graph, cores: int) -> tuple[dict[str, str], dict[str, object], dict]:
+    """(C sources by file name, kernel definitions by name, manifest) of the programs."""
+    parts = stages(graph)
+    device = {id(n) for dev, nodes in parts if dev for n in nodes}
+    layout = plan_layout(graph, device, cores)
+    kernels: dict[str, object] = {}
+    node_kernel: dict[str, str] = {}
+    for n in graph.nodes:
+        if id(n) in device and n.op != "barrier":
+            kd = kernel_def(n)
+            kernels.setdefault(kd.name, (kd, n))
+            node_kernel[n.name] = kd.name
+    writers = [_CoreWriter(k, layout, device) for k in range(cores)]
+    entries: list[list[str]] = [[] for _ in range(cores)]
+    device_stage = 0
+    for dev, nodes in parts:
+        if not dev:
+            continue
+        for w in writers:
+            w.lines.append(f"int bevir_core{w.core}_stage{device_stage}(uint8_t* ddr, uint8_t* ocm, "
+                           "int64_t* flags, int64_t epoch, int64_t* bar) {")
+        for n in nodes:
+            for w in writers:
+                if n.op == "barrier" or _core(n) == w.core:
+                    w.node(n, node_kernel.get(n.name))
+        for w in writers:
+            w.lines += ["  return 0;", "}", ""]
+            entries[w.core].append(f"bevir_core{w.core}_stage{device_stage}")
+        device_stage += 1
+    sources = {}
+    for w in writers:
+        used = sorted({s["kernel"] for s in w.steps if s["kernel"]})
+        head = ["/* generated by bevir: the program of core %d */" % w.core,
+                "#include <stdint.h>", "#include <string.h>",
+                "void bevir_wait(int64_t*, int64_t);", "void bevir_publish(int64_t*, int64_t);",
+                "void bevir_barrier(int64_t*, int64_t);"]
+        head += [f"int bevir_{k}(void** data);" for k in used] + [""]
+        sources[f"core{w.core}.c"] = "\n".join(head + w.lines)
+    manifest = {
+        "format": "bevir-program", "version": 1, "graph": graph.name, "cores": cores,
+        "stages": [{"device": dev, "nodes": len(nodes)} for dev, nodes in parts],
+        "ddr_bytes": layout.ddr_size, "ocm_bytes": layout.ocm_size,
+        "ddr": layout.ddr, "flags": layout.flags,
+        "ocm": [{"value": v, "core": c, "offset": o} for (v, c), o in sorted(layout.ocm.items())],
+        "kernels": {name: {"op": kd.op, "signature": kd.signature, "file": f"kernels/{name}.c",
+                           "node": n.name, "loc": n.loc}
+                    for name, (kd, n) in sorted(kernels.items())},
+        "programs": [{"core": w.core, "entries": entries[w.core], "steps": w.steps}
+                     for w in writers],
+    }
+    return sources, kernels, manifest
+
+
+def compile(graph: Graph, out: str | Path, hw: str | None = None,
+            cores: int | None = None) -> CompiledProgram:
+    """Compile ``graph`` into folder ``out`` and build it. With ``hw`` (a preset, a vendor
+    string such as "QC-U 8MB 16MAC x4"), a copy of the graph is partitioned for its cores
+    by its cycle model (``cores`` overrides) and its OCM planned; with ``cores`` alone it
+    is partitioned and every value stays in DDR; with neither, the graph is taken as it is
+    (partitioned already, or one core). Returns the loaded program."""
+    from ..passes import make_pass, optimize
+    if hw is not None or cores is not None:
+        graph = graph.clone()
+        if "partition" not in graph.meta:
+            optimize(graph, [make_pass("partition", cores=cores or 0, hw=hw or "")])
+        if hw is not None:
+            from ..hw import HWConfig
+            config = HWConfig.parse(hw)
+            if cores:
+                config = config.model_copy(update={"cores": cores})
+            optimize(graph, [make_pass("plan-memory", hw=config.describe())])
+    return write_program(graph, out)
+
+
+def write_program(graph: Graph, out: str | Path) -> CompiledProgram:
+    """Write and build the per-core programs of ``graph`` as it is (its cores are its
+    nodes' ``meta["core"]``; memory-planned or not) into folder ``out``."""
+    from ..ir.serialize import save
+    out = Path(out)
+    (out / "kernels").mkdir(parents=True, exist_ok=True)
+    cores = graph.meta["partition"]["cores"] if "partition" in graph.meta else \
+        1 + max((_core(n) for n in graph.nodes), default=0)
+    sources, kernels, manifest = generate(graph, cores)
+    objects: dict[str, Path] = {}
+    for name, (kd, n) in sorted(kernels.items()):
+        io = [(v.type.shape, dtype_name(v.type)) for v in n.inputs if v is not None] + \
+             [(v.type.shape, dtype_name(v.type)) for v in n.outputs]
+        key = tir_hash(kd, "c-program")
+        src_cached = cache_dir() / f"{name}_{key}.program.c"
+        if not src_cached.exists():
+            src_cached.write_text(c_kernel_source(kd, io))
+        text = src_cached.read_text()
+        (out / "kernels" / f"{name}.c").write_text(text)
+        objects[name] = _object(src_cached)
+    (out / "runtime.c").write_text(RUNTIME_C + RUNTIME_SYNC)
+    runtime_o = _object(out / "runtime.c")
+    for fname, text in sources.items():
+        (out / fname).write_text(text)
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    save(graph, out / "graph.bevir")
+    for k in range(cores):
+        used = sorted({s["kernel"] for s in manifest["programs"][k]["steps"] if s["kernel"]})
+        core_o = _object(out / f"core{k}.c")
+        build_shared([core_o, runtime_o] + [objects[u] for u in used], out / f"core{k}.so")
+    return CompiledProgram.load(out)
+
+
+def _object(src: Path) -> Path:
+    """``src`` compiled to an object file, cached by the hash of its text."""
+    import hashlib
+    import os
+    import subprocess
+    key = hashlib.sha256(src.read_bytes() + " ".join(CFLAGS).encode()).hexdigest()[:20]
+    obj = cache_dir() / f"{src.stem}_{key}.o"
+    if not obj.exists():
+        tmp = obj.with_suffix(f".{os.getpid()}.tmp.o")
+        cmd = [os.environ.get("CC", "cc"), *CFLAGS, "-c", *(f"-I{d}" for d in include_dirs()),
+               str(src), "-o", str(tmp)]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise CodegenError(f"C build of {src.name} failed: {done.stderr.strip()[-500:]}")
+        tmp.replace(obj)
+    return obj
+
+
+class CompiledProgram:
+    """A compiled folder (see :func:`compile`): the per-core libraries and the graph."""
+
+    def __init__(self, out: Path, graph: Graph, manifest: dict):
+        self.out, self.graph, self.manifest = out, graph, manifest
+        self.cores = manifest["cores"]
+        self.libs = [ctypes.CDLL(str(out / f"core{k}.so")) for k in range(self.cores)]
+        self._epoch = 0
+        self._stages = stages(graph)
+        self._values = {v.name: v for v in graph.values()}
+        side = {id(n): dev for dev, nodes in self._stages for n in nodes}
+        #: values that cross between host and device stages, and the outputs
+        self._crossing = {v.name for v in graph.outputs.values()} | {
+            v.name for n in graph.nodes for v in n.inputs
+            if v is not None and v.producer is not None and side[id(v.producer)] != side[id(n)]}
+
+    @classmethod
+    def load(cls, out: str | Path) -> CompiledProgram:
+        from ..ir.serialize import load
+        out = Path(out)
+        manifest = json.loads((out / "manifest.json").read_text())
+        if manifest.get("format") != "bevir-program":
+            raise CodegenError(f"{out}: not a bevir program (manifest.json)")
+        return cls(out, load(out / "graph.bevir"), manifest)
+
+    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The graph's outputs: host stages on the golden model, device stages on the
+        per-core programs, one thread per core."""
+        m = self.manifest
+        ddr = np.zeros(max(m["ddr_bytes"], 1), np.uint8)
+        ocm = [np.zeros(max(n, 1), np.uint8) for n in m["ocm_bytes"]]
+        flags = np.zeros(max(len(m["flags"]), 1), np.int64)
+        bar = np.zeros(2, np.int64)
+        self._epoch += 1
+        env: dict[str, np.ndarray] = {}
+        interp = Interpreter(self.graph)
+        for v in self.graph.constants.values():
+            if v.name in m["ddr"]:
+                _put(ddr, m["ddr"][v.name], v.const, v)
+        device_stage = 0
+        for dev, nodes in self._stages:
+            if not dev:
+                wanted = sorted({v.name for n in nodes for v in n.outputs} & self._crossing)
+                if wanted:
+                    got = interp.run(inputs, fetch=wanted, initial_env=env)
+                    env.update({k: got[k] for k in wanted})
+                continue
+            for v in self.graph.inputs:
+                if v.name in m["ddr"]:
+                    _put(ddr, m["ddr"][v.name], inputs[v.name], v)
+            for name, arr in env.items():
+                if name in m["ddr"]:
+                    _put(ddr, m["ddr"][name], arr, self._values[name])
+            self._launch(device_stage, ddr, ocm, flags, bar)
+            for n in nodes:
+                for v in n.outputs:
+                    if v.name in m["ddr"] and v.name in self._crossing:
+                        env[v.name] = _get(ddr, m["ddr"][v.name], v)
+            device_stage += 1
+        outs = {}
+        for name, v in self.graph.outputs.items():
+            outs[name] = env[v.name] if v.name in env else interp.run(
+                inputs, fetch=[v.name], initial_env=env)[v.name]
+        return outs
+
+    def _launch(self, stage: int, ddr, ocm, flags, bar) -> None:
+        errors = [0] * self.cores
+
+        def work(k):
+            fn = getattr(self.libs[k], f"bevir_core{k}_stage{stage}")
+            fn.restype = ctypes.c_int
+            errors[k] = fn(ctypes.c_void_p(ddr.ctypes.data), ctypes.c_void_p(ocm[k].ctypes.data),
+                           ctypes.c_void_p(flags.ctypes.data), ctypes.c_int64(self._epoch),
+                           ctypes.c_void_p(bar.ctypes.data))
+        threads = [threading.Thread(target=work, args=(k,)) for k in range(self.cores)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for k, e in enumerate(errors):
+            if e:
+                step = self.manifest["programs"][k]["steps"][e - 1]
+                raise CodegenError(f"kernel {step['kernel']} failed on core {k}", op=step["op"],
+                                   node=step["node"], loc=step["loc"])
+
+
+def _put(ddr: np.ndarray, offset: int, array: np.ndarray, v: Value) -> None:
+    a = np.require(np.asarray(array, dtype_name(v.type)), requirements="C")
+    ddr[offset:offset + a.nbytes] = a.reshape(-1).view(np.uint8)
+
+
+def _get(ddr: np.ndarray, offset: int, v: Value) -> np.ndarray:
+    n = v.type.nbytes
+    return ddr[offset:offset + n].view(dtype_name(v.type)).reshape(v.type.shape).copy()
