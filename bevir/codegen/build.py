@@ -30,17 +30,11 @@ def tir_hash(kd: KernelDef, target: str) -> str:
 
 
 class HostKernel:
-    """A kernel built for the llvm target, callable on numpy arrays."""
+    """A kernel of the host build, callable on numpy arrays."""
 
-    def __init__(self, kd: KernelDef, threads: bool = True):
+    def __init__(self, kd: KernelDef, fn):
         tvm, _, _ = tvm_modules()
-        self.kd = kd
-        mod = tvm.IRModule({kd.name: kd.func})
-        target = tvm.target.Target({"kind": "llvm"})
-        try:
-            self.fn = tvm.compile(mod, target=target)[kd.name]
-        except Exception as e:
-            raise CodegenError(f"llvm build failed: {type(e).__name__}: {e}", op=kd.op) from e
+        self.kd, self.fn = kd, fn
         self._tensor = tvm.runtime.tensor
         self._consts = [self._tensor(c) for c in kd.constants]
 
@@ -51,6 +45,27 @@ class HostKernel:
         touts = [self._tensor(o) for o in outs]
         self.fn(*args, *touts)
         return [t.numpy() for t in touts]
+
+
+def build_host(kds: list[KernelDef]) -> dict[str, HostKernel]:
+    """The kernels built together for the llvm target, as one library cached on disk by
+    the hash of every kernel's TIR and constants (a rebuild of an unchanged graph loads
+    it). By kernel name."""
+    tvm, _, _ = tvm_modules()
+    kds = sorted({kd.name: kd for kd in kds}.values(), key=lambda kd: kd.name)
+    key = hashlib.sha256("".join(tir_hash(kd, "llvm") for kd in kds).encode()).hexdigest()[:20]
+    lib = cache_dir() / f"host_{key}.so"
+    if not lib.exists():
+        mod = tvm.IRModule({kd.name: kd.func for kd in kds})
+        try:
+            ex = tvm.compile(mod, target=tvm.target.Target({"kind": "llvm"}))
+            tmp = lib.with_suffix(f".{os.getpid()}.tmp.so")
+            ex.export_library(str(tmp))
+        except Exception as e:
+            raise CodegenError(f"llvm build failed: {type(e).__name__}: {e}") from e
+        tmp.replace(lib)
+    module = tvm.runtime.load_module(str(lib))
+    return {kd.name: HostKernel(kd, module[kd.name]) for kd in kds}
 
 
 # ---- the C target ------------------------------------------------------------------------

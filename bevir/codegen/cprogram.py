@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -282,17 +284,17 @@ def write_program(graph: Graph, out: str | Path) -> CompiledProgram:
     cores = graph.meta["partition"]["cores"] if "partition" in graph.meta else \
         1 + max((_core(n) for n in graph.nodes), default=0)
     sources, kernels, manifest = generate(graph, cores)
-    objects: dict[str, Path] = {}
+    sources_cached: dict[str, Path] = {}
     for name, (kd, n) in sorted(kernels.items()):
         io = [(v.type.shape, dtype_name(v.type)) for v in n.inputs if v is not None] + \
              [(v.type.shape, dtype_name(v.type)) for v in n.outputs]
-        key = tir_hash(kd, "c-program")
-        src_cached = cache_dir() / f"{name}_{key}.program.c"
+        src_cached = cache_dir() / f"{name}_{tir_hash(kd, 'c-program')}.program.c"
         if not src_cached.exists():
             src_cached.write_text(c_kernel_source(kd, io))
-        text = src_cached.read_text()
-        (out / "kernels" / f"{name}.c").write_text(text)
-        objects[name] = _object(src_cached)
+        (out / "kernels" / f"{name}.c").write_text(src_cached.read_text())
+        sources_cached[name] = src_cached
+    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:    # one C compiler per CPU
+        objects = dict(zip(sources_cached, pool.map(_object, sources_cached.values())))
     (out / "runtime.c").write_text(RUNTIME_C + RUNTIME_SYNC)
     runtime_o = _object(out / "runtime.c")
     for fname, text in sources.items():
@@ -309,7 +311,6 @@ def write_program(graph: Graph, out: str | Path) -> CompiledProgram:
 def _object(src: Path) -> Path:
     """``src`` compiled to an object file, cached by the hash of its text."""
     import hashlib
-    import os
     import subprocess
     key = hashlib.sha256(src.read_bytes() + " ".join(CFLAGS).encode()).hexdigest()[:20]
     obj = cache_dir() / f"{src.stem}_{key}.o"

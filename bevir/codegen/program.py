@@ -18,7 +18,7 @@ import numpy as np
 from ..errors import CodegenError
 from ..ir.graph import Graph, Node
 from ..sim.interpreter import Interpreter
-from .build import CKernel, HostKernel
+from .build import CKernel, HostKernel, build_host
 from .lower import kernel_def, lowerable
 
 
@@ -68,16 +68,19 @@ class Program:
         self.graph, self.target = graph, target
         self.kernels: dict[str, HostKernel | CKernel] = {}
         self.node_kernel: dict[str, str] = {}
+        defs: dict[str, tuple] = {}
         for node in graph.nodes:
-            if not lowerable(node):
-                continue
-            kd = kernel_def(node)
-            if kd.signature not in self.kernels:
-                self.kernels[kd.signature] = (
-                    HostKernel(kd) if target == "llvm" else
-                    CKernel(kd, [v.type for v in node.inputs if v is not None],
-                            [v.type for v in node.outputs]))
-            self.node_kernel[node.name] = kd.signature
+            if lowerable(node):
+                kd = kernel_def(node)
+                defs.setdefault(kd.signature, (kd, node))
+                self.node_kernel[node.name] = kd.signature
+        if target == "llvm":
+            built = build_host([kd for kd, _ in defs.values()])
+            self.kernels = {sig: built[kd.name] for sig, (kd, _) in defs.items()}
+        else:
+            self.kernels = {sig: CKernel(kd, [v.type for v in n.inputs if v is not None],
+                                         [v.type for v in n.outputs])
+                            for sig, (kd, n) in defs.items()}
 
     def _kernel(self, node: Node, args: list) -> list[np.ndarray]:
         k = self.kernels[self.node_kernel[node.name]]
