@@ -47,18 +47,29 @@ class HostKernel:
         return [t.numpy() for t in touts]
 
 
+def host_target():
+    """TVM's llvm target for this machine's processor (its vector width and instructions)."""
+    tvm, _, _ = tvm_modules()
+    cpu = tvm.get_global_func("target.llvm_get_system_cpu", True)
+    return tvm.target.Target({"kind": "llvm", **({"mcpu": cpu()} if cpu else {})})
+
+
 def build_host(kds: list[KernelDef]) -> dict[str, HostKernel]:
     """The kernels built together for the llvm target, as one library cached on disk by
     the hash of every kernel's TIR and constants (a rebuild of an unchanged graph loads
     it). By kernel name."""
     tvm, _, _ = tvm_modules()
     kds = sorted({kd.name: kd for kd in kds}.values(), key=lambda kd: kd.name)
-    key = hashlib.sha256("".join(tir_hash(kd, "llvm") for kd in kds).encode()).hexdigest()[:20]
+    target = host_target()
+    schedules = (Path(__file__).parent / "schedule.py").read_bytes()
+    key = hashlib.sha256("".join(tir_hash(kd, str(target)) for kd in kds).encode()
+                         + schedules).hexdigest()[:20]
     lib = cache_dir() / f"host_{key}.so"
     if not lib.exists():
-        mod = tvm.IRModule({kd.name: kd.func for kd in kds})
+        from .schedule import apply
+        mod = tvm.IRModule({kd.name: apply(kd.func, kd.name) for kd in kds})
         try:
-            ex = tvm.compile(mod, target=tvm.target.Target({"kind": "llvm"}))
+            ex = tvm.compile(mod, target=target)
             tmp = lib.with_suffix(f".{os.getpid()}.tmp.so")
             ex.export_library(str(tmp))
         except Exception as e:

@@ -27,7 +27,7 @@ from ..ir.types import AffineQuant, DType, FixedPointQuant, Layout, Quant, Tenso
 from .attention import level_shapes
 from .common import broadcast_types, norm_axis, require
 from .linalg import (CONV_ATTRS, NCHW_CHANNEL_LIMIT, Contraction, Convolution, MatrixProduct,
-                     batch_index, conv2d_nchw, conv2d_nhwc, conv_acc, from_nhwc, matmul_shape,
+                     batch_index, conv2d_nchw, conv2d_nhwc, conv_accumulator, from_nhwc, matmul_shape,
                      to_nhwc)
 from .numerics import (MAX_REDUCTION, NORM_FRAC, RECIP_BITS, Rescale, bilinear_taps,
                        bridge_table, div_table, int_matmul, lut_table, quantize_fixed,
@@ -325,14 +325,21 @@ class _FxProduct(Contraction):
         """The exact accumulator of result element ``i`` (a reduction expression)."""
         raise NotImplementedError
 
+    def accumulator(self, c, L, x, w):
+        """The exact accumulator as a function of the result index (default: one compute
+        of :meth:`lower_acc`)."""
+        acc = L.te.compute(c.out_types[0].shape, lambda *i: self.lower_acc(c, L, x, w, i),
+                           name="acc")
+        return lambda i: acc[i]
+
     def tvm_lowering(self, c, L, x, w, b=None):
         out = c.out_types[0]
         axis = self.channel_axis(out.shape, c.in_types[0])
-        acc = L.te.compute(out.shape, lambda *i: self.lower_acc(c, L, x, w, i), name="acc")
+        acc = self.accumulator(c, L, x, w)
         r = Rescale.of(self._acc_quant(c), c.out_frac_bits)
 
         def fn(*i):
-            v = L.i64(acc[i])
+            v = L.i64(acc(i))
             if b is not None:
                 v = L.saturate(v + L.i64(b[i[axis]]), "int32")
             return L.rescale(v, r, i[axis], np.dtype(out_dtype(c).np).name)
@@ -430,8 +437,8 @@ class FxConv2d(_FxProduct, Convolution):
     def channel_axis(self, shape, x):
         return 3 if x.layout is Layout.nhwc else 1
 
-    def lower_acc(self, c, L, x, w, i):
-        return conv_acc(c, L, x, w, i, self.acc_dtype(c))
+    def accumulator(self, c, L, x, w):
+        return conv_accumulator(c, L, x, w, self.acc_dtype(c))
 
     def accumulate(self, c, x, w):
         layout = c.in_types[0].layout

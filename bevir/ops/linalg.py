@@ -471,21 +471,54 @@ def batch_index(t: TensorType, batch: tuple, i) -> tuple:
                  for a in range(t.rank - 2))
 
 
-def conv_acc(c, L, x, w, i, dtype: str):
-    """The exact accumulator of convolution result element ``i`` (NCHW or NHWC x, w [O,
-    C/groups, KH, KW]): padding reads as zero, nothing outside x is loaded."""
-    t = c.in_types[0]
+def conv_accumulator(c, L, x, w, dtype: str, x_zero: int = 0, w_zero=None):
+    """The exact accumulator of a convolution (NCHW or NHWC x, w [O, C/groups, KH, KW]) of
+    the centered codes x - x_zero and w - w_zero (w_zero: None, or a tensor of one zero
+    point per output channel or one for all): a function from result index to its
+    element. Padding reads as a centered 0. Ungrouped: x is packed into a padded NHWC
+    buffer and w into [KH, KW, C, O], so the inner loop runs over output channels along
+    contiguous memory (the ``conv_acc`` block the schedule vectorizes); grouped: one
+    guarded load per product."""
+    t, out = c.in_types[0], c.out_types[0]
     nhwc = t.layout is Layout.nhwc
     n, ch, hh, ww = (t.shape[0], t.shape[3], t.shape[1], t.shape[2]) if nhwc else t.shape
     o, cg, kh, kw = c.in_types[1].shape
-    og = o // c.groups
-    b, oc, oy, ox = (i[0], i[3], i[1], i[2]) if nhwc else i
-    rc, ry, rx = L.reduce_axis(cg, "rc"), L.reduce_axis(kh, "ry"), L.reduce_axis(kw, "rx")
     (sy, sx), (dy, dx) = c.strides, c.dilations
-    y = oy * sy - c.pads[0] + ry * dy
-    xx = ox * sx - c.pads[1] + rx * dx
-    cin = (oc // og) * cg + rc if c.groups > 1 else rc
-    inside = L.tirx.all(y >= 0, y < hh, xx >= 0, xx < ww)
-    load = x[(b, y, xx, cin) if nhwc else (b, cin, y, xx)]
-    v = L.guarded(inside, L.cast(load, dtype), dtype)
-    return L.sum(v * L.cast(w[oc, rc, ry, rx], dtype), axis=[rc, ry, rx])
+    top, left = c.pads[0], c.pads[1]
+    nchw_of = (lambda i: (i[0], i[3], i[1], i[2])) if nhwc else (lambda i: tuple(i))
+
+    def xv(b, cin, y, xx):
+        load = x[(b, y, xx, cin) if nhwc else (b, cin, y, xx)]
+        return L.cast(load, dtype) - L.const_or_cast(x_zero, dtype) if x_zero else L.cast(load, dtype)
+
+    def wv(oc, rc, ry, rx):
+        v = L.cast(w[oc, rc, ry, rx], dtype)
+        if w_zero is None:
+            return v
+        return v - L.cast(w_zero[oc if int(w_zero.shape[0]) > 1 else 0], dtype)
+
+    if c.groups > 1:
+        og = o // c.groups
+        rc, ry, rx = L.reduce_axis(cg, "rc"), L.reduce_axis(kh, "ry"), L.reduce_axis(kw, "rx")
+
+        def element(*i):
+            b, oc, oy, ox = nchw_of(i)
+            y, xx = oy * sy - top + ry * dy, ox * sx - left + rx * dx
+            inside = L.tirx.all(y >= 0, y < hh, xx >= 0, xx < ww)
+            v = L.tirx.if_then_else(inside, xv(b, (oc // og) * cg + rc, y, xx),
+                                    L.tirx.const(0, dtype))
+            return L.sum(v * wv(oc, rc, ry, rx), axis=[rc, ry, rx])
+        acc = L.te.compute(out.shape, element, name="acc")
+        return lambda i: acc[i]
+    b_, oc_, oh, ow = nchw_of(out.shape)
+    hp = max((oh - 1) * sy + (kh - 1) * dy + 1, top + hh)
+    wp = max((ow - 1) * sx + (kw - 1) * dx + 1, left + ww)
+    xp = L.te.compute((n, hp, wp, ch), lambda b, y, xx, cin: L.tirx.if_then_else(
+        L.tirx.all(y >= top, y < top + hh, xx >= left, xx < left + ww),
+        xv(b, cin, y - top, xx - left), L.tirx.const(0, dtype)), name="x_packed")
+    wk = L.te.compute((kh, kw, cg, o), lambda ry, rx, rc, oc: wv(oc, rc, ry, rx), name="w_packed")
+    rc, ry, rx = L.reduce_axis(cg, "rc"), L.reduce_axis(kh, "ry"), L.reduce_axis(kw, "rx")
+    acc = L.te.compute((n, oh, ow, o), lambda b, oy, ox, oc: L.sum(
+        xp[b, oy * sy + ry * dy, ox * sx + rx * dx, rc] * wk[ry, rx, rc, oc],
+        axis=[ry, rx, rc]), name="conv_acc")
+    return lambda i: acc[(lambda b, oc, oy, ox: (b, oy, ox, oc))(*nchw_of(i))]

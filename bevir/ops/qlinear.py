@@ -22,7 +22,7 @@ from ..ir.types import AffineQuant, DType, Layout, TensorType
 from .common import broadcast_types, norm_axis, require
 from .layout_rules import AXIS, ELEMENTWISE, NATIVE, converted, nhwc_type
 from .linalg import (CONV_ATTRS, F32_EXACT, NCHW_CHANNEL_LIMIT, Convolution, MatrixProduct,
-                     conv2d_nchw, conv2d_nhwc, conv_acc, exact_chunk, exact_int_matmul, from_nhwc,
+                     conv2d_nchw, conv2d_nhwc, conv_accumulator, exact_chunk, exact_int_matmul, from_nhwc,
                      int_conv2d_nhwc, matmul_shape, to_nhwc)
 from .numerics import (conv_multiplier, fma32, lookup_table, mlas_logistic, requantize,
                        saturate_round)
@@ -287,19 +287,14 @@ class QLinearConv(Convolution):
         xz, wz = _zero_points(c)
         wz = L.const(np.asarray(wz, np.int32).reshape(-1), "wzp")
         mult = L.const(conv_multiplier(xt.quant, wt.quant, yt.quant), "mult")
-        # centered codes: conv_acc's zero padding then reads as x_zp, as the golden's
-        xc = L.te.compute(xt.shape, lambda *i: L.cast(x[i], "int32") - int(xz), name="xc")
-        wc = L.te.compute(wt.shape, lambda o, *k: L.cast(w[(o,) + k], "int32")
-                          - wz[o if wz.shape[0] > 1 else 0], name="wc")
         o, cg, kh, kw = wt.shape
         exact32 = 255 * 255 * cg * kh * kw < 1 << 31
-        acc = L.te.compute(yt.shape, lambda *i: conv_acc(c, L, xc, wc, i,
-                           "int32" if exact32 else "int64"), name="acc")
+        acc = conv_accumulator(c, L, x, w, "int32" if exact32 else "int64", int(xz), wz)
         axis = 3 if xt.layout is Layout.nhwc else 1
 
         def fn(*i):
             ch = i[axis]
-            v = L.i64(acc[i]) + (0 if b is None else L.i64(b[ch]))
+            v = L.i64(acc(i)) + (0 if b is None else L.i64(b[ch]))
             v = L.cast(v, "float32") * mult[ch if mult.shape[0] > 1 else 0]
             code = _lower_saturate_round(L, v, yt.quant.zero_point[0], yt)
             return _lower_clamped(c, L, code, np.dtype(yt.dtype.np).name)
