@@ -13,8 +13,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
-import onnxruntime as ort
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -23,8 +21,8 @@ from examples.bevformer import e2e  # noqa: E402
 from examples.bevformer.e2e import timed  # noqa: E402
 from examples.bevformer.config import CONFIGS  # noqa: E402
 from examples.bevformer.inputs import make_inputs  # noqa: E402
-from examples.bevformer.model import split_model  # noqa: E402
 from examples.bevformer.weights import build_model  # noqa: E402
+from anchors import anchor_seconds  # noqa: E402
 
 
 def main() -> None:
@@ -34,26 +32,13 @@ def main() -> None:
     config = CONFIGS[args.config]
     model = build_model(config, 0).eval()
     inputs = make_inputs(config, 0, with_prev_bev=True)
-    _, head = split_model(model, with_prev_bev=True)
     with tempfile.TemporaryDirectory() as d:
         workdir = Path(d)
         float_graph = e2e.build_graph(model, inputs, workdir)
         feed = e2e.golden_inputs(float_graph, inputs)
         (q, stats, qb), t_flow = timed(lambda: e2e.int8_graph(model, inputs, feed, workdir,
                                                                progress=True))
-        sess = ort.InferenceSession(str(qb.int8_onnx), providers=["CPUExecutionProvider"])
-        img = inputs["img"].numpy()
-        rest = (inputs["lidar2img"], inputs["can_bus"], inputs["prev_bev"])
-
-        def anchors():
-            (feats,) = sess.run(None, {"img": img})
-            with torch.no_grad():
-                return head(torch.from_numpy(feats), *rest)
-        anchors()
-        (feats,), t_ort = timed(lambda: sess.run(None, {"img": img}))
-        with torch.no_grad():
-            head(torch.from_numpy(feats), *rest)
-            _, t_head = timed(lambda: head(torch.from_numpy(feats), *rest))
+        t_ort, t_head = anchor_seconds(model, inputs, qb.int8_onnx)
         bevir.run(q, feed)
         _, t_bevir = timed(lambda: bevir.run(q, feed))
     counts = q.op_counts()
