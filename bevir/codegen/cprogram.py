@@ -147,12 +147,11 @@ class _CoreWriter:
         self.on_chip: set[str] = set()        # values this core has loaded into its OCM
         self.waited: set[str] = set()
 
-    def ptr(self, v: Value) -> str:
-        mem, off = self.layout.where(v, self.core)
-        return f"{mem} + {off}"
+    def ptr(self, v: Value) -> tuple[str, int]:
+        return self.layout.where(v, self.core)
 
-    def operand(self, v: Value, step: dict) -> str:
-        """The operand's pointer on this core, after waiting for / loading it as needed."""
+    def operand(self, v: Value, step: dict) -> tuple[str, int]:
+        """Where the operand is on this core, after waiting for / loading it as needed."""
         p = producer_core(v, self.device)
         mem, off = self.layout.where(v, self.core)
         if p != self.core and v.name not in self.waited and v.name in self.layout.flags:
@@ -164,7 +163,7 @@ class _CoreWriter:
                               f"{v.type.nbytes});")
             self.on_chip.add(v.name)
             step["loads"].append(v.name)
-        return f"{mem} + {off}"
+        return mem, off
 
     def result(self, v: Value, step: dict) -> None:
         """Store a result to its DDR slot where it has one and publish it."""
@@ -183,19 +182,20 @@ class _CoreWriter:
         if n.op == "barrier":           # this core's pieces pass through, then all wait
             for x, y in zip(n.inputs, n.outputs):
                 if producer_core(x, self.device) == self.core:
-                    src = self.operand(x, step)
-                    self.lines.append(f"  memcpy({self.ptr(y)}, {src}, {x.type.nbytes});")
+                    src, dst = self.operand(x, step), self.ptr(y)
+                    self.lines.append(f"  memcpy({dst[0]} + {dst[1]}, {src[0]} + {src[1]}, "
+                                      f"{x.type.nbytes});")
                     self.result(y, step)
             self.lines.append(f"  bevir_barrier(bar, {self.layout.cores});")
             step["barrier"] = True
         else:
-            args = [self.operand(v, step) for v in n.inputs if v is not None]
-            args += [self.ptr(v) for v in n.outputs]
-            step["args"] = [{"value": v.name, "mem": p.split(" + ")[0], "offset": int(p.split(" + ")[1]),
-                             "bytes": v.type.nbytes}
-                            for v, p in zip([v for v in n.inputs if v is not None] + n.outputs, args)]
-            self.lines.append(f"  {{ void* a[] = {{{', '.join(f'(void*)({a})' for a in args)}}};"
-                              f" if (bevir_{kernel}(a)) return {len(self.steps) + 1}; }}")
+            values = [v for v in n.inputs if v is not None]
+            places = [self.operand(v, step) for v in values] + [self.ptr(v) for v in n.outputs]
+            step["args"] = [{"value": v.name, "mem": mem, "offset": off, "bytes": v.type.nbytes}
+                            for v, (mem, off) in zip(values + n.outputs, places)]
+            pointers = ", ".join(f"(void*)({mem} + {off})" for mem, off in places)
+            self.lines.append(f"  {{ void* a[] = {{{pointers}}}; "
+                              f"if (bevir_{kernel}(a)) return {len(self.steps) + 1}; }}")
             for v in n.outputs:
                 self.result(v, step)
         self.steps.append(step)
