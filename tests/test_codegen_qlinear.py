@@ -1,5 +1,5 @@
 """Generated kernels of the onnxruntime-exact integer ops and the data-movement ops around
-them, against their golden ops on edge inputs: every code, zero points at the ends of
+them, against their golden ops on edge inputs, for the llvm and the C build: every code, zero points at the ends of
 their range, per-channel weights, both layouts, groups, strides with pads, rounding ties,
 NaN and infinities. Each check must find 0 differing elements."""
 from __future__ import annotations
@@ -26,8 +26,9 @@ def check(op, inputs, **attrs):
         feeds[f"x{k}"] = a
     node = g.create_node(op, ins, attrs)
     g.set_output("y", node.output)
-    report = Program(g).check(feeds)
-    assert report.ok and report.checked >= 1, report.mismatch
+    for target in ("llvm", "c"):
+        report = Program(g, target).check(feeds)
+        assert report.ok and report.checked >= 1, (target, report.mismatch)
 
 
 def codes(shape, dtype: DType, rng=None) -> np.ndarray:

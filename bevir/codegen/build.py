@@ -4,7 +4,9 @@ needing only libc), with a disk cache keyed by the kernel's TIR."""
 from __future__ import annotations
 
 import hashlib
+import math
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -21,9 +23,15 @@ def cache_dir() -> Path:
     return path
 
 
+#: the code that turns TIR into a build (this file, the schedules): part of every cache key
+_BUILDER = hashlib.sha256(b"".join((Path(__file__).parent / f).read_bytes()
+                                   for f in ("build.py", "schedule.py"))).hexdigest()
+
+
 def tir_hash(kd: KernelDef, target: str) -> str:
-    """A digest of the kernel's TIR, its constants and the target: equal, one build."""
-    h = hashlib.sha256(f"{target}\n{kd.func.script()}".encode())
+    """A digest of the kernel's TIR, its constants, the target and the build code: equal,
+    one build."""
+    h = hashlib.sha256(f"{_BUILDER}{target}\n{kd.func.script()}".encode())
     for c in kd.constants:
         h.update(f"{c.dtype}{c.shape}".encode() + c.tobytes())
     return h.hexdigest()[:20]
@@ -61,9 +69,7 @@ def build_host(kds: list[KernelDef]) -> dict[str, HostKernel]:
     tvm, _, _ = tvm_modules()
     kds = sorted({kd.name: kd for kd in kds}.values(), key=lambda kd: kd.name)
     target = host_target()
-    schedules = (Path(__file__).parent / "schedule.py").read_bytes()
-    key = hashlib.sha256("".join(tir_hash(kd, str(target)) for kd in kds).encode()
-                         + schedules).hexdigest()[:20]
+    key = hashlib.sha256("".join(tir_hash(kd, str(target)) for kd in kds).encode()).hexdigest()[:20]
     lib = cache_dir() / f"host_{key}.so"
     if not lib.exists():
         from .schedule import apply
@@ -117,6 +123,30 @@ def _c_array(name: str, a: np.ndarray) -> str:
     return f"static const {ctype} {name}[{max(flat.size, 1)}] __attribute__((aligned(64))) = {{{values or 0}}};"
 
 
+_SCRIPT_FLOAT = re.compile(r"T\.float(32|64)\(([^)]*)\)")
+_C_FLOAT = re.compile(r"(?<![\w.])(\d\.\d{6}e[+-]\d{2,3})(f?)(?![\w.])")
+
+
+def exact_float_literals(c_source: str, script: str) -> str:
+    """TVM's C target prints float constants with 7 significant digits (2**31 becomes
+    2.147484e+09): put back the exact values, as C99 hexadecimal literals, taken from the
+    kernel's TIR. Raises CodegenError where two constants print alike."""
+    exact: dict[tuple[str, str], float] = {}
+    for bits, text in _SCRIPT_FLOAT.findall(script):
+        v = float(text)
+        if not math.isfinite(v):
+            continue
+        v = float(np.float32(v)) if bits == "32" else v
+        key = (f"{abs(v):e}", "f" if bits == "32" else "")
+        if exact.setdefault(key, abs(v)) != abs(v):
+            raise CodegenError(f"float constants {exact[key]!r} and {abs(v)!r} print alike in C")
+
+    def put_back(m: re.Match) -> str:
+        v = exact.get((m.group(1), m.group(2)))
+        return m.group(0) if v is None else v.hex() + m.group(2)
+    return _C_FLOAT.sub(put_back, c_source)
+
+
 def c_kernel_source(kd: KernelDef, io_types: list[tuple[tuple[int, ...], str]]) -> str:
     """TVM's C source of the kernel, its constants as static arrays, and the entry
     ``int bevir_<name>(void** data)`` a program calls with one data pointer per operand and
@@ -124,7 +154,7 @@ def c_kernel_source(kd: KernelDef, io_types: list[tuple[tuple[int, ...], str]]) 
     tvm, _, _ = tvm_modules()
     with tvm.transform.PassContext(config={"tirx.disable_vectorize": True}):
         ex = tvm.compile(tvm.IRModule({kd.name: kd.func}), target="c")
-    src = ex.mod.inspect_source()
+    src = exact_float_literals(ex.mod.inspect_source(), kd.func.script())
     # one file per kernel, several per library: keep TVM's module-level symbols private
     src = src.replace("void* __tvm_ffi__library_ctx = NULL;",
                       f"static void* __tvm_ffi__library_ctx_{kd.name} = NULL;")
