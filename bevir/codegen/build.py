@@ -124,7 +124,7 @@ def _c_array(name: str, a: np.ndarray) -> str:
 
 
 _SCRIPT_FLOAT = re.compile(r"T\.float(32|64)\(([^)]*)\)")
-_C_FLOAT = re.compile(r"(?<![\w.])(\d\.\d{6}e[+-]\d{2,3})(f?)(?![\w.])")
+_C_FLOAT = re.compile(r"(?<![\w.])(-?\d\.\d{6}e[+-]\d{2,3})(f?)(?![\w.])")
 
 
 def exact_float_literals(c_source: str, script: str) -> str:
@@ -137,13 +137,13 @@ def exact_float_literals(c_source: str, script: str) -> str:
         if not math.isfinite(v):
             continue
         v = float(np.float32(v)) if bits == "32" else v
-        key = (f"{abs(v):e}", "f" if bits == "32" else "")
-        if exact.setdefault(key, abs(v)) != abs(v):
-            raise CodegenError(f"float constants {exact[key]!r} and {abs(v)!r} print alike in C")
+        key = (f"{v:e}", "f" if bits == "32" else "")
+        if exact.setdefault(key, v) != v:
+            raise CodegenError(f"float constants {exact[key]!r} and {v!r} print alike in C")
 
     def put_back(m: re.Match) -> str:
         v = exact.get((m.group(1), m.group(2)))
-        return m.group(0) if v is None else v.hex() + m.group(2)
+        return m.group(0) if v is None else f"({v.hex()}{m.group(2)})"
     return _C_FLOAT.sub(put_back, c_source)
 
 

@@ -384,6 +384,7 @@ class CompiledProgram:
                     if v.name in m["ddr"] and v.name in self._crossing:
                         env[v.name] = _get(ddr, m["ddr"][v.name], v)
             device_stage += 1
+        self.arenas = (ddr, ocm)        # what the last run left, for inspection
         outs = {}
         for name, v in self.graph.outputs.items():
             outs[name] = env[v.name] if v.name in env else interp.run(

@@ -48,18 +48,22 @@ def lowerable(node: Node) -> bool:
 
 def stages(graph: Graph) -> list[tuple[bool, list[Node]]]:
     """The graph's nodes in stages that alternate between host (False) and device (True):
-    a node's stage is the latest of its producers', one later where it changes sides. A
-    quantized network gives three: float pre-processing, the integer network, float
-    post-processing."""
+    a node's stage is the latest of its producers', one later where it changes sides; a
+    device node's is also at least the previous device node's, so that the device runs its
+    nodes in graph order (the order the memory plan's liveness assumes). A quantized
+    network gives three: float pre-processing, the integer network, float post-processing."""
     stage: dict[int, int] = {}
+    last_device = 1
     for n in graph.nodes:
         dev = lowerable(n)
-        s = int(dev)
+        s = last_device if dev else 0
         for v in n.inputs:
             if v is not None and v.producer is not None:
                 p = stage[id(v.producer)]
                 s = max(s, p if (p % 2 == 1) == dev else p + 1)
         stage[id(n)] = s
+        if dev:
+            last_device = s
     out: list[tuple[bool, list[Node]]] = [(k % 2 == 1, []) for k in range(max(stage.values(), default=0) + 1)]
     for n in graph.nodes:
         out[stage[id(n)]][1].append(n)
