@@ -3,7 +3,7 @@
 The top level holds what a compiler engineer reaches for first: the IR (``Graph``,
 ``Builder``, ``TensorType``..., ``verify``, ``parse`` / ``print_graph``, ``save`` /
 ``load``, ``compose``), ``OpDef`` to define ops, the golden model (``run``,
-``Interpreter``), passes (``Pass``, ``PassManager``, ``optimize``, ``calibrate``,
+``Interpreter``), code generation (``compile``: per-core C programs through TVM), passes (``Pass``, ``PassManager``, ``optimize``, ``calibrate``,
 ``quantize``) and the frontends (``from_onnx``, ``from_torch``, ``CustomOp``). End-to-end
 steps live in ``bevir.flows`` (e.g. ``bevir.flows.quantize_backbone``).
 """
@@ -25,14 +25,17 @@ __version__ = "0.1.0"
 __all__ = ["AffineQuant", "AttrError", "BevirError", "Builder", "CustomOp", "DType",
            "FixedPointQuant", "Graph", "Interpreter", "InterpreterError", "Layout", "Node",
            "OpDef", "ParseError", "Pass", "PassError", "PassManager", "TensorType",
-           "UnsupportedError", "Value", "VerifyError", "calibrate", "compose", "flows",
-           "from_onnx", "from_torch", "load", "optimize", "parse", "print_graph", "quantize",
-           "run", "save", "verify"]
+           "UnsupportedError", "Value", "VerifyError", "calibrate", "compile", "compose",
+           "flows", "from_onnx", "from_torch", "load", "optimize", "parse", "print_graph",
+           "quantize", "run", "save", "verify"]
 
 
 def __getattr__(name: str):
-    # the torch frontend imports torch: load it on first use, not with bevir
+    # the torch frontend imports torch, code generation tvm: load them on first use
     if name in ("from_torch", "CustomOp"):
         from .frontends import torch as _torch_frontend
         return getattr(_torch_frontend, name)
+    if name == "compile":
+        from .codegen.cprogram import compile as _compile
+        return _compile
     raise AttributeError(f"module 'bevir' has no attribute '{name}'")
