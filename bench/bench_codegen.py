@@ -33,8 +33,12 @@ from examples.bevformer.inputs import make_inputs  # noqa: E402
 from examples.bevformer.weights import build_model  # noqa: E402
 
 
-def differing(out: dict, ref: dict) -> int:
-    return sum(int(np.count_nonzero(out[k] != ref[k])) for k in ref)
+def frame(run, feed: dict, reference: dict, warm_up: bool) -> tuple[float, int]:
+    """(seconds, differing elements against ``reference``) of one frame of ``run``."""
+    if warm_up:
+        run(feed)
+    out, seconds = timed(lambda: run(feed))
+    return seconds, sum(int(np.count_nonzero(out[k] != reference[k])) for k in reference)
 
 
 def slowest_kernels(program, feed: dict, n: int = 3) -> list[tuple[str, float, float]]:
@@ -83,9 +87,7 @@ def main() -> int:
         _, t_warm = timed(lambda: compile_program(q, Path(work) / "b", hw=args.hw))
         c_lines = sum(len(p.read_text().splitlines()) for p in (Path(work) / "a").rglob("*.c"))
         m = prog.manifest
-        prog.run(feed)
-        out, t_run = timed(lambda: prog.run(feed))
-        diff = differing(out, reference)
+        t_run, diff = frame(prog.run, feed, reference, warm_up=False)    # libraries loaded
         failed += diff != 0
         print(f"compile for {args.hw}: {len(m['kernels'])} distinct kernels, "
               f"{sum(len(p['steps']) for p in m['programs'])} program steps, {c_lines:,} lines "
@@ -96,9 +98,7 @@ def main() -> int:
               f"{sum(v.size for v in reference.values()):,}")
         host, t_hcold = timed(lambda: Program(prog.graph, "llvm"))
         _, t_hwarm = timed(lambda: Program(prog.graph, "llvm"))
-        host.run(feed)
-        out, t_host = timed(lambda: host.run(feed))
-        diff = differing(out, reference)
+        t_host, diff = frame(host.run, feed, reference, warm_up=True)
         failed += diff != 0
         print(f"host build (llvm): build cold {t_hcold:.1f}s, warm {t_hwarm:.1f}s; frame "
               f"{t_host:.3f}s; ratio to anchors {t_host / anchor:.2f} (goal <= 0.5: "
