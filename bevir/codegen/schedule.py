@@ -6,7 +6,9 @@ kernels stay bit-exact, and the per-kernel check says so.
 - convolution (``conv_acc``, the packed direct convolution of ``conv_accumulator``):
   register tiles of 4 output columns by 16 output channels (vectorized, contiguous in the
   packed weights), the requantizing epilogue per tile, output rows in parallel;
-- matrix products (``acc``, a reduction over the last operand axis): rows in parallel;
+- matrix products (``acc``: matmul, and linear with its weights packed to [K, N]):
+  register tiles of 4 rows by 16 columns (vectorized), the epilogue per tile, rows in
+  parallel;
 - everything else: the outermost loops of each large block in parallel.
 
 Small kernels stay as they are: a thread launch costs more than they do.
@@ -15,6 +17,12 @@ from __future__ import annotations
 
 #: below this many iterations of a block's loop nest, nothing is parallelized
 PARALLEL_MIN = 1 << 14
+
+
+def _reduces_last(sch, block) -> bool:
+    """The block's reduction iterators come after its spatial ones."""
+    kinds = [int(iv.iter_type) for iv in sch.get(block).iter_vars]
+    return 2 in kinds and kinds == sorted(kinds)
 
 
 def _extent(sch, loop) -> int:
@@ -64,6 +72,32 @@ def conv(sch, block, vector: int = 16, columns: int = 4) -> None:
     sch.decompose_reduction(block, ry)
 
 
+def product(sch, block, vector: int = 16, rows: int = 4) -> bool:
+    """A matrix product (batch..., m, n | k), b contiguous along n: register tiles of
+    ``rows`` x ``vector`` (vectorized along n) in local accumulators, the epilogue per tile,
+    the outer rows in parallel. False (nothing done) where n is not a multiple of
+    ``vector`` or there is no row axis."""
+    loops = sch.get_loops(block)
+    consumers = sch.get_consumers(block)
+    reductions = [int(iv.iter_type) for iv in sch.get(block).iter_vars].count(2)
+    if reductions != 1 or len(loops) < 3 or len(consumers) != 1:
+        return False
+    *outer, m, n, k = loops
+    if _extent(sch, n) % vector:
+        return False
+    no, ni = sch.split(n, factors=[None, vector])
+    mo, mi = sch.split(m, factors=[None, rows]) if _extent(sch, m) % rows == 0 else (m, None)
+    sch.reorder(*outer, mo, no, k, *([mi] if mi is not None else []), ni)
+    sch.reverse_compute_at(consumers[0], no)
+    sch.set_scope(block, 0, "local")
+    if mi is not None:
+        sch.unroll(mi)
+    sch.vectorize(ni)
+    sch.parallel(sch.fuse(*outer, mo) if outer else mo)
+    sch.decompose_reduction(block, k)
+    return True
+
+
 def apply(func, name: str):
     """``func`` (a kernel's PrimFunc) scheduled for the host."""
     from tvm import s_tir
@@ -73,10 +107,12 @@ def apply(func, name: str):
     root = sch.get_sblock("root")
     placed: set[str] = set()          # blocks a family schedule put into its loop nest
     for block in sch.get_child_blocks(root):
-        if sch.get(block).name_hint == "conv_acc":
-            placed |= {"conv_acc_init", "conv_acc_update"}
-            placed |= {sch.get(c).name_hint for c in sch.get_consumers(block)}
-            conv(sch, block)
+        family = {"conv_acc": conv, "acc": product}.get(sch.get(block).name_hint)
+        if family is not None and _reduces_last(sch, block):
+            name_ = sch.get(block).name_hint
+            consumers = {sch.get(c).name_hint for c in sch.get_consumers(block)}
+            if family(sch, block) is not False:
+                placed |= {name_, f"{name_}_init", f"{name_}_update"} | consumers
     for block in sch.get_child_blocks(root):
         if sch.get(block).name_hint not in placed:
             iters = sch.get(block).iter_vars

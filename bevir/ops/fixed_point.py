@@ -410,10 +410,18 @@ class FxLinear(_FxProduct):
                 f"w must be [N, {x.shape[-1] if x.rank else '?'}], got {w} for x {x}")
         return x.shape[:-1] + (w.shape[0],)
 
-    def lower_acc(self, c, L, x, w, i):
-        k = L.reduce_axis(c.in_types[0].shape[-1])
+    def accumulator(self, c, L, x, w):
+        # w packed to [K, N], so that output channels run along contiguous memory (as b of
+        # a matmul): one schedule serves both
+        n, kk = c.in_types[1].shape
+        wt = L.te.compute((kk, n), lambda k, o: w[o, k], name="w_packed")
         dt = self.acc_dtype(c)
-        return L.sum(L.cast(x[tuple(i[:-1]) + (k,)], dt) * L.cast(w[i[-1], k], dt), axis=k)
+
+        def element(*i):
+            k = L.reduce_axis(kk)
+            return L.sum(L.cast(x[tuple(i[:-1]) + (k,)], dt) * L.cast(wt[k, i[-1]], dt), axis=k)
+        acc = L.te.compute(c.out_types[0].shape, element, name="acc")
+        return lambda i: acc[i]
 
     def accumulate(self, c, x, w):
         k = x.shape[-1]
