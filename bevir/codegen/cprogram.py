@@ -42,7 +42,7 @@ from ..errors import CodegenError
 from ..ir.graph import Graph, Node, Value
 from ..sim.interpreter import Interpreter
 from .build import CFLAGS, RUNTIME_C, build_shared, c_kernel_source, cache_dir, include_dirs, tir_hash
-from .lower import dtype_name, kernel_def, stages
+from .lower import dtype_name, kernel_defs, stages
 
 ALIGN = 64
 
@@ -206,13 +206,9 @@ def generate(graph: Graph, cores: int) -> tuple[dict[str, str], dict[str, object
     parts = stages(graph)
     device = {id(n) for dev, nodes in parts if dev for n in nodes}
     layout = plan_layout(graph, device, cores)
-    kernels: dict[str, object] = {}
-    node_kernel: dict[str, str] = {}
-    for n in graph.nodes:
-        if id(n) in device and n.op != "barrier":
-            kd = kernel_def(n)
-            kernels.setdefault(kd.name, (kd, n))
-            node_kernel[n.name] = kd.name
+    defs, of_node = kernel_defs(n for n in graph.nodes if id(n) in device and n.op != "barrier")
+    kernels = {kd.name: (kd, n) for kd, n in defs.values()}
+    node_kernel = {name: defs[sig][0].name for name, sig in of_node.items()}
     writers = [_CoreWriter(k, layout, device) for k in range(cores)]
     entries: list[list[str]] = [[] for _ in range(cores)]
     device_stage = 0

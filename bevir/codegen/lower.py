@@ -266,3 +266,16 @@ def kernel_def(node: Node) -> KernelDef:
     func = L.te.create_prim_func(args).with_attr("global_symbol", name)
     return KernelDef(name, func, [a for _, a in L.constants], sig, node.op,
                      sum(p is not None for p in operands))
+
+
+def kernel_defs(nodes) -> tuple[dict[str, tuple[KernelDef, Node]], dict[str, str]]:
+    """The kernels of ``nodes``, each signature lowered once: (signature -> (kernel, the
+    first node using it), node name -> signature)."""
+    defs: dict[str, tuple[KernelDef, Node]] = {}
+    of_node: dict[str, str] = {}
+    for n in nodes:
+        sig = signature(n)
+        if sig not in defs:
+            defs[sig] = (kernel_def(n), n)
+        of_node[n.name] = sig
+    return defs, of_node

@@ -19,7 +19,7 @@ from ..errors import CodegenError
 from ..ir.graph import Graph, Node
 from ..sim.interpreter import Interpreter
 from .build import CKernel, HostKernel, build_host
-from .lower import kernel_def, lowerable
+from .lower import kernel_defs, lowerable
 
 
 @dataclass
@@ -67,13 +67,7 @@ class Program:
             raise CodegenError(f"unknown target '{target}': one of {', '.join(TARGETS)}")
         self.graph, self.target = graph, target
         self.kernels: dict[str, HostKernel | CKernel] = {}
-        self.node_kernel: dict[str, str] = {}
-        defs: dict[str, tuple] = {}
-        for node in graph.nodes:
-            if lowerable(node):
-                kd = kernel_def(node)
-                defs.setdefault(kd.signature, (kd, node))
-                self.node_kernel[node.name] = kd.signature
+        defs, self.node_kernel = kernel_defs(n for n in graph.nodes if lowerable(n))
         if target == "llvm":
             built = build_host([kd for kd, _ in defs.values()])
             self.kernels = {sig: built[kd.name] for sig, (kd, _) in defs.items()}
