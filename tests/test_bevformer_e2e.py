@@ -176,6 +176,36 @@ def test_e2e_script_writes_its_artifacts(e2e_out):
     assert len(g.nodes) == report["nodes"]
 
 
+def test_e2e_device_stage_is_bit_exact_and_drawn(e2e_out):
+    """The generated 4-core program agrees with the INT8 golden model on every element and
+    every detection; cycles, pictures and report.html are written."""
+    report = json.loads((e2e_out / "report.json").read_text())
+    dev = report["device"]
+    assert dev["differing"] == {"cls_scores": 0, "bbox_preds": 0}
+    assert dev["comparison"]["bev_iou_match"] == 10 and dev["comparison"]["mean_iou"] == 1.0
+    assert dev["comparison"]["top10_label_match"] == 10 and dev["comparison"]["score_diff_max"] == 0
+    assert report["detections"]["program"] == report["detections"]["INT8 golden"]
+    from safetensors.numpy import load_file
+    prog, int8 = (load_file(str(e2e_out / f)) for f in ("program_outputs.safetensors",
+                                                        "int8_outputs.safetensors"))
+    assert all(np.array_equal(prog[k], int8[k]) for k in int8)
+    manifest = json.loads((e2e_out / "program" / "manifest.json").read_text())
+    assert manifest["cores"] == 4 and len(manifest["kernels"]) == dev["kernels"] > 50
+    cyc = dev["cycles"]
+    assert len(cyc["cycles_per_core"]) == 4 and cyc["makespan_cycles"] == max(cyc["cycles_per_core"])
+    assert 0 < cyc["utilisation"] <= 1
+    assert [r["what"] for r in report["against_reference_flow"]] == ["device build + run, 4 cores"]
+    assert set(report["steps_s"]) >= {"float import", "INT8 quantize", "device: compile",
+                                      "device: run", "cycle model", "pictures"}
+    page = (e2e_out / "report.html").read_text()
+    pictures = [f for f, _ in report["pictures"]] + ["int8_layers.png", "cycles/timeline.png",
+                                                     "cycles/roofline.png"]
+    assert [f for f, _ in report["pictures"]] == ["detections.png", "detections_vs_int8.png",
+                                                  "detections_vs_float.png"]
+    for f in pictures:
+        assert f'src="{f}"' in page and (e2e_out / f).stat().st_size > 10_000, f
+
+
 def test_e2e_outputs_match_the_stored_digests(e2e_out):
     """Float golden and INT8 outputs byte-identical to the digests stored for this platform
     (tests/e2e_digests.py: regenerate only for an intended numerics change)."""

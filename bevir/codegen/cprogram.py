@@ -40,6 +40,7 @@ import numpy as np
 
 from ..errors import CodegenError
 from ..ir.graph import Graph, Node, Value
+from ..progress import Progress
 from ..sim.interpreter import Interpreter
 from .build import CFLAGS, RUNTIME_C, build_shared, c_kernel_source, cache_dir, include_dirs, tir_hash
 from .lower import dtype_name, kernel_defs, stages
@@ -251,12 +252,13 @@ def generate(graph: Graph, cores: int) -> tuple[dict[str, str], dict[str, object
 
 
 def compile(graph: Graph, out: str | Path, hw: str | None = None,
-            cores: int | None = None) -> CompiledProgram:
+            cores: int | None = None, progress: bool | None = None) -> CompiledProgram:
     """Compile ``graph`` into folder ``out`` and build it. With ``hw`` (a preset, a vendor
     string such as "QC-U 8MB 16MAC x4"), a copy of the graph is partitioned for its cores
     by its cycle model (``cores`` overrides) and its OCM planned; with ``cores`` alone it
     is partitioned and every value stays in DDR; with neither, the graph is taken as it is
-    (partitioned already, or one core). Returns the loaded program."""
+    (partitioned already, or one core). ``progress`` shows a bar over the kernel builds
+    (``None``: when stderr is a terminal). Returns the loaded program."""
     from ..passes import make_pass, optimize
     if hw is not None or cores is not None:
         graph = graph.clone()
@@ -268,10 +270,10 @@ def compile(graph: Graph, out: str | Path, hw: str | None = None,
             if cores:
                 config = config.model_copy(update={"cores": cores})
             optimize(graph, [make_pass("plan-memory", hw=config.describe())])
-    return write_program(graph, out)
+    return write_program(graph, out, progress)
 
 
-def write_program(graph: Graph, out: str | Path) -> CompiledProgram:
+def write_program(graph: Graph, out: str | Path, progress: bool | None = None) -> CompiledProgram:
     """Write and build the per-core programs of ``graph`` as it is (its cores are its
     nodes' ``meta["core"]``; memory-planned or not) into folder ``out``."""
     from ..ir.serialize import save
@@ -281,7 +283,8 @@ def write_program(graph: Graph, out: str | Path) -> CompiledProgram:
         1 + max((_core(n) for n in graph.nodes), default=0)
     sources, kernels, manifest = generate(graph, cores)
     sources_cached: dict[str, Path] = {}
-    for name, (kd, n) in sorted(kernels.items()):
+    bar = Progress(2 * len(kernels), "kernels", progress)
+    for name, (kd, n) in bar.iterate(sorted(kernels.items())):
         io = [(v.type.shape, dtype_name(v.type)) for v in n.inputs if v is not None] + \
              [(v.type.shape, dtype_name(v.type)) for v in n.outputs]
         src_cached = cache_dir() / f"{name}_{tir_hash(kd, 'c-program')}.program.c"
@@ -290,7 +293,8 @@ def write_program(graph: Graph, out: str | Path) -> CompiledProgram:
         (out / "kernels" / f"{name}.c").write_text(src_cached.read_text())
         sources_cached[name] = src_cached
     with ThreadPoolExecutor(os.cpu_count() or 1) as pool:    # one C compiler per CPU
-        objects = dict(zip(sources_cached, pool.map(_object, sources_cached.values())))
+        objects = dict(zip(sources_cached, bar.iterate(pool.map(_object, sources_cached.values()))))
+    bar.close()
     (out / "runtime.c").write_text(RUNTIME_C + RUNTIME_SYNC)
     runtime_o = _object(out / "runtime.c")
     for fname, text in sources.items():

@@ -32,20 +32,19 @@ import dataclasses
 import fnmatch
 import json
 import math
-import sys
-import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO, Union
+from typing import Any, Union
 
 import numpy as np
 
 from ..errors import BevirError, PassError
 from ..ir.graph import Graph, Node, Value
 from ..ir.meta import register_meta_key
+from ..progress import Progress
 from ..sim.interpreter import Interpreter
 from .analysis import AnalysisManager
 from .core import Pass
@@ -882,43 +881,6 @@ def channel_axis(value: Value, axis: Axis = "auto") -> int | None:
     if isinstance(axis, int) and not isinstance(axis, bool):
         return axis % rank if -rank <= axis < rank else None
     raise CalibrationError(f"axis must be 'auto', 'last', an int or a callable, got {axis!r}")
-
-
-# ---- progress -----------------------------------------------------------------------------
-class Progress:
-    """A one-line progress bar on stderr, redrawn at most 10 times a second.
-
-    ``enabled=None`` shows it only when stderr is a terminal.
-    """
-
-    def __init__(self, total: int | None, desc: str = "", enabled: bool | None = None,
-                 stream: TextIO | None = None):
-        self.stream = stream or sys.stderr
-        self.enabled = self.stream.isatty() if enabled is None else enabled
-        self.total, self.desc, self.n = total, desc, 0
-        self._start = self._drawn = time.perf_counter()
-
-    def update(self, n: int = 1) -> None:
-        self.n += n
-        now = time.perf_counter()
-        if self.enabled and now - self._drawn >= 0.1:
-            self._drawn = now
-            self._draw(now)
-
-    def _draw(self, now: float, end: str = "") -> None:
-        elapsed = f"{now - self._start:.1f}s"
-        if self.total:
-            done = min(self.n / self.total, 1.0)
-            bar = "#" * int(24 * done)
-            text = f"{self.desc} [{bar:<24}] {self.n}/{self.total} {elapsed}"
-        else:
-            text = f"{self.desc} {self.n} {elapsed}"
-        self.stream.write("\r" + text + end)
-        self.stream.flush()
-
-    def close(self) -> None:
-        if self.enabled:
-            self._draw(time.perf_counter(), end="\n")
 
 
 # ---- running ------------------------------------------------------------------------------

@@ -2,15 +2,24 @@
 
     python examples/bevformer/e2e.py --config test|tiny --out DIR [--seed 0] [--decompose]
                                      [--checkpoint bevformer_tiny_epoch_24.pth]
+                                     [--hw "QC-U 8MB 16MAC x4"] [--cores N] [--score-threshold T]
 
 Steps (the reference notebook's): make synthetic weights (seed) or load a checkpoint
 (.pth via torch.load(weights_only=True), or .safetensors), and the test vectors;
 export the backbone to ONNX and import it with bevir.from_onnx; import the head (encoder,
 decoder, branches) with bevir.from_torch, its attention modules as custom ops; link both
-into one verified graph; run the PyTorch reference and the bevir golden model; decode and
-compare the detections. Writes into DIR: checkpoint.safetensors, test_vectors.safetensors,
-config.json, backbone.onnx, model.bevir (+ model.safetensors), golden_outputs.safetensors and
-report.json.
+into one verified graph; run the PyTorch reference and the bevir golden model; quantize
+(INT8 backbone by onnxruntime, fixed-point head) and run the INT8 golden model; compile for
+the GPNPU (partition, memory plan, per-core C programs through TVM), run the generated
+program and check it against the INT8 golden model bit for bit; model its cycles; draw the
+detections. Each step prints its time; the last table sets them beside the reference
+flow's.
+
+Writes into DIR: checkpoint.safetensors, test_vectors.safetensors, config.json,
+backbone.onnx, model.bevir (+ .safetensors), golden_outputs.safetensors, model_int8.bevir,
+int8_outputs.safetensors, int8_layers.json/.png, program/ (the compiled per-core programs),
+program_outputs.safetensors, cycles/ (per-core profiles, timeline.png, roofline.png),
+detections*.png, report.json and report.html (all of it on one page).
 """
 from __future__ import annotations
 
@@ -192,14 +201,52 @@ def noise_sensitivity(model: BEVFormer, inputs: dict, snr_db: float = 40.0, seed
             for k, r, o in zip(("cls_scores", "bbox_preds"), ref, out)}
 
 
+OUTPUTS = ("cls_scores", "bbox_preds")
+#: the reference flow's times where its notebook states one: (what, the steps of this flow
+#: that do the same, seconds). Its step 4 prints "Running full E2E on ISS - 4-core (~60 min)".
+REFERENCE_TIMES = [("device build + run, 4 cores", ("device: compile", "device: run"), 3600.0)]
+DEFAULT_HW = "QC-U 8MB 16MAC x4"
+
+
+class Steps:
+    """The flow's steps: each prints its name as it starts and its time as it ends; the
+    times are kept for the report."""
+
+    def __init__(self):
+        self.times: dict[str, float] = {}
+
+    def __call__(self, name: str, fn):
+        print(f"\n== {name}", flush=True)
+        result, self.times[name] = timed(fn)
+        print(f"   ({name}: {self.times[name]:.2f} s)", flush=True)
+        return result
+
+    def against_reference(self) -> list[dict]:
+        """The reference flow's stated times beside this run's time for the same work."""
+        return [{"what": what, "bevir_s": sum(self.times[s] for s in spans),
+                 "reference_s": ref, "ratio": sum(self.times[s] for s in spans) / ref}
+                for what, spans, ref in REFERENCE_TIMES if all(s in self.times for s in spans)]
+
+    def table(self) -> str:
+        rows = [f"  {name:<30} {t:8.2f} s" for name, t in self.times.items()]
+        rows.append(f"  {'total':<30} {sum(self.times.values()):8.2f} s")
+        rows += [f"  {r['what']:<30} {r['bevir_s']:8.2f} s   reference flow ~{r['reference_s'] / 60:.0f}"
+                 f" min: {r['ratio']:.4f}x" for r in self.against_reference()]
+        return "\n".join(rows)
+
+
 def int8_stage(model: BEVFormer, inputs: dict, graph: bevir.Graph, feed: dict, golden: dict,
-               config: BEVFormerConfig, out: Path, quant_config: QuantConfig) -> dict:
+               config: BEVFormerConfig, out: Path, quant_config: QuantConfig,
+               steps: Steps | None = None) -> tuple[dict, dict]:
     """INT8 golden vs float reference: quantize, run, compare the detections and every
-    layer; writes int8_outputs.safetensors, int8_layers.json and int8_layers.png."""
-    (q, stats, qb), t_quant = timed(lambda: int8_graph(model, inputs, feed, out, quant_config))
+    layer; writes int8_outputs.safetensors, int8_layers.json and int8_layers.png.
+    Returns (figures, the INT8 golden outputs)."""
+    steps = steps or Steps()
+    q, stats, qb = steps("INT8 quantize", lambda: int8_graph(model, inputs, feed, out, quant_config))
     bevir.save(q, out / "model_int8.bevir")
-    int8_out, t_int8 = timed(lambda: bevir.run(q, feed))
-    save_file({k: np.asarray(int8_out[k]) for k in ("cls_scores", "bbox_preds")},
+    int8_out = steps("INT8 golden run", lambda: bevir.run(q, feed))
+    t_quant, t_int8 = steps.times["INT8 quantize"], steps.times["INT8 golden run"]
+    save_file({k: np.asarray(int8_out[k]) for k in OUTPUTS},
               str(out / "int8_outputs.safetensors"))
     figures = int8_figures(golden, int8_out, q, stats, config)
     figures["time_s"] = {"quantize": t_quant, "int8_golden": t_int8}
@@ -224,15 +271,79 @@ def int8_stage(model: BEVFormer, inputs: dict, graph: bevir.Graph, feed: dict, g
     print("  worst layers (re-run with --override GROUP=per_channel|exclude):")
     for w in figures["worst_layers"]:
         print(f"    {w['sqnr_db']:6.1f} dB  {w['op']:<18} {w['layer']}  [{w['group']}]")
-    return figures
+    return figures, int8_out
+
+
+def device_stage(q: bevir.Graph, feed: dict, int8_out: dict, config: BEVFormerConfig, out: Path,
+                 hw: str, steps: Steps, progress: bool | None = None) -> tuple[dict, dict]:
+    """The INT8 graph on the GPNPU: partitioned for ``hw``, memory-planned, compiled to
+    per-core C programs (out/program), run, checked against the INT8 golden model
+    element by element and detection by detection; its cycles modelled (out/cycles).
+    Returns (figures, the program's outputs)."""
+    from bevir.hw import HWConfig
+    from bevir.sim.cycles import model as cycle_model
+    prog = steps("device: compile", lambda: bevir.compile(q, out / "program", hw=hw,
+                                                          progress=progress))
+    dev = steps("device: run", lambda: prog.run(feed))
+    save_file({k: dev[k] for k in OUTPUTS}, str(out / "program_outputs.safetensors"))
+    differing = {k: int(np.count_nonzero(dev[k] != int8_out[k])) for k in OUTPUTS}
+    cmp = compare_detections(decode(dev["cls_scores"], dev["bbox_preds"], config),
+                             decode(int8_out["cls_scores"], int8_out["bbox_preds"], config))
+    print("generated program vs INT8 golden model:")
+    print(f"  differing elements: {differing} of "
+          f"{ {k: int(dev[k].size) for k in OUTPUTS} }")
+    print_comparison(cmp, "program", "INT8 golden")
+    profile = steps("cycle model", lambda: cycle_model(prog.graph, HWConfig.parse(hw)))
+    profile.write(out / "cycles")
+    summary = profile.summary()
+    print(f"  {summary['hw_string']}: makespan {summary['makespan_cycles']:,} cycles "
+          f"({summary['makespan_ms']:.2f} ms), per core "
+          f"{', '.join(f'{c:,}' for c in summary['cycles_per_core'])}; "
+          f"utilisation {summary['utilisation']:.1%}")
+    for r in summary["top_ops"][:3]:
+        print(f"    {r['cycles']:>12,} cycles  core {r['core']}  {r['op']:<16} {r['loc']}  "
+              f"[{r['bound']}-bound]")
+    m = prog.manifest
+    figures = {"hw": hw, "differing": differing, "comparison": cmp,
+               "kernels": len(m["kernels"]), "program_dir": str(out / "program"),
+               "cycles": {k: summary[k] for k in ("makespan_cycles", "cycles_per_core",
+                                                  "makespan_ms", "utilisation", "macs",
+                                                  "cycles_by_bound", "top_ops")}}
+    return figures, dev
+
+
+def pictures(out: Path, inputs: dict, config: BEVFormerConfig, detections: dict[str, dict],
+             threshold: float) -> list[tuple[str, str]]:
+    """The reference flow's three Figure-7 views of ``detections`` (name -> decoded):
+    the deployed result alone, against the INT8 golden model, against the float model.
+    Returns (file, caption) of each picture written."""
+    from .visualize import View, camera_images, figure7, filter_by_score
+    images = camera_images(inputs["img"].numpy(), config)
+    l2i = inputs["lidar2img"].numpy()
+    main = "program" if "program" in detections else "INT8 golden"
+    colors = {"program": "#d62728", "INT8 golden": "#1f77b4", "float": "#2ca02c"}
+    views = {k: View(filter_by_score(d, threshold), k, colors[k]) for k, d in detections.items()}
+    figs = [("detections.png", [main], f"{main} (score >= {threshold})")]
+    figs += [(f"detections_vs_{other.split()[0].lower()}.png", [main, other],
+              f"{main} (red) against {other} (score >= {threshold})")
+             for other in ("INT8 golden", "float") if other != main]
+    written = []
+    for fname, names, title in figs:
+        figure7(images, l2i, [views[n] for n in names], config, out / fname, title)
+        written.append((fname, title))
+    return written
 
 
 def run(config: BEVFormerConfig, out: Path, seed: int = 0, decompose: bool = False,
-        quant_config: QuantConfig | None = None, checkpoint: Path | None = None) -> dict:
-    """The whole flow into ``out``; weights from ``checkpoint`` if given, else synthetic (seed)."""
+        quant_config: QuantConfig | None = None, checkpoint: Path | None = None,
+        hw: str | None = DEFAULT_HW, score_threshold: float = 0.3,
+        progress: bool | None = None) -> dict:
+    """The whole flow into ``out``; weights from ``checkpoint`` if given, else synthetic
+    (seed). ``hw`` None stops after the INT8 golden model (no device stage)."""
     quant_config = quant_config or QuantConfig.preset("reference-flow")
     model = build_model(config, seed, checkpoint)        # fails before anything is written
     out.mkdir(parents=True, exist_ok=True)
+    steps = Steps()
     weights = {"synthetic": "false", "source": str(checkpoint)} if checkpoint else \
         {"synthetic": "true", "seed": str(seed)}
     save_checkpoint(out / "checkpoint.safetensors", model.state_dict(),
@@ -247,12 +358,11 @@ def run(config: BEVFormerConfig, out: Path, seed: int = 0, decompose: bool = Fal
     save_test_vectors(out / "test_vectors.safetensors", inputs, (cls_t, bbox_t),
                       metadata={"config": config.name, "seed": str(seed)})
 
-    graph, t_import = timed(lambda: build_graph(model, inputs, out, decompose))
+    graph = steps("float import", lambda: build_graph(model, inputs, out, decompose))
     bevir.save(graph, out / "model.bevir")
     feed = golden_inputs(graph, inputs)
-    golden, t_golden = timed(lambda: bevir.run(graph, feed))
-    save_file({k: golden[k] for k in ("cls_scores", "bbox_preds")},
-              str(out / "golden_outputs.safetensors"))
+    golden = steps("float golden run", lambda: bevir.run(graph, feed))
+    save_file({k: golden[k] for k in OUTPUTS}, str(out / "golden_outputs.safetensors"))
 
     det_t, det_g = decode(cls_t, bbox_t, config), decode(golden["cls_scores"], golden["bbox_preds"], config)
     print("PyTorch reference detections:")
@@ -264,21 +374,37 @@ def run(config: BEVFormerConfig, out: Path, seed: int = 0, decompose: bool = Fal
     report = {
         "config": config.name, "weights": weights,
         "nodes": len(graph.nodes), "op_counts": graph.op_counts(), "parameters": graph.num_params(),
-        "max_abs_diff": {"cls_scores": float(np.abs(golden["cls_scores"] - cls_t.numpy()).max()),
-                         "bbox_preds": float(np.abs(golden["bbox_preds"] - bbox_t.numpy()).max())},
+        "max_abs_diff": {k: float(np.abs(golden[k] - t.numpy()).max())
+                         for k, t in zip(OUTPUTS, (cls_t, bbox_t))},
         "comparison": {k: (float(v) if isinstance(v, (float, np.floating)) else v)
                        for k, v in cmp.items()},
-        "time_s": {"torch_eager": t_torch, "bevir_golden": t_golden, "import": t_import},
-        "golden_over_torch": t_golden / t_torch,
+        "time_s": {"torch_eager": t_torch, "bevir_golden": steps.times["float golden run"],
+                   "import": steps.times["float import"]},
     }
-
-    report["int8"] = int8_stage(model, inputs, graph, feed, golden, config, out, quant_config)
-    (out / "report.json").write_text(json.dumps(report, indent=1))
+    report["golden_over_torch"] = report["time_s"]["bevir_golden"] / t_torch
     print(f"max |golden - torch|: cls {report['max_abs_diff']['cls_scores']:.2e}, "
-          f"bbox {report['max_abs_diff']['bbox_preds']:.2e}")
-    print(f"{len(graph.nodes)} nodes; import {t_import:.2f}s; golden {t_golden:.2f}s vs torch eager "
-          f"{t_torch:.2f}s (ratio {report['golden_over_torch']:.2f})")
-    print(f"wrote {out}")
+          f"bbox {report['max_abs_diff']['bbox_preds']:.2e}; golden "
+          f"{report['time_s']['bevir_golden']:.2f}s vs torch eager {t_torch:.2f}s")
+
+    report["int8"], int8_out = int8_stage(model, inputs, graph, feed, golden, config, out,
+                                          quant_config, steps)
+    detections = {"float": det_g, "INT8 golden": decode(int8_out["cls_scores"],
+                                                        int8_out["bbox_preds"], config)}
+    if hw:
+        q = bevir.load(out / "model_int8.bevir")
+        report["device"], dev = device_stage(q, feed, int8_out, config, out, hw, steps, progress)
+        detections["program"] = decode(dev["cls_scores"], dev["bbox_preds"], config)
+    report["pictures"] = steps("pictures", lambda: pictures(out, inputs, config, detections,
+                                                            score_threshold))
+    report["detections"] = {k: len(d["scores"]) for k, d in detections.items()}
+    report["steps_s"] = dict(steps.times)
+    report["against_reference_flow"] = steps.against_reference()
+    (out / "report.json").write_text(json.dumps(report, indent=1))
+    from .report import write_html
+    write_html(out / "report.html", report)
+    print("\nsteps (this machine; the reference flow's time where its notebook states one):")
+    print(steps.table())
+    print(f"wrote {out} (open report.html)")
     return report
 
 
@@ -295,11 +421,21 @@ def main(argv=None) -> int:
                     help="switch a rule group of the quantization config (repeatable)")
     ap.add_argument("--checkpoint", type=Path, default=None,
                     help="trained weights (.pth or .safetensors) instead of synthetic ones")
+    ap.add_argument("--hw", default=DEFAULT_HW,
+                    help="the GPNPU (a preset or vendor string) the device stage compiles for")
+    ap.add_argument("--cores", type=int, default=None,
+                    help="cores of --hw to use (0: no device stage, stop after the INT8 golden run)")
+    ap.add_argument("--score-threshold", type=float, default=0.3,
+                    help="detections drawn in the pictures: score at least this")
     args = ap.parse_args(argv)
+    hw = None if args.cores == 0 else args.hw
     try:
+        if hw and args.cores:
+            from bevir.hw import HWConfig
+            hw = HWConfig.parse(hw).model_copy(update={"cores": args.cores}).describe()
         run(CONFIGS[args.config], args.out or Path("out") / f"bevformer_{args.config}", args.seed,
             args.decompose, overridden(load_config(args.quant_config), args.override),
-            args.checkpoint)
+            args.checkpoint, hw, args.score_threshold)
     except (bevir.BevirError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

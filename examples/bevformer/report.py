@@ -1,0 +1,90 @@
+"""report.html: the e2e flow's figures (report.json) and pictures on one page."""
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+
+def _table(header: list[str], rows: list[list]) -> str:
+    head = "".join(f"<th>{html.escape(str(h))}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>"
+                   for row in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _comparison(cmp: dict, a: str, b: str) -> list:
+    return [f"{a} vs {b}", f"{cmp['num_a']} / {cmp['num_b']}",
+            f"{cmp['top10_label_match']}/10", f"{cmp['bev_iou_match']}/10",
+            f"{cmp['mean_iou']:.3f}", f"{cmp['score_diff_max']:.6f}"]
+
+
+def _figure(src: str, caption: str) -> str:
+    return (f'<figure><img src="{html.escape(src)}"><figcaption>{html.escape(caption)}'
+            "</figcaption></figure>")
+
+
+def sections(report: dict) -> list[str]:
+    """The page's sections, in order: steps, validation, cycles, pictures."""
+    steps = [[name, f"{t:.2f} s", "-"] for name, t in report["steps_s"].items()]
+    steps.append(["total", f"{sum(report['steps_s'].values()):.2f} s", "-"])
+    steps += [[r["what"], f"{r['bevir_s']:.2f} s",
+               f"~{r['reference_s'] / 60:.0f} min (bevir: {r['ratio']:.4f}x)"]
+              for r in report.get("against_reference_flow", [])]
+    out = ["<h2>Steps</h2>", _table(["step", "bevir", "reference flow"], steps)]
+
+    rows = [_comparison(report["comparison"], "float golden", "PyTorch"),
+            _comparison(report["int8"]["comparison"], "INT8 golden", "float golden")]
+    dev = report.get("device")
+    if dev:
+        rows.append(_comparison(dev["comparison"], "program", "INT8 golden"))
+    out += ["<h2>Validation</h2>",
+            _table(["pair", "detections", "top-10 labels", "top-10 BEV IoU > 0.5", "mean IoU",
+                    "max score diff"], rows)]
+    facts = [["float golden vs PyTorch, max |diff|",
+              ", ".join(f"{k} {v:.2e}" for k, v in report["max_abs_diff"].items())],
+             ["INT8 golden vs float, SQNR",
+              ", ".join(f"{k} {v:.1f} dB" for k, v in report["int8"]["sqnr_db"].items())]]
+    if dev:
+        facts.append(["program vs INT8 golden, differing elements",
+                      ", ".join(f"{k} {v}" for k, v in dev["differing"].items())])
+    out.append(_table(["check", "result"], facts))
+
+    if dev:
+        c = dev["cycles"]
+        out += ["<h2>Cycles</h2>",
+                f"<p>{html.escape(dev['hw'])}: makespan {c['makespan_cycles']:,} cycles "
+                f"({c['makespan_ms']:.2f} ms), utilisation {c['utilisation']:.1%}, "
+                f"{dev['kernels']} kernels.</p>",
+                _table(["core", "cycles"], [[k, f"{v:,}"] for k, v in
+                                            enumerate(c["cycles_per_core"])]),
+                _table(["cycles", "core", "op", "layer", "bound"],
+                       [[f"{r['cycles']:,}", r["core"], r["op"], r["loc"], r["bound"]]
+                        for r in c["top_ops"][:10]])]
+
+    out.append("<h2>Pictures</h2>")
+    out += [_figure(f, caption) for f, caption in report.get("pictures", [])]
+    out.append(_figure("int8_layers.png", "INT8 against float, SQNR per layer"))
+    if dev:
+        out += [_figure("cycles/timeline.png", "per-core cycle timeline (colour: what bounds each op)"),
+                _figure("cycles/roofline.png", "roofline: each op's MACs per cycle")]
+    return out
+
+
+def write_html(path: str | Path, report: dict) -> Path:
+    """One self-contained page (pictures linked relative to it) of ``report``."""
+    title = f"bevir: BEVFormer ({report['config']}) end to end"
+    style = ("body{font-family:sans-serif;margin:2em;max-width:1500px}"
+             "table{border-collapse:collapse;margin:0.6em 0}"
+             "td,th{border:1px solid #ccc;padding:3px 8px;text-align:left;font-size:13px}"
+             "img{max-width:100%;border:1px solid #ddd}figure{margin:1em 0}")
+    page = ["<!doctype html>", "<html><head><meta charset='utf-8'>",
+            f"<title>{html.escape(title)}</title><style>{style}</style></head><body>",
+            f"<h1>{html.escape(title)}</h1>",
+            f"<p>weights: {html.escape(str(report['weights']))}; {report['nodes']} nodes in the "
+            f"float graph, {report['int8']['nodes']} in the INT8 graph. "
+            "All figures: <a href='report.json'>report.json</a>.</p>"]
+    page += sections(report)
+    page.append("</body></html>")
+    path = Path(path)
+    path.write_text("\n".join(page) + "\n")
+    return path
