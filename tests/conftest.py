@@ -6,6 +6,8 @@ import zlib
 import numpy as np
 import pytest
 
+pytest_plugins = ["pytester"]
+
 
 def stable_seed(name: str) -> int:
     """A seed from a name that is the same in every process (``hash`` is salted per process)."""

@@ -14,7 +14,8 @@ from bevir.codegen.program import Program
 from bevir.codegen.lower import kernel_def, lowerable
 from bevir.ir.types import FixedPointQuant
 from bevir.ops.fixed_point import FxAdd
-from test_partition import GRAPHS, differing, ints, partitioned
+from bevir.testing import assert_bit_exact
+from test_partition import GRAPHS, ints, partitioned
 
 I8, I16, I32 = DType.i8, DType.i16, DType.i32
 
@@ -36,7 +37,7 @@ def test_generated_kernels_are_bit_exact(rng, name, cores, target):
     report = program.check(inputs)
     assert report.ok, report.mismatch
     assert report.checked == sum(lowerable(n) for n in g.nodes) > 0
-    assert differing(program.run(inputs), bevir.run(graph, inputs)) == 0
+    assert_bit_exact(program.run(inputs), bevir.run(graph, inputs))
     if cores > 1:
         assert {"core_slice", "core_gather", "barrier"} <= lowered_ops(program)
 

@@ -17,7 +17,8 @@ import bevir
 from bevir.codegen import Program
 from bevir.codegen.cprogram import CompiledProgram, compile
 from bevir.passes import make_pass
-from test_partition import GRAPHS, differing, partitioned
+from bevir.testing import assert_bit_exact
+from test_partition import GRAPHS, partitioned
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +42,7 @@ def test_per_core_programs_are_bit_exact(rng, tmp_path, name, cores, plan):
     g = planned(graph, cores) if plan else partitioned(graph, cores, barrier_cycles=0)
     program = compile(g, tmp_path)
     assert program.cores == cores
-    assert differing(program.run(inputs), bevir.run(graph, inputs)) == 0
+    assert_bit_exact(program.run(inputs), bevir.run(graph, inputs))
     m = program.manifest
     steps = [s for p in m["programs"] for s in p["steps"]]
     assert {s["node"] for s in steps} == {n.name for n in g.nodes}
@@ -61,8 +62,8 @@ def test_bevformer_int8_on_4_cores_is_bit_exact_and_reproducible(bevformer_int8,
     q, feed = bevformer_int8
     a = compile(q, tmp_path / "a", hw="QC-U 8MB 16MAC x4")
     out = a.run(feed)
-    assert differing(out, bevir.run(q, feed)) == 0
-    assert differing(a.run(feed), out) == 0                  # a second run, same program
+    assert_bit_exact(out, bevir.run(q, feed))
+    assert_bit_exact(a.run(feed), out)                  # a second run, same program
     m = a.manifest
     assert m["cores"] == 4 and [s["device"] for s in m["stages"]] == [False, True, False]
     assert all(b <= 8 * 2**20 for b in m["ocm_bytes"])
@@ -72,9 +73,9 @@ def test_bevformer_int8_on_4_cores_is_bit_exact_and_reproducible(bevformer_int8,
     assert len(files) > 100
     for f in files:
         assert (tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes(), f
-    assert differing(CompiledProgram.load(tmp_path / "b").run(feed), out) == 0
+    assert_bit_exact(CompiledProgram.load(tmp_path / "b").run(feed), out)
     # the host build of the same partitioned graph
-    assert differing(Program(a.graph, "llvm").run(feed), out) == 0
+    assert_bit_exact(Program(a.graph, "llvm").run(feed), out)
 
 
 def test_cli_compiles_runs_and_checks(rng, tmp_path, capsys):
@@ -91,7 +92,7 @@ def test_cli_compiles_runs_and_checks(rng, tmp_path, capsys):
         assert main(["exec", str(tmp_path / "prog"), "--inputs", str(tmp_path / "in.safetensors"),
                      "-o", str(out), "--check", *extra]) == 0
         assert "check: 0 differing elements" in capsys.readouterr().out
-        assert differing(load_file(str(out)), bevir.run(graph, inputs)) == 0
+        assert_bit_exact(load_file(str(out)), bevir.run(graph, inputs))
     assert main(["exec", str(tmp_path / "m.bevir")]) == 1
     assert capsys.readouterr().err.startswith("bevir: error:")
 
@@ -157,4 +158,4 @@ def test_device_nodes_keep_graph_order_across_stages(rng, tmp_path):
     assert any(late_node in nodes for dev, nodes in parts[2:] if dev)
     inputs = {"x": rng.integers(-128, 128, 64).astype(np.int8)}
     program = compile(b.graph, tmp_path, hw="QC-U 8MB 16MAC x1")
-    assert differing(program.run(inputs), bevir.run(b.graph, inputs)) == 0
+    assert_bit_exact(program.run(inputs), bevir.run(b.graph, inputs))

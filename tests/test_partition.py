@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import bevir
+from bevir.testing import assert_bit_exact, differences
 from bevir import DType, Layout, TensorType
 from bevir.ir.types import AffineQuant, FixedPointQuant
 from bevir.passes import make_pass
@@ -144,11 +145,10 @@ def partitioned(graph, cores: int, **options):
 
 
 def differing(a: dict, b: dict) -> int:
-    """Elements that differ between two runs' outputs (shapes and dtypes must agree)."""
-    assert a.keys() == b.keys()
-    for k in a:
-        assert a[k].shape == b[k].shape and a[k].dtype == b[k].dtype, k
-    return sum(int(np.count_nonzero(a[k] != b[k])) for k in a)
+    """Elements that differ between two runs' outputs (shapes, dtypes and names must agree)."""
+    diffs = differences(a, b)
+    assert not any(d.problem for d in diffs), diffs
+    return sum(d.count for d in diffs)
 
 
 def split_entries(g) -> list[dict]:
@@ -163,7 +163,7 @@ def test_partitioned_graph_is_bit_identical(rng, name, cores):
     reference = bevir.run(graph, inputs)
     g = partitioned(graph, cores, barrier_cycles=0)     # no barrier cost: splits win
     bevir.verify(g)
-    assert differing(bevir.run(g, inputs), reference) == 0
+    assert_bit_exact(bevir.run(g, inputs), reference)
     if cores == 1:
         assert str(g) == str(graph) and not split_entries(g)
     else:
@@ -307,7 +307,7 @@ def test_replay_gives_the_same_graph(rng, tmp_path):
     bevir.optimize(again, f"partition{{cores=3, plan={tmp_path / 'plan.json'}}}")
     assert str(again) == str(g)
     assert [n.meta.get("core") for n in again.nodes] == [n.meta.get("core") for n in g.nodes]
-    assert differing(bevir.run(again, inputs), bevir.run(graph, inputs)) == 0
+    assert_bit_exact(bevir.run(again, inputs), bevir.run(graph, inputs))
 
 
 def test_partition_is_deterministic(rng):
@@ -367,8 +367,8 @@ def test_cli_runs_partitioned_and_prints_the_plan(rng, tmp_path, capsys):
                      "-o", str(out), "--cores", cores]) == 0
         outs[cores] = load_file(str(out))
     assert "ops split" in capsys.readouterr().err
-    assert differing(outs["4"], bevir.run(graph, inputs)) == 0
-    assert differing(outs["1"], outs["4"]) == 0
+    assert_bit_exact(outs["4"], bevir.run(graph, inputs))
+    assert_bit_exact(outs["1"], outs["4"])
     assert main(["show", str(tmp_path / "m.bevir"), "--partition", "--cores", "4",
                  "--plan-out", str(tmp_path / "plan.json")]) == 0
     shown = capsys.readouterr().out
@@ -409,3 +409,13 @@ def test_bevformer_int8_is_bit_identical_on_1_to_4_cores(bevformer_int8, barrier
         if cores > 1 and barrier == 0:        # the head's integer ops split too
             assert {"fx_linear", "fx_layer_norm", "fx_softmax", "fx_ms_deform_attn"} <= \
                 {k.split(":")[0] for k in kinds}
+
+
+@pytest.mark.parametrize("name", GRAPHS)
+def test_golden_outputs_stay_as_stored(golden, name):
+    """The integer test graphs' golden outputs are pinned in tests/golden/ (bevir.testing's
+    `golden` fixture): a change of an op's integer semantics shows here; the 4-core
+    partition agrees with them."""
+    graph, inputs = GRAPHS[name](np.random.default_rng(0))
+    expected = golden(graph, inputs)
+    assert_bit_exact(bevir.run(partitioned(graph, 4, barrier_cycles=0), inputs), expected)

@@ -82,6 +82,11 @@ class ErrorReport:
                 return e
         raise KeyError(value)
 
+    def first_divergence(self, tolerance: float = 0.0) -> LayerError | None:
+        """The first value, in the candidate's graph order, whose max abs error exceeds
+        ``tolerance`` (0: the first that is not exactly equal); None when none does."""
+        return next((e for e in self.layers if not e.max_abs <= tolerance), None)
+
     def worst(self, n: int = 10) -> list[LayerError]:
         """The ``n`` values with the lowest SQNR."""
         return sorted(self.layers, key=lambda e: e.sqnr_db)[:n]
