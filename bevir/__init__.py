@@ -3,7 +3,7 @@
 The top level holds what a compiler engineer reaches for first: the IR (``Graph``,
 ``Builder``, ``TensorType``..., ``verify``, ``parse`` / ``print_graph``, ``save`` /
 ``load``, ``compose``), ``OpDef`` to define ops, the golden model (``run``,
-``Interpreter``), code generation (``compile``: per-core C programs through TVM), passes (``Pass``, ``PassManager``, ``optimize``, ``calibrate``,
+``Interpreter``), code generation (``compile``: per-core C programs through TVM; ``to_onnx``), passes (``Pass``, ``PassManager``, ``optimize``, ``calibrate``,
 ``quantize``) and the frontends (``from_onnx``, ``from_torch``, ``CustomOp``). End-to-end
 steps live in ``bevir.flows`` (e.g. ``bevir.flows.quantize_backbone``).
 """
@@ -27,7 +27,7 @@ __all__ = ["AffineQuant", "AttrError", "BevirError", "Builder", "CustomOp", "DTy
            "OpDef", "ParseError", "Pass", "PassError", "PassManager", "TensorType",
            "UnsupportedError", "Value", "VerifyError", "calibrate", "compile", "compose",
            "flows", "from_onnx", "from_torch", "load", "optimize", "parse", "print_graph",
-           "quantize", "run", "save", "verify"]
+           "quantize", "run", "save", "to_onnx", "verify"]
 
 
 def __getattr__(name: str):
@@ -38,4 +38,7 @@ def __getattr__(name: str):
     if name == "compile":
         from .codegen.cprogram import compile as _compile
         return _compile
+    if name == "to_onnx":
+        from .codegen.onnx import to_onnx
+        return to_onnx
     raise AttributeError(f"module 'bevir' has no attribute '{name}'")

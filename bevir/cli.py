@@ -334,6 +334,17 @@ def cmd_compile(args) -> int:
     return 0
 
 
+def cmd_export(args) -> int:
+    from .codegen.onnx import to_onnx
+    graph = load_graph(args.model)
+    model = to_onnx(graph, args.onnx)
+    qdq = sum(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in model.graph.node)
+    _out(f"exported @{graph.name} to {args.onnx}: {len(model.graph.node)} ONNX nodes"
+         + (f" ({qdq} QuantizeLinear/DequantizeLinear)" if qdq else "")
+         + f", opset {model.opset_import[0].version}")
+    return 0
+
+
 def cmd_exec(args) -> int:
     from .codegen.cprogram import CompiledProgram
     from .codegen.program import Program
@@ -549,6 +560,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--cores", type=int, help="partition across N cores (values stay in DDR "
                    "unless --hw is given)")
     s.set_defaults(fn=cmd_compile)
+
+    s = sub.add_parser("export", help="write a model as ONNX (quantized ops as QDQ)")
+    s.add_argument("model", help="a .bevir file")
+    s.add_argument("--onnx", required=True, metavar="FILE", help="the ONNX file to write")
+    s.set_defaults(fn=cmd_export)
 
     s = sub.add_parser("exec", help="run a compiled program (one thread per core)")
     s.add_argument("program", help="a folder written by bevir compile")

@@ -245,6 +245,9 @@ class OpDef:
     tvm_lowering: ClassVar[Callable | None] = None
     #: the GPNPU cycle cost (bevir.sim.cycles); None: the model's default for the op's kind
     cycle_cost: ClassVar[Callable | None] = None
+    #: ``onnx_export(e, node, inputs, outputs)``: the op as ONNX nodes (bevir.codegen.onnx;
+    #: helpers in bevir.ops.onnx_export). None: the op has no ONNX form
+    onnx_export: ClassVar[Callable | None] = None
     #: how the op splits across cores (the partition pass), by kind: "rows" (leading
     #: result axes; the default :meth:`split_piece` slices every operand along the
     #: broadcast-aligned axis), "batch", "channels", "columns", "queries". Each kind cuts
@@ -297,7 +300,8 @@ class OpDef:
         have = [name for name in ("infer", "compute", "macs")
                 if getattr(type(self), name) is not getattr(base, name)]
         have += [name for name in ("nhwc", "activation", "fixed_point", "decompose",
-                                   "tvm_lowering", "cycle_cost") if getattr(self, name) is not None]
+                                   "tvm_lowering", "cycle_cost", "onnx_export")
+                 if getattr(self, name) is not None]
         return have + (["splits"] if self.splits else [])
 
     def arity(self) -> tuple[int, int | None]:

@@ -14,6 +14,7 @@ from .common import float_operands, require
 from .nn import softmax_np
 from ..ir.opdef import FixedLowering, Int, Ints, OpDef, Str
 from .cost import sampling_work
+from .onnx_export import ms_deform_attn
 
 
 def _linear(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -301,6 +302,7 @@ class MsDeformAttn(OpDef):
     (bs, Nq, H, L, P, 2), attention_weights (bs, Nq, H, L, P) -> (bs, Nq, H*d)."""
 
     name = "ms_deform_attn"
+    onnx_export = staticmethod(ms_deform_attn)
     fixed_point = FixedLowering("deform_attn")
     operands = ("value", "sampling_locations", "attention_weights")
     attrs = {"spatial_shapes": Ints()}

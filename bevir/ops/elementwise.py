@@ -7,6 +7,7 @@ from ..ir.types import DType, TensorType
 from ..ir.opdef import Activation, Bool, FixedLowering, Float, OpDef, Str
 from .common import broadcast_types, float_operands, require, same_dtype
 from .layout_rules import ELEMENTWISE
+from .onnx_export import atan2, onnx_as
 
 
 def _erf(x: np.ndarray) -> np.ndarray:
@@ -60,6 +61,7 @@ class Relu(Unary):
     name = "relu"
     fixed_point = FixedLowering("unary", "fx_relu")
     activation = Activation(fixed="fx_relu")
+    onnx_export = onnx_as("Relu")
 
     def infer(self, c, x):
         require(x.dtype.is_float or x.dtype.is_int, f"expects a numeric operand, got {x.dtype}")
@@ -70,23 +72,24 @@ class Relu(Unary):
 
 
 Sigmoid = unary("sigmoid", _sigmoid, "1 / (1 + exp(-x))",
-                fixed_point=FixedLowering("unary", "fx_sigmoid"))
-Tanh = unary("tanh", np.tanh)
-Exp = unary("exp", np.exp, fixed_point=FixedLowering("unary", "fx_exp"))
-Log = unary("log", np.log, fixed_point=FixedLowering("log", "fx_log"))
-Sqrt = unary("sqrt", np.sqrt)
-Erf = unary("erf", _erf)
-Neg = unary("neg", np.negative)
-Abs = unary("abs", np.abs)
-Reciprocal = unary("reciprocal", np.reciprocal)
-Sin = unary("sin", np.sin)
-Cos = unary("cos", np.cos)
+                fixed_point=FixedLowering("unary", "fx_sigmoid"), onnx_export=onnx_as("Sigmoid"))
+Tanh = unary("tanh", np.tanh, onnx_export=onnx_as("Tanh"))
+Exp = unary("exp", np.exp, fixed_point=FixedLowering("unary", "fx_exp"), onnx_export=onnx_as("Exp"))
+Log = unary("log", np.log, fixed_point=FixedLowering("log", "fx_log"), onnx_export=onnx_as("Log"))
+Sqrt = unary("sqrt", np.sqrt, onnx_export=onnx_as("Sqrt"))
+Erf = unary("erf", _erf, onnx_export=onnx_as("Erf"))
+Neg = unary("neg", np.negative, onnx_export=onnx_as("Neg"))
+Abs = unary("abs", np.abs, onnx_export=onnx_as("Abs"))
+Reciprocal = unary("reciprocal", np.reciprocal, onnx_export=onnx_as("Reciprocal"))
+Sin = unary("sin", np.sin, onnx_export=onnx_as("Sin"))
+Cos = unary("cos", np.cos, onnx_export=onnx_as("Cos"))
 
 
 class Gelu(Unary):
     name = "gelu"
     activation = Activation(attrs=(("approximate", "approximate"),), fixed="fx_gelu")
     attrs = {"approximate": Str("none", ("none", "tanh"))}
+    onnx_export = onnx_as("Gelu", {"approximate": "approximate"})
 
     def compute(self, c, x):
         return _gelu(x, c.approximate)
@@ -96,6 +99,7 @@ class Identity(OpDef):
     name = "identity"
     nhwc = ELEMENTWISE
     operands = ("x",)
+    onnx_export = onnx_as("Identity")
 
     def infer(self, c, x):
         return x
@@ -124,6 +128,15 @@ class Clip(OpDef):
         lo = -np.inf if c.min is None else c.min
         hi = np.inf if c.max is None else c.max
         return np.clip(x, np.asarray(lo).astype(x.dtype), np.asarray(hi).astype(x.dtype))
+
+    def onnx_export(self, e, node, ins, outs):
+        t = node.inputs[0].type
+        if t.dtype.is_int:
+            bounds = clip_codes(node.attrs["min"], node.attrs["max"], t.dtype.np)
+        else:
+            bounds = (node.attrs["min"], node.attrs["max"])
+        e.emit("Clip", ins + [None if b is None else e.const(np.asarray(b, t.dtype.np), "bound")
+                              for b in bounds], outs)
 
     def tvm_lowering(self, c, L, x):
         t = c.in_types[0]
@@ -170,14 +183,18 @@ def binary(name: str, fn, int_fn=None, commutative: bool = False, **interfaces) 
                                           "commutative": commutative, **interfaces})
 
 
-Add = binary("add", np.add, commutative=True, fixed_point=FixedLowering("binary", "fx_add"))
-Sub = binary("sub", np.subtract, fixed_point=FixedLowering("binary", "fx_sub"))
-Mul = binary("mul", np.multiply, commutative=True, fixed_point=FixedLowering("mul"))
-Div = binary("div", np.divide, _int_div, fixed_point=FixedLowering("div"))
-Max = binary("max", np.maximum, commutative=True)
-Min = binary("min", np.minimum, commutative=True)
-Pow = binary("pow", np.power)
-Atan2 = binary("atan2", np.arctan2)     # atan2(a, b) = angle of the point (b, a)
+Add = binary("add", np.add, commutative=True, fixed_point=FixedLowering("binary", "fx_add"),
+             onnx_export=onnx_as("Add"))
+Sub = binary("sub", np.subtract, fixed_point=FixedLowering("binary", "fx_sub"),
+             onnx_export=onnx_as("Sub"))
+Mul = binary("mul", np.multiply, commutative=True, fixed_point=FixedLowering("mul"),
+             onnx_export=onnx_as("Mul"))
+Div = binary("div", np.divide, _int_div, fixed_point=FixedLowering("div"), onnx_export=onnx_as("Div"))
+Max = binary("max", np.maximum, commutative=True, onnx_export=onnx_as("Max"))
+Min = binary("min", np.minimum, commutative=True, onnx_export=onnx_as("Min"))
+Pow = binary("pow", np.power, onnx_export=onnx_as("Pow"))
+Atan2 = binary("atan2", np.arctan2,        # atan2(a, b) = angle of the point (b, a)
+               onnx_export=staticmethod(atan2))
 
 
 class Where(OpDef):
@@ -186,6 +203,13 @@ class Where(OpDef):
     name = "where"
     nhwc = ELEMENTWISE
     operands = ("cond", "x", "y")
+
+    def onnx_export(self, e, node, ins, outs):
+        if node.outputs[0].type.dtype is not DType.bool:
+            return e.emit("Where", ins, outs)
+        c, x, y = ins                  # onnxruntime has no bool Where: (c & x) | (!c & y)
+        e.emit("Or", [e.emit("And", [c, x], 1)[0],
+                      e.emit("And", [e.emit("Not", [c], 1)[0], y], 1)[0]], outs)
 
     def infer(self, c, cond, x, y):
         require(cond.dtype is DType.bool, f"condition must be bool, got {cond.dtype}")
@@ -214,6 +238,11 @@ class Cast(OpDef):
             info = np.iinfo(to)
             x = np.clip(np.nan_to_num(x), info.min, info.max)
         return x.astype(to)
+
+    def onnx_export(self, e, node, ins, outs):
+        import onnx
+        e.emit("Cast", ins, outs, to=onnx.helper.np_dtype_to_tensor_dtype(DType(node.attrs["to"]).np),
+               saturate=None)
 
     def tvm_lowering(self, c, L, x):
         src, to = c.in_types[0].dtype, DType(c.to)
@@ -259,15 +288,19 @@ class Compare(OpDef):
         return type(self).fn(a, b)
 
 
-Equal = type("Equal", (Compare,), {"name": "equal", "fn": staticmethod(np.equal)})
-Less = type("Less", (Compare,), {"name": "less", "fn": staticmethod(np.less)})
-Greater = type("Greater", (Compare,), {"name": "greater", "fn": staticmethod(np.greater)})
+Equal = type("Equal", (Compare,), {"name": "equal", "fn": staticmethod(np.equal),
+                                    "onnx_export": onnx_as("Equal")})
+Less = type("Less", (Compare,), {"name": "less", "fn": staticmethod(np.less),
+                                 "onnx_export": onnx_as("Less")})
+Greater = type("Greater", (Compare,), {"name": "greater", "fn": staticmethod(np.greater),
+                                       "onnx_export": onnx_as("Greater")})
 
 
 class Not(OpDef):
     name = "not"
     nhwc = ELEMENTWISE
     operands = ("x",)
+    onnx_export = onnx_as("Not")
 
     def infer(self, c, x):
         require(x.dtype is DType.bool, f"expects bool, got {x.dtype}")

@@ -33,6 +33,7 @@ from .numerics import (MAX_REDUCTION, NORM_FRAC, RECIP_BITS, Rescale, bilinear_t
                        bridge_table, div_table, int_matmul, lut_table, quantize_fixed,
                        rshift_round, rsqrt_fixed, saturate, softmax_exp_table)
 from .cost import per_element, sampling_work
+from .onnx_export import bridge, divide_by_count, identity, inverse_sigmoid, linear, matmul_bias, ms_deform_attn, qdq
 
 I8, I16, I32 = DType.i8, DType.i16, DType.i32
 INT_TYPES = (DType.i8, DType.i16, DType.i32, DType.i64, DType.u8)
@@ -129,6 +130,7 @@ class FxRequantize(OpDef):
     out_dtype (default i8) fixed<out_frac_bits>: Rescale.of(x's quantization, out_frac_bits)."""
 
     name = "fx_requantize"
+    onnx_export = qdq(identity)
     cycle_cost = per_element(4)    # multiply, round, shift, saturate
     operands = ("x",)
     attrs = {**_OUT, **_WIDE}
@@ -160,6 +162,7 @@ class FxQuantize(OpDef):
     out_frac_bits), round half up in float64 (exact), saturated; NaN becomes the minimum."""
 
     name = "fx_quantize"
+    onnx_export = qdq(identity)
     cycle_cost = per_element(4)
     operands = ("x",)
     attrs = {**_OUT, **_WIDE}
@@ -191,6 +194,7 @@ class FxDequantize(OpDef):
     in float64 and rounded once to float32 (exact for |x| <= 2**24)."""
 
     name = "fx_dequantize"
+    onnx_export = qdq(identity)
     cycle_cost = per_element(4)
     operands = ("x",)
     splits = ("rows",)
@@ -226,6 +230,7 @@ class FxBridge(OpDef):
     once. A table of the 256 codes."""
 
     name = "fx_bridge"
+    onnx_export = staticmethod(bridge)
     operands = ("x",)
     attrs = {"out_frac_bits": Int(), "perm": Ints(())}
 
@@ -351,6 +356,7 @@ class FxMatMul(_FxProduct, MatrixProduct):
     column) + bias (i32 [N], optional) -> i8 fixed<out_frac_bits>; numpy matmul shapes."""
 
     name = "fx_matmul"
+    onnx_export = qdq(matmul_bias)
     operands = ("a", "b", "bias?")
     x_dtypes = (I8, I16)         # i16 a: attention probabilities from an i16 fx_softmax
 
@@ -384,6 +390,7 @@ class FxLinear(_FxProduct):
     fixed<out_frac_bits> [..., N]."""
 
     name = "fx_linear"
+    onnx_export = qdq(linear)
     operands = ("x", "w", "b?")
 
     def weight_axis(self, w):
@@ -433,6 +440,7 @@ class FxConv2d(_FxProduct, Convolution):
     affine, per tensor or per output channel on axis 0; b i32 [O]) -> i8 fixed<out_frac_bits>."""
 
     name = "fx_conv2d"
+    onnx_export = qdq("conv2d")
     operands = ("x", "w", "b?")
     attrs = {**CONV_ATTRS, **_OUT, **_WIDE}
 
@@ -506,12 +514,14 @@ class FxAdd(_FxAddSub):
     """a + b (see _FxAddSub)."""
 
     name = "fx_add"
+    onnx_export = qdq("add")
 
 
 class FxSub(_FxAddSub):
     """a - b (see _FxAddSub)."""
 
     name = "fx_sub"
+    onnx_export = qdq("sub")
     sign = -1
 
 
@@ -521,6 +531,7 @@ class FxMul(OpDef):
     i8); broadcasting."""
 
     name = "fx_mul"
+    onnx_export = qdq("mul")
     cycle_cost = per_element(3)    # multiply, rounding shift, saturate
     operands = ("a", "b")
     attrs = {**_OUT, **_WIDE}
@@ -552,6 +563,7 @@ class FxDiv(OpDef):
     exactly rounded (half up) quotient through a reciprocal multiplier (div_table)."""
 
     name = "fx_div"
+    onnx_export = qdq(divide_by_count)
     cycle_cost = per_element(12)   # fixed-point division: reciprocal steps
     operands = ("x", "count")
     attrs = {**_OUT, "max_count": Int(255)}
@@ -609,6 +621,7 @@ class FxReduceSum(OpDef):
     saturated: y = round_half_up(sum * 2**(out_frac_bits - f))."""
 
     name = "fx_reduce_sum"
+    onnx_export = qdq("reduce_sum")
     cycle_cost = per_element(1, "reduce")
     operands = ("x",)
     attrs = {"axes": Ints(), "keepdims": Bool(True), **_OUT}
@@ -670,6 +683,7 @@ class FxReduceMean(FxReduceSum):
     up once: y = round_half_up(sum * 2**(out_frac_bits - f) / n)."""
 
     name = "fx_reduce_mean"
+    onnx_export = qdq("reduce_mean")
     mean = True
 
 
@@ -677,6 +691,7 @@ class FxRelu(OpDef):
     """max(x, 0) of i8 fixed x, requantized to out_frac_bits (default: x's frac bits)."""
 
     name = "fx_relu"
+    onnx_export = qdq("relu")
     cycle_cost = per_element(1)
     operands = ("x",)
     attrs = {"out_frac_bits": Int(None)}
@@ -738,6 +753,7 @@ class FxSigmoid(FxLookup):
     """1 / (1 + exp(-x)) as a table."""
 
     name = "fx_sigmoid"
+    onnx_export = qdq("sigmoid")
 
     def real(self, v):
         return 0.5 * (1.0 + np.tanh(0.5 * v))
@@ -747,6 +763,7 @@ class FxExp(FxLookup):
     """exp(x) as a table (saturating)."""
 
     name = "fx_exp"
+    onnx_export = qdq("exp")
 
     def real(self, v):
         return np.exp(v)
@@ -756,6 +773,7 @@ class FxLog(FxLookup):
     """log(x) as a table; x <= 0 gives -128."""
 
     name = "fx_log"
+    onnx_export = qdq("log")
 
     def real(self, v):
         return np.log(v)
@@ -766,6 +784,7 @@ class FxInverseSigmoid(FxLookup):
     as a table."""
 
     name = "fx_inverse_sigmoid"
+    onnx_export = qdq(inverse_sigmoid)
     attrs = {**_OUT, "eps": Float(1e-5)}
 
     def real(self, v, eps):
@@ -777,6 +796,7 @@ class FxGelu(FxLookup):
     """GELU (erf, or the tanh approximation) as a table."""
 
     name = "fx_gelu"
+    onnx_export = qdq("gelu")
     attrs = {**_OUT, "approximate": Str("none", ("none", "tanh"))}
 
     def real(self, v, approximate):
@@ -795,6 +815,7 @@ class FxSoftmax(OpDef):
     R = floor(2**46 / S), y = saturate(rshift_round(e * R, 46 - out_frac_bits))."""
 
     name = "fx_softmax"
+    onnx_export = qdq("softmax")
     # max, subtract, table, sum, reciprocal multiply, shift: per element
     cycle_cost = per_element(6, "softmax")
     operands = ("x",)
@@ -900,6 +921,7 @@ class FxLayerNorm(OpDef):
     in Q16), y = rshift_round(z * g + (b << (16 + fg - fb)), 16 + fg - out_frac_bits)."""
 
     name = "fx_layer_norm"
+    onnx_export = qdq("layer_norm")
     # sum, d = C*x - sum, d*d, rsqrt share, d*R, shift, *g, +b, shift, saturate
     cycle_cost = per_element(10, "norm")
     operands = ("x", "scale?", "bias?")
@@ -989,6 +1011,7 @@ class FxMsDeformAttn(OpDef):
     rshift_round by fv + fa + B - out_frac_bits and saturation."""
 
     name = "fx_ms_deform_attn"
+    onnx_export = qdq(ms_deform_attn)
     operands = ("value", "sampling_locations", "attention_weights")
     attrs = {"spatial_shapes": Ints(), **_OUT, "weight_bits": Int(8),
              "coordinates": Str("normalized", ("normalized", "pixel"))}

@@ -20,6 +20,7 @@ from ..ir.opdef import Activation, Attr, Bool, Ctx, FixedLowering, Float, OpDef,
 from .common import broadcast_types, float_operands, require
 from .layout_rules import ELEMENTWISE, NATIVE
 from .linalg import CONV_ATTRS, Contraction, Convolution
+from .onnx_export import matmul_bias, onnx_as, then_activation
 
 
 def _activation(name: str) -> Activation:
@@ -67,6 +68,7 @@ class Conv2dAct(Convolution):
     attributes as conv2d's, plus the activation; layout and MACs are conv2d's."""
 
     name = "conv2d_act"
+    onnx_export = then_activation(onnx_as("Conv", {"strides": "strides", "pads": "pads", "dilations": "dilations", "groups": "group"}))
     fixed_point = FixedLowering("product")
     nhwc = NATIVE
     operands = ("x", "w", "b?")
@@ -86,6 +88,7 @@ class Linear(Contraction):
     trans_a is the same computation."""
 
     name = "matmul_act"
+    onnx_export = then_activation(matmul_bias)
     fixed_point = FixedLowering("product")
     operands = ("a", "b", "bias?")
     attrs = {"trans_b": Bool(False), **activation_attrs(("relu", "clip", "gelu"))}
@@ -115,6 +118,7 @@ class AddRelu(OpDef):
     """relu(a + b), broadcasting as add."""
 
     name = "add_relu"
+    onnx_export = then_activation(onnx_as("Add"), "relu")
     nhwc = ELEMENTWISE
     operands = ("a", "b")
 

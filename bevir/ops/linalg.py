@@ -8,6 +8,7 @@ from ..ir.opdef import Bool, FixedLowering, Float, Int, Ints, OpDef, Piece, alig
 from .common import float_operands, require
 from .cost import PEMapping, Work
 from .layout_rules import NATIVE
+from .onnx_export import onnx_as
 
 
 def conv_out_size(size: int, k: int, stride: int, pad: int, dilation: int) -> int:
@@ -388,6 +389,7 @@ class Conv2d(Convolution):
     """2-D convolution (see :class:`Convolution`); b: [O]."""
 
     name = "conv2d"
+    onnx_export = onnx_as("Conv", {"strides": "strides", "pads": "pads", "dilations": "dilations", "groups": "group"})
     fixed_point = FixedLowering("product")
     nhwc = NATIVE
     operands = ("x", "w", "b?")
@@ -415,6 +417,7 @@ class MatMul(MatrixProduct):
     """numpy.matmul: batched, broadcasting, 1-D operands promoted as numpy does."""
 
     name = "matmul"
+    onnx_export = onnx_as("MatMul")
     fixed_point = FixedLowering("product")
     operands = ("a", "b")
 
@@ -431,6 +434,7 @@ class Gemm(Contraction):
     With trans_b it is a linear layer (torch's weight layout)."""
 
     name = "gemm"
+    onnx_export = onnx_as("Gemm", {"alpha": "alpha", "beta": "beta", "trans_a": "transA", "trans_b": "transB"})
     fixed_point = FixedLowering("product")
     operands = ("a", "b", "c?")
     attrs = {"alpha": Float(1.0), "beta": Float(1.0), "trans_a": Bool(False),

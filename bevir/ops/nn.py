@@ -15,6 +15,7 @@ from .common import float_operands, norm_axis, require
 from .layout_rules import NATIVE, size_attr
 from .shape import moved
 from .cost import Work, per_element
+from .onnx_export import onnx_as
 
 
 def _acc(dtype: np.dtype) -> np.dtype:
@@ -91,6 +92,7 @@ class MaxPool2d(OpDef):
     """2-D max pooling; padding never wins (it is -inf, or the integer dtype's minimum)."""
 
     name = "maxpool2d"
+    onnx_export = onnx_as("MaxPool", {"kernel": "kernel_shape", "strides": "strides", "pads": "pads", "ceil_mode": "ceil_mode", "dilations": "dilations"})
     nhwc = NATIVE
     operands = ("x",)
     attrs = {**_POOL_ATTRS, "dilations": Ints((1, 1))}
@@ -137,6 +139,7 @@ class AvgPool2d(OpDef):
     count only what they cover, as ONNX AveragePool and torch do)."""
 
     name = "avgpool2d"
+    onnx_export = onnx_as("AveragePool", {"kernel": "kernel_shape", "strides": "strides", "pads": "pads", "ceil_mode": "ceil_mode", "count_include_pad": "count_include_pad"})
     nhwc = NATIVE
     operands = ("x",)
     attrs = {**_POOL_ATTRS, "count_include_pad": Bool(False)}
@@ -169,6 +172,7 @@ class GlobalAvgPool(OpDef):
     """Mean over the spatial axes (all but N and C), kept as size 1."""
 
     name = "global_avgpool"
+    onnx_export = onnx_as("GlobalAveragePool")
     nhwc = NATIVE
     operands = ("x",)
 
@@ -198,6 +202,7 @@ class BatchNorm(OpDef):
     (axis 1, or 3 for nhwc), computed in float32."""
 
     name = "batch_norm"
+    onnx_export = onnx_as("BatchNormalization", {"epsilon": "epsilon"})
     nhwc = NATIVE
     operands = ("x", "scale", "bias", "mean", "var")
     attrs = {"epsilon": Float(1e-5)}
@@ -231,6 +236,7 @@ class LayerNorm(OpDef):
     (both broadcast over those axes). Two-pass mean and variance in (at least) float32."""
 
     name = "layer_norm"
+    onnx_export = onnx_as("LayerNormalization", {"axis": "axis", "epsilon": "epsilon"})
     cycle_cost = per_element(10, "norm")
     fixed_point = FixedLowering("layer_norm")
     operands = ("x", "scale?", "bias?")
@@ -274,6 +280,13 @@ class LayerNormStats(OpDef):
     operands = ("x",)
     attrs = {"axis": Int(-1), "epsilon": Float(1e-5)}
 
+    def onnx_export(self, e, node, ins, outs):
+        x = node.inputs[0].type
+        axis = norm_axis(node.attrs["axis"], x.rank)
+        ones = e.const(np.ones(x.shape[axis:], x.dtype.np), "scale")
+        e.emit("LayerNormalization", [ins[0], ones], [e.fresh("normalized")] + outs, axis=axis,
+               epsilon=node.attrs["epsilon"], stash_type=1)
+
     def infer(self, c, x):
         float_operands(x)
         axis = norm_axis(c.axis, x.rank)
@@ -295,6 +308,7 @@ def softmax_np(x: np.ndarray, axis: int) -> np.ndarray:
 
 class Softmax(OpDef):
     name = "softmax"
+    onnx_export = onnx_as("Softmax", {"axis": "axis"})
     cycle_cost = per_element(6, "softmax")
     fixed_point = FixedLowering("softmax")
     operands = ("x",)
@@ -347,6 +361,11 @@ class Resize(OpDef):
     axis: nearest for any dtype, or separable multilinear (floats) over resized axes."""
 
     name = "resize"
+
+    def onnx_export(self, e, node, ins, outs):
+        e.emit("Resize", ins + [None, None, e.ints(node.attrs["size"], "sizes")], outs,
+               mode=node.attrs["mode"], nearest_mode=node.attrs["nearest_mode"],
+               coordinate_transformation_mode=node.attrs["coordinate_transformation_mode"])
     nhwc = LayoutRule(attrs=size_attr, check=_resize_ok)
     operands = ("x",)
     attrs = {"size": Ints(), "mode": Str("nearest", ("nearest", "linear")),
@@ -406,6 +425,11 @@ class GridSample(OpDef):
     attrs = {"mode": Str("bilinear", ("bilinear", "nearest")),
              "padding_mode": Str("zeros", ("zeros", "border", "reflection")),
              "align_corners": Bool(False)}
+
+    def onnx_export(self, e, node, ins, outs):
+        mode = node.attrs["mode"]
+        e.emit("GridSample", ins, outs, mode="linear" if mode == "bilinear" else mode,
+               padding_mode=node.attrs["padding_mode"], align_corners=int(node.attrs["align_corners"]))
 
     def infer(self, c, x, grid):
         float_operands(x, grid)

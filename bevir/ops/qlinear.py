@@ -26,6 +26,7 @@ from .linalg import (CONV_ATTRS, F32_EXACT, NCHW_CHANNEL_LIMIT, Convolution, Mat
                      int_conv2d_nhwc, matmul_shape, to_nhwc)
 from .numerics import (conv_multiplier, fma32, lookup_table, mlas_logistic, requantize,
                        saturate_round)
+from .onnx_export import identity, integer_product, onnx_as, qdq
 
 F32, F64 = np.float32, np.float64
 _Q8 = ("i8", "u8")
@@ -117,6 +118,7 @@ class Quantize(OpDef):
     the division in float32; per tensor (axis unset) or per channel along ``axis``."""
 
     name = "quantize"
+    onnx_export = qdq(identity)
     nhwc = AXIS
     operands = ("x",)
     attrs = {"dtype": Str(choices=_Q8 + ("i16",)), "scale": Floats(), "zero_point": Ints(),
@@ -150,6 +152,7 @@ class Dequantize(OpDef):
     multiply), with the scale and zero point of q's type."""
 
     name = "dequantize"
+    onnx_export = qdq(identity)
     nhwc = ELEMENTWISE
     operands = ("x",)
 
@@ -260,6 +263,7 @@ class QLinearConv(Convolution):
     (x_scale * w_scale) / y_scale. Attributes as conv2d, plus the output quantization."""
 
     name = "qlinear_conv"
+    onnx_export = qdq("conv2d")
     nhwc = NATIVE
     operands = ("x", "w", "b?")
     attrs = {**CONV_ATTRS, **_OUT_ATTRS, **_CLAMP_ATTRS}
@@ -306,6 +310,8 @@ class ConvInteger(Convolution):
     operand types (none: 0); w's per tensor or per output channel (axis 0)."""
 
     name = "conv_integer"
+    onnx_export = integer_product("ConvInteger", {"strides": "strides", "pads": "pads",
+                                                  "dilations": "dilations", "groups": "group"})
     nhwc = NATIVE
     operands = ("x", "w")
     attrs = dict(CONV_ATTRS)
@@ -337,6 +343,7 @@ class QLinearMatMul(MatrixProduct):
     (a_scale * b_scale) / y_scale, as QLinearConv."""
 
     name = "qlinear_matmul"
+    onnx_export = qdq("matmul")
     operands = ("a", "b")
     attrs = {**_OUT_ATTRS, **_CLAMP_ATTRS}
 
@@ -358,6 +365,7 @@ class MatMulInteger(MatrixProduct):
     from the types (none: 0), b's per tensor or per column."""
 
     name = "matmul_integer"
+    onnx_export = integer_product("MatMulInteger")
     operands = ("a", "b")
 
     def infer(self, c, a, b):
@@ -458,6 +466,7 @@ class QLinearAdd(_QBinary):
     round half to even, saturate."""
 
     name = "qlinear_add"
+    onnx_export = qdq("add")
     nhwc = LayoutRule(check=_qlinear_add_ok)
 
     def formula(self, c, a, b, a_first):
@@ -479,6 +488,7 @@ class QLinearMul(_QBinary):
     half to even, saturate."""
 
     name = "qlinear_mul"
+    onnx_export = qdq("mul")
     nhwc = ELEMENTWISE
 
     def formula(self, c, a, b, a_first):
@@ -504,6 +514,9 @@ class QLinearGlobalAvgPool(OpDef):
     is an error, as onnxruntime's "parameter out of computation range"."""
 
     name = "qlinear_global_avgpool"
+    onnx_export = qdq(lambda e, node, ins, outs: e.emit(
+        "ReduceMean", [ins[0], e.ints(list(range(1, node.inputs[0].type.rank - 1)), "axes")], outs,
+        keepdims=1) if node.attrs["channels_last"] else e.emit("GlobalAveragePool", ins, outs))
     nhwc = LayoutRule(native=True, data=(0,), check=_not_channels_last)
     operands = ("x",)
     attrs = {"out_scale": Float(), "out_zero_point": Int(0), "channels_last": Bool(False)}
@@ -562,6 +575,7 @@ class QLinearSigmoid(_QLookup):
     lookup_table and mlas_logistic)."""
 
     name = "qlinear_sigmoid"
+    onnx_export = qdq("sigmoid")
     nhwc = ELEMENTWISE
     attrs = {"out_scale": Float(), "out_zero_point": Int(0)}
 
@@ -574,6 +588,7 @@ class QLinearLeakyRelu(_QLookup):
     (float32)."""
 
     name = "qlinear_leaky_relu"
+    onnx_export = qdq(onnx_as("LeakyRelu", {"alpha": "alpha"}))
     nhwc = ELEMENTWISE
     attrs = {"alpha": Float(0.01), "out_scale": Float(), "out_zero_point": Int(0)}
 
@@ -586,6 +601,7 @@ class QLinearConcat(OpDef):
     goes through a 256-entry requantization table (lookup_table with the identity)."""
 
     name = "qlinear_concat"
+    onnx_export = qdq("concat")
     nhwc = AXIS
     operands = ("*xs",)
     attrs = {"axis": Int(), **_OUT_ATTRS}

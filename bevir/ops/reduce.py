@@ -13,6 +13,7 @@ from .common import float_operands, require
 from ..ir.opdef import Bool, FixedLowering, Ints, OpDef
 from .shape import norm_axes
 from .cost import per_element
+from .onnx_export import with_inputs
 
 
 def _bound(dtype: np.dtype, high: bool):
@@ -55,7 +56,9 @@ def reduction(name: str, fn, floats_only: bool = False, keeps_quant: bool = Fals
               doc: str = "", **interfaces) -> type[Reduce]:
     return type("Reduce" + name.title(), (Reduce,), {
         "name": "reduce_" + name, "fn": staticmethod(fn), "floats_only": floats_only,
-        "keeps_quant": keeps_quant, "doc": doc, **interfaces})
+        "keeps_quant": keeps_quant, "doc": doc,
+        "onnx_export": with_inputs("Reduce" + name.title(), "axes", attrs={"keepdims": "keepdims"}),
+        **interfaces})
 
 
 ReduceMean = reduction("mean", lambda x, a, k: np.mean(x, axis=a, keepdims=k), floats_only=True,

@@ -16,6 +16,7 @@ from ..ir.opdef import Bool, FixedLowering, Float, Int, Ints, LayoutRule, OpDef,
 from .common import norm_axis, require, same_dtype
 from .layout_rules import AXIS, axes_attr, layout_perm, pads_attr, permute_quant
 from .cost import view_cost
+from .onnx_export import onnx_as, with_inputs
 
 
 def norm_axes(axes, rank: int) -> tuple[int, ...]:
@@ -36,6 +37,7 @@ def moved(x: TensorType, shape, layout: Layout | None = None) -> TensorType:
 
 class Concat(OpDef):
     name = "concat"
+    onnx_export = onnx_as("Concat", {"axis": "axis"})
     fixed_point = FixedLowering("concat")
     nhwc = AXIS
     operands = ("*xs",)
@@ -67,6 +69,7 @@ class Split(OpDef):
     """Split into consecutive pieces of ``sizes`` along ``axis`` (zero sizes allowed)."""
 
     name = "split"
+    onnx_export = with_inputs("Split", "sizes", attrs={"axis": "axis"})
     nhwc = AXIS
     operands = ("x",)
     attrs = {"axis": Int(0), "sizes": Ints()}
@@ -93,6 +96,7 @@ def _slices(c, shape) -> tuple[slice, ...]:
 
 class Slice(OpDef):
     name = "slice"
+    onnx_export = with_inputs("Slice", "starts", "ends", "axes", "steps")
     moves_data = True
     nhwc = LayoutRule(attrs=axes_attr)
     operands = ("x",)
@@ -116,6 +120,7 @@ class Slice(OpDef):
 
 class Reshape(OpDef):
     name = "reshape"
+    onnx_export = with_inputs("Reshape", "shape", allowzero=1)   # the shape is explicit
     cycle_cost = view_cost
     moves_data = True
     operands = ("x",)
@@ -137,6 +142,7 @@ class Flatten(OpDef):
     """ONNX Flatten: [prod(dims before axis), prod(dims from axis)]."""
 
     name = "flatten"
+    onnx_export = onnx_as("Flatten", {"axis": "axis"})
     cycle_cost = view_cost
     moves_data = True
     operands = ("x",)
@@ -153,6 +159,7 @@ class Flatten(OpDef):
 
 class Transpose(OpDef):
     name = "transpose"
+    onnx_export = onnx_as("Transpose", {"perm": "perm"})
     moves_data = True
     operands = ("x",)
     attrs = {"perm": Ints()}
@@ -194,6 +201,7 @@ class LayoutTransform(OpDef):
 
 class Squeeze(OpDef):
     name = "squeeze"
+    onnx_export = with_inputs("Squeeze", "axes")
     cycle_cost = view_cost
     moves_data = True
     operands = ("x",)
@@ -212,6 +220,7 @@ class Unsqueeze(OpDef):
     """Insert size-1 axes at ``axes``, positions in the result (ONNX semantics)."""
 
     name = "unsqueeze"
+    onnx_export = with_inputs("Unsqueeze", "axes")
     cycle_cost = view_cost
     moves_data = True
     operands = ("x",)
@@ -231,6 +240,7 @@ class Gather(OpDef):
     """numpy.take along ``axis``; negative indices count from the end."""
 
     name = "gather"
+    onnx_export = onnx_as("Gather", {"axis": "axis"})
     moves_data = True
     operands = ("x", "indices")
     attrs = {"axis": Int(0)}
@@ -265,6 +275,7 @@ class Expand(OpDef):
     """ONNX Expand: broadcast ``x`` against ``shape``."""
 
     name = "expand"
+    onnx_export = with_inputs("Expand", "shape")
     moves_data = True
     operands = ("x",)
     attrs = {"shape": Ints()}
@@ -285,6 +296,11 @@ class Pad(OpDef):
     """Pad by ``pads`` = [begin_0..begin_n, end_0..end_n]; negative pads crop (before padding)."""
 
     name = "pad"
+
+    def onnx_export(self, e, node, ins, outs):
+        value = e.const(np.asarray(node.attrs["value"], node.inputs[0].type.dtype.np), "value") \
+            if node.attrs["mode"] == "constant" else None
+        e.emit("Pad", ins + [e.ints(node.attrs["pads"], "pads"), value], outs, mode=node.attrs["mode"])
     nhwc = LayoutRule(attrs=pads_attr)
     operands = ("x",)
     attrs = {"pads": Ints(), "mode": Str("constant", ("constant", "reflect", "edge", "wrap")),
@@ -318,6 +334,10 @@ class TopK(OpDef):
     lower index first. NaN counts as the largest value. Results are always sorted."""
 
     name = "topk"
+
+    def onnx_export(self, e, node, ins, outs):
+        e.emit("TopK", ins + [e.ints([node.attrs["k"]], "k")], outs, axis=node.attrs["axis"],
+               largest=int(node.attrs["largest"]), sorted=1)
     operands = ("x",)
     attrs = {"k": Int(), "axis": Int(-1), "largest": Bool(True), "sorted": Bool(True)}
 
@@ -341,6 +361,11 @@ class TopK(OpDef):
 
 class Constant(OpDef):
     name = "constant"
+
+    def onnx_export(self, e, node, ins, outs):
+        import onnx
+        e.emit("Constant", [], outs, value=onnx.numpy_helper.from_array(
+            np.asarray(node.attrs["value"]), outs[0]))
     attrs = {"value": Tensor()}
 
     def infer(self, c):

@@ -67,7 +67,7 @@ def _as_dict(x: Arrays) -> dict[str, np.ndarray]:
 
 def _bits(a: np.ndarray) -> np.ndarray:
     """The elements as unsigned integers of their width (complex: two per element)."""
-    a = np.ascontiguousarray(a)
+    a = np.asarray(a, order="C")
     if a.dtype.kind in "fc":
         return a.view(f"u{a.dtype.itemsize // (2 if a.dtype.kind == 'c' else 1)}")
     return a
@@ -132,7 +132,7 @@ def graph_digest(graph: Graph, inputs: Mapping[str, np.ndarray] | None = None) -
     arrays = sorted((("const", k, v.const) for k, v in graph.constants.items()))
     arrays += sorted(("input", k, np.asarray(v)) for k, v in (inputs or {}).items())
     for kind, name, a in arrays:
-        a = np.ascontiguousarray(a)
+        a = np.asarray(a, order="C")
         h.update(f"{kind}:{name}:{a.dtype.str}{a.shape}".encode())
         h.update(a.tobytes())
     return h.hexdigest()[:16]
@@ -160,7 +160,7 @@ class GoldenStore:
         path = self.path(name, graph, inputs)
         if self.update or not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True)
-            save_file({k: np.ascontiguousarray(v) for k, v in outputs.items()}, str(path))
+            save_file({k: np.asarray(v, order="C") for k, v in outputs.items()}, str(path))
             self.written.append(path)
         else:
             stored = load_file(str(path))
