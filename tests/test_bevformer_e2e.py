@@ -201,7 +201,7 @@ def test_e2e_device_stage_is_bit_exact_and_drawn(e2e_out):
     pictures = [f for f, _ in report["pictures"]] + ["int8_layers.png", "cycles/timeline.png",
                                                      "cycles/roofline.png"]
     assert [f for f, _ in report["pictures"]] == ["detections.png", "detections_vs_int8.png",
-                                                  "detections_vs_float.png"]
+                                                  "detections_vs_float.png", "scene.png"]
     for f in pictures:
         assert f'src="{f}"' in page and (e2e_out / f).stat().st_size > 10_000, f
 

@@ -8,7 +8,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from examples.bevformer.config import CAMERA_ORDER, CONFIGS  # noqa: E402
 from examples.bevformer.decode import bev_corners  # noqa: E402
-from examples.bevformer.inputs import lidar2img_for, make_images  # noqa: E402
+from examples.bevformer.inputs import (lidar2img_for, make_images, make_scene,  # noqa: E402
+                                       render_camera, scene_boxes)
 from examples.bevformer.visualize import (NEAR, View, box_corners, box_segments,  # noqa: E402
                                           camera_images, figure7, filter_by_score, project)
 
@@ -74,3 +75,22 @@ def test_figure7_draws_every_source(tmp_path, detections):
     red = (rgb[..., 0] > 200) & (rgb[..., 1] < 60) & (rgb[..., 2] < 60)
     assert red.sum() > 50                                   # the boxes are drawn
     assert np.allclose(bev_corners(detections["bboxes"][0]).mean(0), [-3.0, 15.0])
+
+
+def test_scene_boxes_project_onto_the_objects_the_images_show():
+    """The synthetic scene's boxes, drawn as detections are, land on the pixels the
+    renderer painted them with: where the camera views put a box is where it is."""
+    cfg = CONFIGS["tiny"]
+    scene, det = make_scene(0), scene_boxes(0)
+    checked = 0
+    for P in lidar2img_for(cfg):
+        img = render_camera(P, cfg.resized_h, cfg.img_w, scene, np.random.default_rng(0))
+        for b, box in zip(scene, det["bboxes"]):
+            uv, depth = project(box_corners(box), P)
+            if depth.min() < 0.5 or b["kind"] not in ("pedestrian", "traffic_cone"):
+                continue                   # cars get windows and shadows painted over them
+            u, v = uv.mean(0)
+            if 0 <= u < cfg.img_w and 0 <= v < cfg.resized_h:
+                assert np.abs(img[int(v), int(u)] - b["color"]).max() < 60, (b["kind"], u, v)
+                checked += 1
+    assert checked >= 4

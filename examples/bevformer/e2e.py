@@ -46,7 +46,7 @@ from bevir.sim.compare import compare_graphs  # noqa: E402
 from .config import CONFIGS, BEVFormerConfig  # noqa: E402
 from .custom_ops import CUSTOM_OPS  # noqa: E402
 from .decode import compare_detections, decode, print_comparison, print_detections  # noqa: E402
-from .inputs import make_inputs, save_test_vectors  # noqa: E402
+from .inputs import make_inputs, save_test_vectors, scene_boxes  # noqa: E402
 from .model import BEVFormer, split_model  # noqa: E402
 from .weights import build_model, save_checkpoint  # noqa: E402
 
@@ -315,18 +315,23 @@ def device_stage(q: bevir.Graph, feed: dict, int8_out: dict, config: BEVFormerCo
 def pictures(out: Path, inputs: dict, config: BEVFormerConfig, detections: dict[str, dict],
              threshold: float) -> list[tuple[str, str]]:
     """The reference flow's three Figure-7 views of ``detections`` (name -> decoded):
-    the deployed result alone, against the INT8 golden model, against the float model.
-    Returns (file, caption) of each picture written."""
+    the deployed result alone, against the INT8 golden model, against the float model;
+    and the synthetic scene's own objects where ``detections`` has "scene". Returns
+    (file, caption) of each picture written."""
     from .visualize import View, camera_images, figure7, filter_by_score
     images = camera_images(inputs["img"].numpy(), config)
     l2i = inputs["lidar2img"].numpy()
     main = "program" if "program" in detections else "INT8 golden"
-    colors = {"program": "#d62728", "INT8 golden": "#1f77b4", "float": "#2ca02c"}
+    colors = {"program": "#d62728", "INT8 golden": "#1f77b4", "float": "#2ca02c",
+              "scene": "#ffd700"}
     views = {k: View(filter_by_score(d, threshold), k, colors[k]) for k, d in detections.items()}
     figs = [("detections.png", [main], f"{main} (score >= {threshold})")]
     figs += [(f"detections_vs_{other.split()[0].lower()}.png", [main, other],
               f"{main} (red) against {other} (score >= {threshold})")
              for other in ("INT8 golden", "float") if other != main]
+    if "scene" in detections:
+        figs.append(("scene.png", ["scene"], "the synthetic scene's objects, where the images "
+                     "show them (a check of the projection)"))
     written = []
     for fname, names, title in figs:
         figure7(images, l2i, [views[n] for n in names], config, out / fname, title)
@@ -390,13 +395,14 @@ def run(config: BEVFormerConfig, out: Path, seed: int = 0, decompose: bool = Fal
                                           quant_config, steps)
     detections = {"float": det_g, "INT8 golden": decode(int8_out["cls_scores"],
                                                         int8_out["bbox_preds"], config)}
+    detections["scene"] = scene_boxes(seed)            # the test vectors are synthetic
     if hw:
         q = bevir.load(out / "model_int8.bevir")
         report["device"], dev = device_stage(q, feed, int8_out, config, out, hw, steps, progress)
         detections["program"] = decode(dev["cls_scores"], dev["bbox_preds"], config)
     report["pictures"] = steps("pictures", lambda: pictures(out, inputs, config, detections,
                                                             score_threshold))
-    report["detections"] = {k: len(d["scores"]) for k, d in detections.items()}
+    report["detections"] = {k: len(d["scores"]) for k, d in detections.items() if k != "scene"}
     report["steps_s"] = dict(steps.times)
     report["against_reference_flow"] = steps.against_reference()
     (out / "report.json").write_text(json.dumps(report, indent=1))

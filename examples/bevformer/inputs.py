@@ -90,6 +90,18 @@ def make_scene(seed: int) -> list[dict]:
     return boxes
 
 
+def scene_boxes(seed: int) -> dict:
+    """The scene of ``make_scene(seed)`` as detections in ``decode``'s layout ([cx, cy, cz
+    (bottom), w, l, h, rot, vx, vy]; rot = -yaw, as decode's footprint turns by -rot),
+    labels of CLASS_NAMES, scores 1: what the images show, for drawing beside detections."""
+    from .config import CLASS_NAMES
+    scene = make_scene(seed)
+    boxes = np.array([[b["cx"], b["cy"], b["cz"], b["w"], b["l"], b["h"], -b["yaw"], 0.0, 0.0]
+                      for b in scene], np.float32)
+    return {"labels": np.array([CLASS_NAMES.index(b["kind"]) for b in scene], np.int64),
+            "scores": np.ones(len(scene), np.float32), "bboxes": boxes}
+
+
 def _box_corners(b: dict) -> np.ndarray:
     """(8, 3) corners; the length axis points along yaw measured from +y."""
     dx = np.array([-1, 1, 1, -1, -1, 1, 1, -1]) * b["w"] / 2
