@@ -18,7 +18,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "bevir"
 
-LAYERS = ["errors", "hw", "ir", "ops", "sim", "passes", "frontends", "codegen", "flows", "top"]
+LAYERS = ["errors", "progress", "hw", "ir", "ops", "sim", "passes", "frontends", "codegen", "flows",
+          "testing", "top"]
 #: layers that may not import a lower layer although the order would allow it
 FORBIDDEN = {("frontends", "passes"), ("frontends", "sim")}
 

@@ -403,6 +403,11 @@ def run(config: BEVFormerConfig, out: Path, seed: int = 0, decompose: bool = Fal
     report["pictures"] = steps("pictures", lambda: pictures(out, inputs, config, detections,
                                                             score_threshold))
     report["detections"] = {k: len(d["scores"]) for k, d in detections.items() if k != "scene"}
+    report["detections_above_threshold"] = {
+        "threshold": score_threshold, **{k: int((d["scores"] >= score_threshold).sum())
+                                         for k, d in detections.items() if k != "scene"}}
+    print(f"detections with score >= {score_threshold}: " + ", ".join(
+        f"{k} {n}" for k, n in report["detections_above_threshold"].items() if k != "threshold"))
     report["steps_s"] = dict(steps.times)
     report["against_reference_flow"] = steps.against_reference()
     (out / "report.json").write_text(json.dumps(report, indent=1))
