@@ -1,7 +1,8 @@
 """Determinism across processes: two interpreters with different hash seeds (so different
 set and str-keyed dict orders wherever those leak) take one ONNX model through import,
-the optimize pipeline, calibration and quantization, and write byte-identical IR text,
-constants, ranges and outputs.
+the optimize pipeline, calibration, quantization, partitioning and memory planning for 2
+cores and code generation, and write byte-identical IR text, constants, ranges, outputs,
+the planned graph, the generated C programs and kernels, and the manifest.
 
 Run as a script (``python tests/test_determinism.py MODEL OUT``), this file is the flow
 each process runs.
@@ -21,7 +22,8 @@ from onnx import TensorProto, helper, numpy_helper
 ROOT = Path(__file__).resolve().parents[1]
 SEEDS = ("1", "2")
 ARTIFACTS = ("float.bevir", "float.safetensors", "q.bevir", "q.safetensors", "ranges.json",
-             "ranges.safetensors", "outputs.safetensors")
+             "ranges.safetensors", "outputs.safetensors", "prog/graph.bevir",
+             "prog/graph.safetensors", "prog/manifest.json", "prog/core0.c", "prog/core1.c")
 
 
 def build_model(path: Path) -> Path:
@@ -105,6 +107,7 @@ def flow(model: Path, out: Path) -> None:
     float_out = bevir.run(bevir.load(out / "float.bevir"), feed)
     save_file(got | {f"float.{k}": v for k, v in float_out.items()},
               str(out / "outputs.safetensors"))
+    bevir.compile(g, out / "prog", hw="QC-U 8MB 16MAC x2", progress=False)
     print(json.dumps({"hash": hash("bevir"), "ops": sorted(set(g.op_counts()))}))
 
 
@@ -114,7 +117,7 @@ def _run_flow(model: Path, out: Path, seed: str) -> dict:
                         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH",
                                                                                  "")])}
     r = subprocess.run([sys.executable, __file__, str(model), str(out)], env=env, cwd=ROOT,
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
 
@@ -125,7 +128,11 @@ def test_two_hash_seeds_give_byte_identical_ir_and_outputs(tmp_path):
     a, b = (runs[s] for s in SEEDS)
     assert a["hash"] != b["hash"]                        # the seeds did take effect
     assert any(op.startswith("fx_") for op in a["ops"])  # the quantized program ran
-    differ = [f for f in ARTIFACTS if (tmp_path / f"seed{SEEDS[0]}" / f).read_bytes()
+    kernels = sorted(p.relative_to(tmp_path / f"seed{SEEDS[0]}").as_posix()
+                     for p in (tmp_path / f"seed{SEEDS[0]}" / "prog" / "kernels").glob("*.c"))
+    assert len(kernels) > 5
+    differ = [f for f in ARTIFACTS + tuple(kernels)
+              if (tmp_path / f"seed{SEEDS[0]}" / f).read_bytes()
               != (tmp_path / f"seed{SEEDS[1]}" / f).read_bytes()]
     assert differ == [], f"differ between PYTHONHASHSEED={SEEDS[0]} and {SEEDS[1]}: {differ}"
 

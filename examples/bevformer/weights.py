@@ -293,7 +293,7 @@ def build_model(config: BEVFormerConfig, seed: int | None = 0, checkpoint: str |
 
 
 class CheckpointError(BevirError):
-    """A checkpoint does not fit the model of the chosen config."""
+    """A checkpoint cannot be read, or does not fit the model of the chosen config."""
 
 
 def check_checkpoint(model: BEVFormer, sd: dict[str, torch.Tensor], path: str | Path,
@@ -350,13 +350,21 @@ def load_checkpoint(path: str | Path) -> dict[str, torch.Tensor]:
     """Read ``.safetensors``, or an official-style ``.pth`` (``torch.load(weights_only=True)``,
     taking its ``state_dict`` entry if present; a ``module.`` prefix is stripped). The result
     loads with ``model.load_state_dict(sd, strict=True)``."""
+    import pickle
+    from safetensors import SafetensorError
     path = Path(path)
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
-        sd = load_file(str(path), device="cpu")
-    else:
-        obj = torch.load(str(path), map_location="cpu", weights_only=True)
-        sd = obj["state_dict"] if isinstance(obj, dict) and "state_dict" in obj else obj
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+            sd = load_file(str(path), device="cpu")
+        else:   # weights_only: the unpickler builds tensors and containers, calls nothing else
+            obj = torch.load(str(path), map_location="cpu", weights_only=True)
+            sd = obj["state_dict"] if isinstance(obj, dict) and "state_dict" in obj else obj
+    except (pickle.UnpicklingError, SafetensorError, RuntimeError, EOFError, ValueError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"cannot load checkpoint {path}: {first}") from None
+    if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
+        raise CheckpointError(f"checkpoint {path} is not a state_dict of tensors")
         if all(k.startswith("module.") for k in sd):
             sd = {k[len("module."):]: v for k, v in sd.items()}
     return _fix_num_batches_tracked(dict(sd))
