@@ -4,9 +4,15 @@ Targets (each takes one random byte string and derives its case from it):
 
 * ``onnx``: a small valid ONNX model, serialized, then bytes flipped / truncated / spliced;
 * ``text``: a printed IR text with characters mutated, deleted or duplicated;
-* ``load``: a saved graph whose constants file is corrupted or truncated.
+* ``load``: a saved graph whose constants file is corrupted or truncated;
+* ``config``: a QuantConfig JSON file (the reference-flow preset) mutated;
+* ``ranges``: a saved calibration (ranges JSON + safetensors) with either file mutated;
+* ``tranges``: a ``bevir-tranges`` file mutated;
+* ``torch``: a small random torch module (layers, widths and an input shape drawn at
+  random, sometimes mismatched) through ``bevir.from_torch``.
 
-A graph that loads must also verify (no silently wrong graph). Each case runs under a
+A graph that loads must also verify and, for ``torch``, compute what the module computes
+(no silently wrong graph). Each case runs under a
 time bound (a case over it counts as a hang). ``python tools/fuzz.py [CASES]`` runs
 CASES (default 10,000) per target and prints, per target: cases, distinct error messages,
 non-bevir exceptions and hangs; it exits non-zero when any of the last two is not zero.
@@ -14,6 +20,7 @@ non-bevir exceptions and hangs; it exits non-zero when any of the last two is no
 from __future__ import annotations
 
 import random
+import re
 import signal
 import sys
 import tempfile
@@ -95,7 +102,78 @@ def target_load(rnd: random.Random) -> None:
         bevir.verify(bevir.load(path))
 
 
-TARGETS = {"onnx": target_onnx, "text": target_text, "load": target_load}
+def _mutated_file(path: Path, rnd: random.Random) -> Path:
+    path.write_bytes(mutate(path.read_bytes(), rnd))
+    return path
+
+
+def target_config(rnd: random.Random) -> None:
+    from bevir.passes.quant_config import QuantConfig
+    with tempfile.TemporaryDirectory() as d:
+        path = QuantConfig.preset("reference-flow").save(Path(d) / "q.json")
+        QuantConfig.load(_mutated_file(path, rnd))
+
+
+def _seed_ranges(folder: Path) -> Path:
+    g = _seed_graph()
+    rng = np.random.default_rng(0)
+    samples = [{"x": rng.standard_normal((1, 3, 6, 6)).astype(np.float32),
+                "lo": np.float32(-1), "hi": np.float32(1)} for _ in range(2)]
+    ranges = bevir.calibrate(g, samples, method="percentile", per_channel=True, progress=False)
+    return ranges.save(folder / "ranges.json")
+
+
+def target_ranges(rnd: random.Random) -> None:
+    from bevir.passes.calibrate import Ranges
+    with tempfile.TemporaryDirectory() as d:
+        path = _seed_ranges(Path(d))
+        _mutated_file(path if rnd.random() < 0.5 else path.with_suffix(".safetensors"), rnd)
+        Ranges.load(path)
+
+
+def target_tranges(rnd: random.Random) -> None:
+    from bevir.flows.backbone import write_tranges
+    from bevir.passes.calibrate import Ranges
+    with tempfile.TemporaryDirectory() as d:
+        path = write_tranges(Path(d) / "t.tranges", {"x": (-1.0, 1.0), "c": (-3.5, 2.25),
+                                                     "r": (0.0, 6.0)})
+        Ranges.from_tranges(_mutated_file(path, rnd), _seed_graph())
+
+
+def target_torch(rnd: random.Random) -> None:
+    """A random stack of layers on a random input shape; shapes may not fit (the error
+    must then be a bevir one); a graph that imports must match torch."""
+    import torch
+    from torch import nn
+    torch.manual_seed(rnd.randrange(1 << 30))
+    c, layers = rnd.choice([1, 3, 4]), []
+    for _ in range(rnd.randint(1, 4)):
+        kind = rnd.choice(["conv", "relu", "bn", "pool", "linear", "gelu", "flatten", "ln"])
+        out = rnd.choice([2, 4, 8])
+        layers.append({"conv": lambda: nn.Conv2d(c, out, rnd.choice([1, 3]), padding=rnd.choice([0, 1])),
+                       "relu": nn.ReLU, "gelu": nn.GELU, "bn": lambda: nn.BatchNorm2d(c),
+                       "pool": lambda: nn.MaxPool2d(2), "flatten": nn.Flatten,
+                       "linear": lambda: nn.Linear(rnd.choice([c, 8, 16]), out),
+                       "ln": lambda: nn.LayerNorm(rnd.choice([c, 8]))}[kind]())
+        if kind in ("conv", "linear"):
+            c = out
+    model = nn.Sequential(*layers).eval()
+    x = torch.randn(rnd.choice([(1, c if rnd.random() < 0.8 else c + 1, 8, 8), (2, 8), (2, 3, 8)]))
+    try:
+        with torch.no_grad():
+            ref = model(x)
+    except (RuntimeError, ValueError):
+        return                    # torch itself refuses the shapes: nothing to import
+    g = bevir.from_torch(model, (x,))
+    bevir.verify(g)
+    out = next(iter(bevir.run(g, {g.inputs[0].name: x.numpy()}).values()))
+    if not np.allclose(out, ref.numpy(), rtol=1e-4, atol=1e-5):
+        raise AssertionError("from_torch imported a graph that computes something else")
+
+
+TARGETS = {"onnx": target_onnx, "text": target_text, "load": target_load,
+           "config": target_config, "ranges": target_ranges, "tranges": target_tranges,
+           "torch": target_torch}
 
 
 class _Hang(Exception):
@@ -115,8 +193,9 @@ def run_case(target, rnd: random.Random) -> tuple[str, str]:
         return "ok", ""
     except _Hang:
         return "hang", ""
-    except bevir.BevirError as e:
-        return "bevir", f"{type(e).__name__}: {str(e)[:80]}"
+    except bevir.BevirError as e:      # temporary paths differ per case: not the message
+        text = re.sub(re.escape(tempfile.gettempdir()) + r"/\S+", "<file>", str(e))
+        return "bevir", f"{type(e).__name__}: {text[:80]}"
     except Exception as e:   # noqa: BLE001  (what the fuzzing looks for)
         return "other", f"{type(e).__name__}: {e}"
     finally:
@@ -139,9 +218,10 @@ def fuzz(name: str, cases: int, seed: int = 0) -> dict:
 
 
 def main(argv: list[str]) -> int:
+    """``fuzz.py [CASES] [TARGET ...]``"""
     cases = int(argv[1]) if len(argv) > 1 else 10_000
     bad = 0
-    for name in TARGETS:
+    for name in argv[2:] or TARGETS:
         r = fuzz(name, cases)
         print(f"{name}: {r['cases']} cases, {r['loaded']} loaded and verified, "
               f"{r['distinct_errors']} distinct error messages, {r['non_bevir']} non-bevir "

@@ -1,0 +1,36 @@
+"""A short run of every fuzz target of tools/fuzz.py (the long run is the script itself,
+``python tools/fuzz.py 10000``): every failure is a bevir.BevirError, nothing hangs, and
+what loads verifies (for from_torch: computes what the module computes)."""
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+import fuzz  # noqa: E402
+
+#: cases per target in the suite: a few seconds each
+CASES = {"onnx": 400, "text": 400, "load": 300, "config": 300, "ranges": 200, "tranges": 300,
+         "torch": 60}
+
+
+def test_every_target_has_a_short_run():
+    assert set(CASES) == set(fuzz.TARGETS)
+
+
+@pytest.mark.parametrize("target", sorted(CASES))
+def test_fuzz_target_raises_only_bevir_errors(target):
+    r = fuzz.fuzz(target, CASES[target], seed=1)
+    print(f"{target}: {r}")
+    assert r["non_bevir"] == 0, r["examples"]
+    assert r["hangs"] == 0
+    assert r["distinct_errors"] > 1 or target == "torch"      # the mutations reach the checks
+
+
+def test_a_non_bevir_exception_is_counted(monkeypatch):
+    """The harness itself: a target that raises something else is reported, not hidden."""
+    def broken(rnd):
+        raise KeyError("oops")
+    monkeypatch.setitem(fuzz.TARGETS, "broken", broken)
+    r = fuzz.fuzz("broken", 3)
+    assert r["non_bevir"] == 3 and r["examples"][0] == "KeyError: 'oops'"
