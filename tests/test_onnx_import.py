@@ -380,11 +380,33 @@ def test_unsupported_attributes(node, what):
         bevir.from_onnx(model)
 
 
-def test_conv1d_unsupported():
+@pytest.mark.parametrize("attrs", [{}, {"pads": [1, 0], "strides": [2], "dilations": [2]},
+                                   {"auto_pad": "SAME_UPPER"}])
+def test_conv1d_and_pool1d_run_as_2d_over_rows(rng, attrs):
+    """1-D Conv / MaxPool / AveragePool: 2-D ops over rows of height 1, as onnxruntime runs them."""
+    import onnxruntime as ort
+    w = rng.standard_normal((4, 3, 3)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], **attrs),
+             helper.make_node("MaxPool", ["c"], ["m"], kernel_shape=[2], **attrs),
+             helper.make_node("AveragePool", ["c"], ["a"], kernel_shape=[3],       # opset 17:
+                              **{k: v for k, v in attrs.items() if k != "dilations"})]  # none
+    model = _model(nodes, [_vi("x", TensorProto.FLOAT, [2, 3, 17])],
+                   [_vi("m", TensorProto.FLOAT, None), _vi("a", TensorProto.FLOAT, None)],
+                   [_const("w", w)])
+    g = bevir.from_onnx(model)
+    assert g.op_counts()["conv2d"] == 1 and g.outputs["m"].type.rank == 3
+    x = rng.standard_normal((2, 3, 17)).astype(np.float32)
+    ref = ort.InferenceSession(model.SerializeToString()).run(["m", "a"], {"x": x})
+    got = bevir.run(g, {"x": x})
+    for name, r in zip(("m", "a"), ref):
+        np.testing.assert_allclose(got[name], r, rtol=1e-5, atol=1e-5)
+
+
+def test_conv3d_unsupported():
     model = _model([helper.make_node("Conv", ["x", "w"], ["y"])],
-                   [_vi("x", TensorProto.FLOAT, [1, 3, 8])], [_vi("y", TensorProto.FLOAT, None)],
-                   [_const("w", np.ones((2, 3, 3), np.float32))])
-    with pytest.raises(bevir.UnsupportedError, match="1-D"):
+                   [_vi("x", TensorProto.FLOAT, [1, 3, 4, 4, 4])], [_vi("y", TensorProto.FLOAT, None)],
+                   [_const("w", np.ones((2, 3, 3, 3, 3), np.float32))])
+    with pytest.raises(bevir.UnsupportedError, match="3-D convolution"):
         bevir.from_onnx(model)
 
 

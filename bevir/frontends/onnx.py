@@ -1013,17 +1013,37 @@ def _gemm(c: NodeCtx):
 def _conv(c: NodeCtx):
     x, w, b = c.input(0), c.input(1), c.input(2)
     c.require_float(x, w, b)
-    if x.type.rank != 4 or w.type.rank != 4:
+    if not (x.type.rank == w.type.rank and x.type.rank in (3, 4)):
         raise c.unsupported(f"{w.type.rank - 2}-D convolution (attribute 'kernel_shape'): "
-                            "only 2-D is supported")
+                            "only 1-D and 2-D are supported")
     kernel = w.type.shape[2:]
     ks = c.attr("kernel_shape", None)
     if ks is not None and tuple(ks) != kernel:
         raise c.unsupported(f"attribute 'kernel_shape' {list(ks)} differs from the weight's "
                             f"{list(kernel)}")
+    if x.type.rank == 3:                 # 1-D: a 2-D convolution over rows of height 1
+        strides, pads, dil = _lifted_params(c, x, kernel)
+        w = c.emit("reshape", [w], {"shape": w.type.shape[:2] + (1,) + kernel})
+        return _over_rows(c, x, lambda x4: c.emit("conv2d", [x4, w, b], {
+            "strides": strides, "pads": pads, "dilations": dil, "groups": int(c.attr("group", 1))}))
     strides, pads, dil = spatial_params(c, x, kernel)
     return c.emit("conv2d", [x, w, b], {"strides": strides, "pads": pads, "dilations": dil,
                                         "groups": int(c.attr("group", 1))})
+
+
+def _lifted_params(c: NodeCtx, x: Value, kernel) -> tuple:
+    """A 1-D op's strides, pads and dilations as those of the 2-D op over rows of height 1."""
+    (s,) = tuple(int(v) for v in c.attr("strides", (1,)))
+    (d,) = tuple(int(v) for v in c.attr("dilations", (1,)))
+    begin, end = _spatial_pads(c, x.type.shape[2:], kernel, (s,), (d,))
+    return (1, s), (0, begin, 0, end), (1, d)
+
+
+def _over_rows(c: NodeCtx, x: Value, op2d) -> Value:
+    """``op2d`` (a 2-D NCHW op) applied to [N, C, L] as [N, C, 1, L], the result back to 3-D."""
+    n, ch, length = x.type.shape
+    y = op2d(c.emit("reshape", [x], {"shape": (n, ch, 1, length)}))
+    return c.emit("reshape", [y], {"shape": y.type.shape[:2] + y.type.shape[3:]})
 
 
 # ---- pooling and normalization --------------------------------------------------------------
@@ -1036,30 +1056,36 @@ def _maxpool(c: NodeCtx):
         raise c.unsupported("output 1 (Indices) is not supported")
     if c.attr("storage_order", 0) != 0:
         raise c.unsupported("attribute 'storage_order' = 1 is not supported")
-    _require_rank4(c, x, "pooling")
+    return _pool(c, x, "maxpool2d", lambda strides, pads, dil: {
+        "strides": strides, "pads": pads, "dilations": dil, "ceil_mode": bool(c.attr("ceil_mode", 0))})
+
+
+def _pool(c: NodeCtx, x: Value, op: str, attrs) -> Value:
+    """A 1-D or 2-D pooling node as ``op`` (2-D; 1-D over rows of height 1) with
+    ``attrs(strides, pads, dilations)``."""
+    if x.type.rank not in (3, 4):
+        raise c.unsupported(f"{x.type.rank - 2}-D pooling (input rank {x.type.rank}): "
+                            "only 1-D and 2-D (NCHW) are supported")
     kernel = tuple(int(k) for k in c.attr("kernel_shape"))
-    if len(kernel) != 2:
-        raise c.unsupported(f"attribute 'kernel_shape' {list(kernel)}: only 2-D")
+    if len(kernel) != x.type.rank - 2:
+        raise c.unsupported(f"attribute 'kernel_shape' {list(kernel)} does not fit input rank "
+                            f"{x.type.rank}")
+    if x.type.rank == 3:
+        strides, pads, dil = _lifted_params(c, x, kernel)
+        return _over_rows(c, x, lambda x4: c.emit(op, [x4], {"kernel": (1,) + kernel,
+                                                              **attrs(strides, pads, dil)}))
     strides, pads, dil = spatial_params(c, x, kernel)
-    return c.emit("maxpool2d", [x], {"kernel": kernel, "strides": strides, "pads": pads,
-                                     "dilations": dil,
-                                     "ceil_mode": bool(c.attr("ceil_mode", 0))})
+    return c.emit(op, [x], {"kernel": kernel, **attrs(strides, pads, dil)})
 
 
 @converts("AveragePool", attrs=("auto_pad", "ceil_mode", "count_include_pad", "dilations",
                                 "kernel_shape", "pads", "strides"))
 def _avgpool(c: NodeCtx):
-    x = c.input(0)
-    _require_rank4(c, x, "pooling")
-    kernel = tuple(int(k) for k in c.attr("kernel_shape"))
-    if len(kernel) != 2:
-        raise c.unsupported(f"attribute 'kernel_shape' {list(kernel)}: only 2-D")
-    strides, pads, dil = spatial_params(c, x, kernel)
-    if dil != (1, 1):
-        raise c.unsupported(f"attribute 'dilations' = {list(dil)} is not supported")
-    return c.emit("avgpool2d", [x], {"kernel": kernel, "strides": strides, "pads": pads,
-                                     "ceil_mode": bool(c.attr("ceil_mode", 0)),
-                                     "count_include_pad": bool(c.attr("count_include_pad", 0))})
+    def attrs(strides, pads, dil):
+        return {"strides": strides, "pads": pads, "dilations": dil,
+                "ceil_mode": bool(c.attr("ceil_mode", 0)),
+                "count_include_pad": bool(c.attr("count_include_pad", 0))}
+    return _pool(c, c.input(0), "avgpool2d", attrs)
 
 
 @converts("GlobalAveragePool", "GlobalMaxPool")

@@ -92,7 +92,9 @@ class MaxPool2d(OpDef):
     """2-D max pooling; padding never wins (it is -inf, or the integer dtype's minimum)."""
 
     name = "maxpool2d"
-    onnx_export = onnx_as("MaxPool", {"kernel": "kernel_shape", "strides": "strides", "pads": "pads", "ceil_mode": "ceil_mode", "dilations": "dilations"})
+    onnx_export = onnx_as("MaxPool", {"kernel": "kernel_shape", "strides": "strides",
+                                      "pads": "pads", "ceil_mode": "ceil_mode",
+                                      "dilations": "dilations"})
     nhwc = NATIVE
     operands = ("x",)
     attrs = {**_POOL_ATTRS, "dilations": Ints((1, 1))}
@@ -134,15 +136,19 @@ class MaxPool2d(OpDef):
 
 
 class AvgPool2d(OpDef):
-    """2-D average pooling. The divisor counts the window's elements inside the input, or
-    inside input + pads with count_include_pad (windows that ceil_mode runs past the pads
-    count only what they cover, as ONNX AveragePool and torch do)."""
+    """2-D average pooling (window taps ``dilations`` apart). The divisor counts the
+    window's elements inside the input, or inside input + pads with count_include_pad
+    (windows that ceil_mode runs past the pads count only what they cover, as ONNX
+    AveragePool and torch do)."""
 
     name = "avgpool2d"
-    onnx_export = onnx_as("AveragePool", {"kernel": "kernel_shape", "strides": "strides", "pads": "pads", "ceil_mode": "ceil_mode", "count_include_pad": "count_include_pad"})
+    onnx_export = onnx_as("AveragePool", {"kernel": "kernel_shape", "strides": "strides",
+                                          "pads": "pads", "ceil_mode": "ceil_mode",
+                                          "count_include_pad": "count_include_pad",
+                                          "dilations": "dilations"})
     nhwc = NATIVE
     operands = ("x",)
-    attrs = {**_POOL_ATTRS, "count_include_pad": Bool(False)}
+    attrs = {**_POOL_ATTRS, "count_include_pad": Bool(False), "dilations": Ints((1, 1))}
 
     def infer(self, c, x):
         float_operands(x)
