@@ -981,13 +981,17 @@ def _identity(c: NodeCtx):
 
 @converts("Dropout", attrs=("seed", "ratio"))
 def _dropout(c: NodeCtx):
-    if c.output_used(1):
-        raise c.unsupported("output 1 (mask) is not supported (inference only)")
-    if c.has_input(2):
-        training = c.const(2, "training_mode")
-        if bool(np.asarray(training).reshape(-1)[0]):
-            raise c.unsupported("training_mode = true (inference only)")
-    return c.input(0)
+    """Inference, or training with ratio 0: the input, and a mask of all true."""
+    x = c.input(0)
+    if c.has_input(2) and bool(np.asarray(c.const(2, "training_mode")).reshape(-1)[0]):
+        ratio = float(np.asarray(c.const(1, "ratio")).reshape(-1)[0]) if c.has_input(1) else 0.5
+        if ratio != 0:
+            raise c.unsupported(f"training_mode = true with ratio {ratio} (random: inference, "
+                                "or training with ratio 0, only)")
+    if not c.output_used(1):
+        return x
+    mask = c.emit("expand", [c.constant(np.array(True))], {"shape": x.type.shape})
+    return [x, mask]
 
 
 # ---- linear algebra and convolution ---------------------------------------------------------
@@ -1468,9 +1472,9 @@ def _resize(c: NodeCtx):
     x = c.input(0)
     rank = x.type.rank
     mode = c.attr("mode", "nearest")
-    if mode not in ("nearest", "linear"):
-        raise c.unsupported(f"attribute 'mode' = {mode!r} (only nearest and linear)")
-    if mode == "linear":
+    if mode not in ("nearest", "linear", "cubic"):
+        raise c.unsupported(f"attribute 'mode' = {mode!r}")
+    if mode != "nearest":
         c.require_float(x)
     if c.version < 11:   # Resize-10: (X, scales), asymmetric coordinates, nearest = floor
         ct, nearest, scales_i = "asymmetric", "floor", 1
@@ -1482,10 +1486,11 @@ def _resize(c: NodeCtx):
         raise c.unsupported(f"attribute 'coordinate_transformation_mode' = {ct!r}")
     if nearest not in _NEAREST:
         raise c.unsupported(f"attribute 'nearest_mode' = {nearest!r}")
-    for name, default in (("antialias", 0), ("exclude_outside", 0),
-                          ("keep_aspect_ratio_policy", "stretch")):
-        if c.attr(name, default) != default:
-            raise c.unsupported(f"attribute '{name}' = {c.attr(name)!r}")
+    if c.attr("antialias", 0):
+        raise c.unsupported(f"attribute 'antialias' = {c.attr('antialias')!r}")
+    policy = c.attr("keep_aspect_ratio_policy", "stretch")
+    if policy not in ("stretch", "not_larger", "not_smaller"):
+        raise c.unsupported(f"attribute 'keep_aspect_ratio_policy' = {policy!r}")
     axes = c.attr("axes", None)
     axes = list(range(rank)) if axes is None else list(_norm_axes(axes, rank, c))
     scales = c.const(scales_i, "scales", optional=True)
@@ -1496,32 +1501,35 @@ def _resize(c: NodeCtx):
         sizes = None
     if (scales is None) == (sizes is None):
         raise c.unsupported("exactly one of scales and sizes must be given")
-    out = list(x.type.shape)
+    out, factor = list(x.type.shape), [1.0] * rank     # output shape, ONNX's scale per axis
     if sizes is not None:
         if len(sizes) != len(axes):
             raise c.unsupported(f"sizes {sizes} do not fit axes {axes}")
-        for a, s in zip(axes, sizes):
-            out[a] = int(s)
+        ratios = [int(s) / x.type.shape[a] for a, s in zip(axes, sizes)]
+        if policy != "stretch":          # one scale for every axis, output rounded half up
+            scale = (min if policy == "not_larger" else max)(ratios)
+            ratios = [scale] * len(axes)
+            sizes = [int(scale * x.type.shape[a] + 0.5) for a in axes]
+        for a, s, r in zip(axes, sizes, ratios):
+            out[a], factor[a] = int(s), r
     else:
         scales = [float(s) for s in scales.reshape(-1)]
         if len(scales) != len(axes):
             raise c.unsupported(f"scales {scales} do not fit axes {axes}")
         for a, s in zip(axes, scales):
-            exact = x.type.shape[a] * s
-            size = math.floor(exact)
-            if abs(exact - round(exact)) <= 1e-5 * max(1.0, abs(exact)):
-                size = round(exact)
-            else:
-                raise c.unsupported(
-                    f"scale {s} gives a fractional output size ({x.type.shape[a]} * {s} = "
-                    f"{exact:g}): bevir's resize maps coordinates with out/in, which differs "
-                    "from ONNX's scale in that case")
-            out[a] = size
-    if tuple(out) == x.type.shape:
+            out[a], factor[a] = int(x.type.shape[a] * s), s
+    if tuple(out) == x.type.shape and all(f == 1.0 for f in factor):
         return x
-    return c.emit("resize", [x], {"size": tuple(out), "mode": mode,
-                                  "coordinate_transformation_mode": ct,
-                                  "nearest_mode": nearest})
+    attrs = {"size": tuple(out), "mode": mode, "coordinate_transformation_mode": ct,
+             "nearest_mode": nearest}
+    if mode == "cubic":
+        attrs |= {"cubic_coeff_a": float(c.attr("cubic_coeff_a", -0.75)),
+                  "exclude_outside": bool(c.attr("exclude_outside", 0))}
+    elif c.attr("exclude_outside", 0):
+        raise c.unsupported("attribute 'exclude_outside' = 1 (cubic only)")
+    if any(f != o / i for f, o, i in zip(factor, out, x.type.shape)):
+        attrs["scales"] = tuple(factor)  # ONNX's scale differs from out / in: keep it
+    return c.emit("resize", [x], attrs)
 
 
 @converts("GridSample", attrs=("align_corners", "mode", "padding_mode"))

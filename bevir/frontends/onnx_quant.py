@@ -33,10 +33,11 @@ def _axis(c: NodeCtx, x: Value, scale_i: int) -> tuple[int | None, int | None]:
 
 
 def _scale(c: NodeCtx, i: int, what: str, channels: int | None = None) -> tuple[float, ...]:
-    """A float32 scale input: one value, or (``channels`` given) one or ``channels``."""
+    """A float32 (or float16, which float32 holds exactly) scale input: one value, or
+    (``channels`` given) one or ``channels``."""
     a = c.const(i, what)
-    if a.dtype != np.float32:
-        raise c.unsupported(f"{what} must be float32, got {a.dtype}")
+    if a.dtype not in (np.float32, np.float16):
+        raise c.unsupported(f"{what} must be float32 or float16, got {a.dtype}")
     if a.size == 1 and a.ndim <= 1:
         vals = (float(a.reshape(-1)[0]),)
     elif channels is not None and a.ndim == 1 and a.size == channels:

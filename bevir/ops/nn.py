@@ -10,7 +10,7 @@ from itertools import product
 import numpy as np
 
 from ..ir.types import DType, Layout, TensorType
-from ..ir.opdef import Bool, FixedLowering, Float, Int, Ints, LayoutRule, OpDef, Str
+from ..ir.opdef import Bool, FixedLowering, Float, Floats, Int, Ints, LayoutRule, OpDef, Str
 from .common import float_operands, norm_axis, require
 from .layout_rules import NATIVE, size_attr
 from .shape import moved
@@ -356,6 +356,8 @@ def _nearest(lo: np.ndarray, frac: np.ndarray, rounding: str) -> np.ndarray:
 
 def _resize_ok(node) -> str | None:
     # linear resizes run axis by axis: the order of the resized axes must not change
+    if node.attrs.get("scales") is not None:
+        return "a resize with scales per axis"
     size, shape = node.attrs["size"], node.inputs[0].type.shape
     if node.attrs["mode"] == "linear" and size[1] != shape[1]:
         return "a linear resize of the channel axis"
@@ -363,23 +365,23 @@ def _resize_ok(node) -> str | None:
 
 
 class Resize(OpDef):
-    """ONNX Resize (opset 13/19) to ``size``, the full output shape, scale = out / in per
-    axis: nearest for any dtype, or separable multilinear (floats) over resized axes."""
+    """ONNX Resize (opset 13/19) to ``size``, the full output shape: nearest for any
+    dtype, or separable multilinear or cubic (floats) over resized axes. The scale per
+    axis is out / in, with exact rational coordinates; ``scales`` (one per axis) gives
+    ONNX's scales instead where out / in differs from them, and coordinates follow ONNX's
+    float64 formulas (as does cubic, with ``cubic_coeff_a`` and ``exclude_outside``)."""
 
     name = "resize"
-
-    def onnx_export(self, e, node, ins, outs):
-        e.emit("Resize", ins + [None, None, e.ints(node.attrs["size"], "sizes")], outs,
-               mode=node.attrs["mode"], nearest_mode=node.attrs["nearest_mode"],
-               coordinate_transformation_mode=node.attrs["coordinate_transformation_mode"])
     nhwc = LayoutRule(attrs=size_attr, check=_resize_ok)
     operands = ("x",)
-    attrs = {"size": Ints(), "mode": Str("nearest", ("nearest", "linear")),
+    attrs = {"size": Ints(), "mode": Str("nearest", ("nearest", "linear", "cubic")),
              "coordinate_transformation_mode": Str("half_pixel", (
                  "half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners",
                  "asymmetric")),
              "nearest_mode": Str("round_prefer_floor", (
-                 "round_prefer_floor", "round_prefer_ceil", "floor", "ceil"))}
+                 "round_prefer_floor", "round_prefer_ceil", "floor", "ceil")),
+             "cubic_coeff_a": Float(-0.75), "exclude_outside": Bool(False),
+             "scales": Floats(None)}
 
     def infer(self, c, x):
         require(len(c.size) == x.rank and min(c.size + x.shape, default=1) > 0,
@@ -389,6 +391,8 @@ class Resize(OpDef):
         return moved(x, c.size)
 
     def compute(self, c, x):
+        if c.scales is not None or c.mode == "cubic":
+            return _resize_reference(c, x)
         dtype = x.dtype
         for axis, (n_in, n_out) in enumerate(zip(x.shape, c.size)):
             if n_in == n_out:
@@ -402,6 +406,78 @@ class Resize(OpDef):
             a0, a1 = (np.take(x, np.clip(i, 0, n_in - 1), axis=axis) for i in (lo, lo + 1))
             x = a0 + (a1 - a0) * frac.astype(_acc(dtype)).reshape(shape)
         return x.astype(dtype, copy=False)
+
+    def onnx_export(self, e, node, ins, outs):
+        a = node.attrs
+        scales = None if a["scales"] is None else e.const(np.asarray(a["scales"], np.float32), "scales")
+        e.emit("Resize", ins + [None, scales, None if scales else e.ints(a["size"], "sizes")], outs,
+               mode=a["mode"], nearest_mode=a["nearest_mode"], cubic_coeff_a=a["cubic_coeff_a"],
+               exclude_outside=int(a["exclude_outside"]),
+               coordinate_transformation_mode=a["coordinate_transformation_mode"])
+
+
+def _source_coords(mode: str, n_in: int, n_out: int, scale: float) -> np.ndarray:
+    """ONNX Resize's source coordinate of each output index, in float64 as its reference
+    computes it (the output length scale * n_in may be fractional)."""
+    y = np.arange(n_out, dtype=np.float64)
+    width = scale * n_in
+    if mode == "align_corners":
+        return np.zeros(n_out) if width == 1 else y * (n_in - 1) / (width - 1)
+    if mode == "asymmetric":
+        return y / scale
+    if mode == "pytorch_half_pixel" and width == 1:
+        return np.full(n_out, -0.5)
+    if mode == "half_pixel_symmetric":
+        offset = n_in / 2 * (1 - n_out / width)
+        return offset + (y + 0.5) / scale - 0.5
+    return (y + 0.5) / scale - 0.5
+
+
+def _tap_weights(c, ratio: np.ndarray) -> np.ndarray:
+    """Per output position, the weights of its taps (ONNX's coefficient formulas)."""
+    if c.mode == "nearest":
+        r = ratio
+        up = {"round_prefer_floor": r > 0.5, "round_prefer_ceil": r >= 0.5, "floor": r >= 1,
+              "ceil": r > 0}[c.nearest_mode] | (r == 1)
+        return np.stack([~up, up], -1).astype(np.float64)
+    if c.mode == "linear":
+        return np.stack([1 - ratio, ratio], -1)
+    a, r = c.cubic_coeff_a, ratio
+    s = 1 - r
+    return np.stack([((a * (r + 1) - 5 * a) * (r + 1) + 8 * a) * (r + 1) - 4 * a,
+                     ((a + 2) * r - (a + 3)) * r * r + 1,
+                     ((a + 2) * s - (a + 3)) * s * s + 1,
+                     ((a * (s + 1) - 5 * a) * (s + 1) + 8 * a) * (s + 1) - 4 * a], -1)
+
+
+def _resize_reference(c, x: np.ndarray) -> np.ndarray:
+    """Resize axis by axis in float64 as ONNX's reference does: source coordinates from
+    the scales, the taps nearest each (ties to the smaller index), edge values beyond
+    the input (or, with exclude_outside, no weight there)."""
+    scales = c.scales or tuple(o / i for o, i in zip(c.size, x.shape))
+    y = x.astype(np.float64)
+    for axis, (n_in, n_out, scale) in enumerate(zip(x.shape, c.size, scales)):
+        if n_in == n_out and scale == 1.0:
+            continue
+        src = _source_coords(c.coordinate_transformation_mode, n_in, n_out, scale)
+        lo = np.floor(src)
+        ratio = np.where(src == lo, 1.0, src - lo)
+        weights = _tap_weights(c, ratio)
+        n = weights.shape[1]
+        start = lo.astype(np.int64) + np.where(src == lo, -(n // 2), -(n // 2) + 1)
+        taps = start[:, None] + np.arange(n)
+        if c.exclude_outside:
+            weights = np.where((taps < 0) | (taps >= n_in), 0.0, weights)
+            total = weights.sum(-1, keepdims=True)
+            weights = weights / np.where(total == 0, 1.0, total)
+        picked = np.take(y, np.clip(taps, 0, n_in - 1), axis=axis)      # [..., n_out, n, ...]
+        shape = [1] * y.ndim + [1]
+        shape[axis], shape[axis + 1] = n_out, n
+        y = (picked * weights.reshape(shape)).sum(axis + 1)
+    if x.dtype.kind in "iu":
+        info = np.iinfo(x.dtype)
+        y = np.clip(np.rint(y), info.min, info.max)
+    return y.astype(x.dtype)
 
 
 def _grid_coord(g: np.ndarray, size: int, padding: str, align: bool) -> np.ndarray:
