@@ -367,13 +367,12 @@ def test_declared_output_shape_that_contradicts_inference_is_refused(declared, t
 
 @pytest.mark.parametrize("node, what", [
     (helper.make_node("Conv", ["x", "w"], ["y"], auto_pad="BOGUS"), "auto_pad"),
-    (helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[2, 2], storage_order=1),
-     "storage_order"),
-    (helper.make_node("MaxPool", ["x"], ["y", "i"], kernel_shape=[2, 2]), "Indices"),
+    (helper.make_node("Resize", ["x", "", "s"], ["y"], antialias=1, mode="linear"), "antialias"),
     (helper.make_node("Relu", ["x"], ["y"], some_attr=3), "some_attr"),
 ])
 def test_unsupported_attributes(node, what):
-    inits = [_const("w", np.ones((2, 3, 1, 1), np.float32))]
+    inits = [_const("w", np.ones((2, 3, 1, 1), np.float32)),
+             _const("s", np.array([1, 1, 0.5, 0.5], np.float32))]
     model = _model([node], [_vi("x", TensorProto.FLOAT, [1, 3, 4, 4])],
                    [_vi(o, TensorProto.FLOAT, None) for o in node.output], inits)
     with pytest.raises(bevir.UnsupportedError, match=what):
@@ -400,6 +399,20 @@ def test_conv1d_and_pool1d_run_as_2d_over_rows(rng, attrs):
     got = bevir.run(g, {"x": x})
     for name, r in zip(("m", "a"), ref):
         np.testing.assert_allclose(got[name], r, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("storage_order", [0, 1])
+def test_maxpool_indices_match_onnxruntime(rng, storage_order):
+    node = helper.make_node("MaxPool", ["x"], ["y", "i"], kernel_shape=[3, 2], strides=[2, 1],
+                            pads=[1, 0, 1, 1], storage_order=storage_order)
+    model = _model([node], [_vi("x", TensorProto.FLOAT, [2, 3, 7, 6])],
+                   [_vi("y", TensorProto.FLOAT, None), _vi("i", TensorProto.INT64, None)])
+    x = np.round(rng.standard_normal((2, 3, 7, 6)), 1).astype(np.float32)     # with ties
+    g = bevir.from_onnx(model)
+    got = bevir.run(g, {"x": x})
+    ref = ort.InferenceSession(model.SerializeToString()).run(["y", "i"], {"x": x})
+    np.testing.assert_array_equal(got["y"], ref[0])
+    np.testing.assert_array_equal(got["i"], ref[1])
 
 
 def test_conv3d_unsupported():

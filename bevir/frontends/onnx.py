@@ -1056,12 +1056,17 @@ def _over_rows(c: NodeCtx, x: Value, op2d) -> Value:
                             "storage_order", "strides"))
 def _maxpool(c: NodeCtx):
     x = c.input(0)
-    if c.output_used(1):
-        raise c.unsupported("output 1 (Indices) is not supported")
-    if c.attr("storage_order", 0) != 0:
-        raise c.unsupported("attribute 'storage_order' = 1 is not supported")
-    return _pool(c, x, "maxpool2d", lambda strides, pads, dil: {
-        "strides": strides, "pads": pads, "dilations": dil, "ceil_mode": bool(c.attr("ceil_mode", 0))})
+
+    def attrs(strides, pads, dil):
+        return {"strides": strides, "pads": pads, "dilations": dil,
+                "ceil_mode": bool(c.attr("ceil_mode", 0))}
+    y = _pool(c, x, "maxpool2d", attrs)
+    if not c.output_used(1):
+        return y                          # storage_order only orders the indices
+    if x.type.rank != 4:
+        raise c.unsupported("output 1 (Indices) of a 1-D pooling is not supported")
+    return [y, _pool(c, x, "maxpool2d_indices", lambda *p: {
+        **attrs(*p), "storage_order": int(c.attr("storage_order", 0))})]
 
 
 def _pool(c: NodeCtx, x: Value, op: str, attrs) -> Value:
@@ -1461,7 +1466,7 @@ def _pad(c: NodeCtx):
 
 
 _RESIZE_CT = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners",
-              "asymmetric")
+              "asymmetric", "tf_crop_and_resize")
 _NEAREST = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
 
 
@@ -1527,7 +1532,16 @@ def _resize(c: NodeCtx):
                   "exclude_outside": bool(c.attr("exclude_outside", 0))}
     elif c.attr("exclude_outside", 0):
         raise c.unsupported("attribute 'exclude_outside' = 1 (cubic only)")
-    if any(f != o / i for f, o, i in zip(factor, out, x.type.shape)):
+    if ct == "tf_crop_and_resize":       # the region of interest, as fractions per axis
+        roi = c.const(1, "roi")
+        if roi is None or roi.size != 2 * len(axes):
+            raise c.unsupported(f"roi must hold {2 * len(axes)} values for axes {axes}")
+        lo, hi = [0.0] * rank, [1.0] * rank
+        for k, a in enumerate(axes):
+            lo[a], hi[a] = float(roi.reshape(-1)[k]), float(roi.reshape(-1)[len(axes) + k])
+        attrs |= {"roi": tuple(lo + hi),
+                  "extrapolation_value": float(c.attr("extrapolation_value", 0.0))}
+    if ct == "tf_crop_and_resize" or any(f != o / i for f, o, i in zip(factor, out, x.type.shape)):
         attrs["scales"] = tuple(factor)  # ONNX's scale differs from out / in: keep it
     return c.emit("resize", [x], attrs)
 

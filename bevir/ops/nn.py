@@ -135,6 +135,43 @@ class MaxPool2d(OpDef):
         return L.te.compute(out.shape, fn, name="y")
 
 
+class MaxPool2dIndices(OpDef):
+    """ONNX MaxPool's Indices output: per window, the flat index in x of the maximum (the
+    first one in window order on a tie; padding never wins), x taken row-major (NCHW;
+    ``storage_order`` 0) or with H and W column-major (1)."""
+
+    name = "maxpool2d_indices"
+    operands = ("x",)
+    attrs = {**MaxPool2d.attrs, "storage_order": Int(0)}
+
+    def infer(self, c, x):
+        require(x.layout is not Layout.nhwc, f"expects NCHW, got {x}")
+        return TensorType(_pool_infer(c, x).shape, DType.i64)
+
+    def compute(self, c, x):
+        axes, out = (2, 3), _pool_out(c, c.in_types[0])
+        n, ch, h, w = x.shape
+        flat = np.arange(x.size, dtype=np.int64).reshape(x.shape)
+        if c.storage_order == 1:
+            flat = (flat // (h * w)) * (h * w) + np.arange(w)[None, :] * h + np.arange(h)[:, None]
+        fill = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
+        best, where = None, None
+        for tap, idx in zip(window_taps(x, axes, c, out, fill), window_taps(flat, axes, c, out, -1)):
+            if best is None:
+                best, where = tap.copy(), idx.copy()
+                continue
+            wins = tap > best
+            best = np.where(wins, tap, best)
+            where = np.where(wins, idx, where)
+        return where
+
+    def onnx_export(self, e, node, ins, outs):
+        a = node.attrs
+        e.emit("MaxPool", ins, [e.fresh("values")] + outs, kernel_shape=list(a["kernel"]),
+               strides=list(a["strides"]), pads=list(a["pads"]), dilations=list(a["dilations"]),
+               ceil_mode=int(a["ceil_mode"]), storage_order=a["storage_order"])
+
+
 class AvgPool2d(OpDef):
     """2-D average pooling (window taps ``dilations`` apart). The divisor counts the
     window's elements inside the input, or inside input + pads with count_include_pad
@@ -377,15 +414,18 @@ class Resize(OpDef):
     attrs = {"size": Ints(), "mode": Str("nearest", ("nearest", "linear", "cubic")),
              "coordinate_transformation_mode": Str("half_pixel", (
                  "half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners",
-                 "asymmetric")),
+                 "asymmetric", "tf_crop_and_resize")),
              "nearest_mode": Str("round_prefer_floor", (
                  "round_prefer_floor", "round_prefer_ceil", "floor", "ceil")),
              "cubic_coeff_a": Float(-0.75), "exclude_outside": Bool(False),
-             "scales": Floats(None)}
+             "scales": Floats(None), "roi": Floats(None), "extrapolation_value": Float(0.0)}
 
     def infer(self, c, x):
         require(len(c.size) == x.rank and min(c.size + x.shape, default=1) > 0,
                 f"size {list(c.size)} is not a non-empty shape for {x}")
+        require((c.coordinate_transformation_mode == "tf_crop_and_resize") == (c.roi is not None)
+                and (c.roi is None or (len(c.roi) == 2 * x.rank and c.scales is not None)),
+                "tf_crop_and_resize takes roi (2 values per axis) and scales")
         if c.mode == "linear":
             float_operands(x)
         return moved(x, c.size)
@@ -410,17 +450,24 @@ class Resize(OpDef):
     def onnx_export(self, e, node, ins, outs):
         a = node.attrs
         scales = None if a["scales"] is None else e.const(np.asarray(a["scales"], np.float32), "scales")
-        e.emit("Resize", ins + [None, scales, None if scales else e.ints(a["size"], "sizes")], outs,
+        roi = None if a["roi"] is None else e.const(np.asarray(a["roi"], np.float32), "roi")
+        e.emit("Resize", ins + [roi, scales, None if scales else e.ints(a["size"], "sizes")], outs,
                mode=a["mode"], nearest_mode=a["nearest_mode"], cubic_coeff_a=a["cubic_coeff_a"],
                exclude_outside=int(a["exclude_outside"]),
+               extrapolation_value=a["extrapolation_value"],
                coordinate_transformation_mode=a["coordinate_transformation_mode"])
 
 
-def _source_coords(mode: str, n_in: int, n_out: int, scale: float) -> np.ndarray:
+def _source_coords(mode: str, n_in: int, n_out: int, scale: float,
+                   roi: tuple[float, float] = (0.0, 1.0)) -> np.ndarray:
     """ONNX Resize's source coordinate of each output index, in float64 as its reference
     computes it (the output length scale * n_in may be fractional)."""
     y = np.arange(n_out, dtype=np.float64)
     width = scale * n_in
+    if mode == "tf_crop_and_resize":
+        span = (roi[1] - roi[0]) * (n_in - 1)
+        x = np.full(n_out, span / 2) if width == 1 else y * span / (width - 1)
+        return x + roi[0] * (n_in - 1)
     if mode == "align_corners":
         return np.zeros(n_out) if width == 1 else y * (n_in - 1) / (width - 1)
     if mode == "asymmetric":
@@ -459,7 +506,8 @@ def _resize_reference(c, x: np.ndarray) -> np.ndarray:
     for axis, (n_in, n_out, scale) in enumerate(zip(x.shape, c.size, scales)):
         if n_in == n_out and scale == 1.0:
             continue
-        src = _source_coords(c.coordinate_transformation_mode, n_in, n_out, scale)
+        roi = (0.0, 1.0) if c.roi is None else (c.roi[axis], c.roi[x.ndim + axis])
+        src = _source_coords(c.coordinate_transformation_mode, n_in, n_out, scale, roi)
         lo = np.floor(src)
         ratio = np.where(src == lo, 1.0, src - lo)
         weights = _tap_weights(c, ratio)
@@ -474,6 +522,11 @@ def _resize_reference(c, x: np.ndarray) -> np.ndarray:
         shape = [1] * y.ndim + [1]
         shape[axis], shape[axis + 1] = n_out, n
         y = (picked * weights.reshape(shape)).sum(axis + 1)
+        if c.roi is not None:           # outside the input: the extrapolation value
+            where = [1] * y.ndim
+            where[axis] = n_out
+            outside = ((src < 0) | (src > n_in - 1)).reshape(where)
+            y = np.where(outside, c.extrapolation_value, y)
     if x.dtype.kind in "iu":
         info = np.iinfo(x.dtype)
         y = np.clip(np.rint(y), info.min, info.max)
