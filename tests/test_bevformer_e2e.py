@@ -143,6 +143,11 @@ def test_e2e_script_writes_its_artifacts(e2e_out):
     assert int8["fx_ops"] > 100 and int8["quantize"]["lowered-gemm"] > 0
     assert min(int8["sqnr_db"].values()) > INT8_MIN_SQNR_DB
     cmp = int8["comparison"]
+    back = int8["comparison_float_first"]           # the same check, the other way round
+    assert (back["num_a"], back["num_b"]) == (cmp["num_b"], cmp["num_a"])
+    assert int8["check"] == {"bev_iou_match_both_ways": min(cmp["bev_iou_match"], back["bev_iou_match"]),
+                             "min_iou_match": INT8_MIN_IOU_MATCH,
+                             "passed": min(cmp["bev_iou_match"], back["bev_iou_match"]) >= INT8_MIN_IOU_MATCH}
     assert cmp["mean_iou"] >= INT8_MIN_MEAN_IOU
     assert cmp["score_diff_max"] <= INT8_MAX_SCORE_DIFF
     assert cmp["score_diff_mean"] <= INT8_MEAN_SCORE_DIFF
@@ -221,10 +226,11 @@ def test_e2e_outputs_match_the_stored_digests(e2e_out):
     "processor 5, 7 and 7 of 10 BEV IoU matches (label 5, 2, 2) as MKL's kernel path changes; "
     "8 of 10 where INT8_MIN_IOU_MATCH was set; well-conditioned weights are issue 20"))
 def test_int8_top10_matches_pass_the_reference_flows_check(e2e_out):
-    cmp = json.loads((e2e_out / "report.json").read_text())["int8"]["comparison"]
-    print(f"INT8 vs float top-10: BEV IoU {cmp['bev_iou_match']}/10, label "
-          f"{cmp['top10_label_match']}/10")
-    assert cmp["bev_iou_match"] >= INT8_MIN_IOU_MATCH
+    int8 = json.loads((e2e_out / "report.json").read_text())["int8"]
+    cmp, back = int8["comparison"], int8["comparison_float_first"]
+    print(f"INT8 vs float top-10: BEV IoU {cmp['bev_iou_match']}/10 (float first "
+          f"{back['bev_iou_match']}/10), label {cmp['top10_label_match']}/10")
+    assert int8["check"]["passed"]
     assert cmp["top10_label_match"] >= INT8_MIN_LABEL_MATCH
 
 

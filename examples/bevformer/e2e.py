@@ -93,6 +93,8 @@ def build_graph(model: BEVFormer, inputs: dict, workdir: Path, decompose: bool =
 #: then the integer clean-up and the backbone bridge
 INT8_PREPARE = "decompose,canonicalize,fuse,cse,dce"
 INT8_FINISH = "sink-dequantize,insert-bridges,cse,dce"
+#: the reference flow's validation: at least this many of the top 10 match by BEV IoU > 0.5
+REFERENCE_MIN_IOU_MATCH = 8
 #: ops that only convert between number formats: not what a worst layer is
 CONVERSIONS = ("quantize", "dequantize", "fx_quantize", "fx_dequantize", "fx_requantize",
                "fx_bridge")
@@ -139,14 +141,22 @@ def int8_frame(config: str | BEVFormerConfig, seed: int = 0) -> tuple[bevir.Grap
 
 def int8_figures(float_out: dict, int8_out: dict, q: bevir.Graph, stats: dict,
                  config: BEVFormerConfig) -> dict:
-    """The reference flow's check, INT8 golden against the float reference, plus SQNR and
-    the float ops left between the image and the outputs."""
+    """The reference flow's check, INT8 golden against the float reference, both ways
+    round (``comparison``: INT8 first, as the reference flow orders device and reference;
+    ``comparison_float_first``), and ``check``, which passes when the stricter of the two
+    keeps REFERENCE_MIN_IOU_MATCH of the top 10; plus SQNR and the float ops left between
+    the image and the outputs."""
     from bevir.sim.compare import layer_error
-    cmp = compare_detections(decode(int8_out["cls_scores"], int8_out["bbox_preds"], config),
-                             decode(float_out["cls_scores"], float_out["bbox_preds"], config))
+    det_int8 = decode(int8_out["cls_scores"], int8_out["bbox_preds"], config)
+    det_float = decode(float_out["cls_scores"], float_out["bbox_preds"], config)
+    cmp, back = compare_detections(det_int8, det_float), compare_detections(det_float, det_int8)
+    worst = min(cmp["bev_iou_match"], back["bev_iou_match"])
     sqnr = {k: layer_error(float_out[k], int8_out[k])[0] for k in ("cls_scores", "bbox_preds")}
     counts = q.op_counts()
-    return {"comparison": cmp, "sqnr_db": sqnr, "quantize": stats,
+    return {"comparison": cmp, "comparison_float_first": back,
+            "check": {"bev_iou_match_both_ways": worst, "min_iou_match": REFERENCE_MIN_IOU_MATCH,
+                      "passed": worst >= REFERENCE_MIN_IOU_MATCH},
+            "sqnr_db": sqnr, "quantize": stats,
             "fx_ops": sum(v for k, v in counts.items() if k.startswith("fx_")),
             "float_on_path": bevir.passes.float_ops_between(q, ["img"]).counts(),
             "nodes": len(q.nodes)}
@@ -262,6 +272,11 @@ def int8_stage(model: BEVFormer, inputs: dict, graph: bevir.Graph, feed: dict, g
         for e in layers.worst(len(layers)) if e.op not in CONVERSIONS][:5]
     print("INT8 golden vs float reference:")
     print_comparison(figures["comparison"], "INT8 golden", "float golden")
+    back, check = figures["comparison_float_first"], figures["check"]
+    print(f"  the other way round (float first): BEV IoU match {back['bev_iou_match']}/10 "
+          f"(mean IoU={back['mean_iou']:.3f}), labels {back['top10_label_match']}/10")
+    print(f"  [{'PASS' if check['passed'] else 'FAIL'}] the reference flow's check, both ways: "
+          f"{check['bev_iou_match_both_ways']}/10 (threshold {check['min_iou_match']})")
     print(f"  SQNR: cls {figures['sqnr_db']['cls_scores']:.1f} dB, bbox "
           f"{figures['sqnr_db']['bbox_preds']:.1f} dB; {figures['fx_ops']} fixed-point ops; "
           f"float between image and outputs: {figures['float_on_path'] or 'none'}")

@@ -33,7 +33,8 @@ def sections(report: dict) -> list[str]:
     out = ["<h2>Steps</h2>", _table(["step", "bevir", "reference flow"], steps)]
 
     rows = [_comparison(report["comparison"], "float golden", "PyTorch"),
-            _comparison(report["int8"]["comparison"], "INT8 golden", "float golden")]
+            _comparison(report["int8"]["comparison"], "INT8 golden", "float golden"),
+            _comparison(report["int8"]["comparison_float_first"], "float golden", "INT8 golden")]
     dev = report.get("device")
     if dev:
         rows.append(_comparison(dev["comparison"], "program", "INT8 golden"))
@@ -43,7 +44,11 @@ def sections(report: dict) -> list[str]:
     facts = [["float golden vs PyTorch, max |diff|",
               ", ".join(f"{k} {v:.2e}" for k, v in report["max_abs_diff"].items())],
              ["INT8 golden vs float, SQNR",
-              ", ".join(f"{k} {v:.1f} dB" for k, v in report["int8"]["sqnr_db"].items())]]
+              ", ".join(f"{k} {v:.1f} dB" for k, v in report["int8"]["sqnr_db"].items())],
+             ["the reference flow's check (top-10 BEV IoU, the stricter way round)",
+              "{bev_iou_match_both_ways}/10, threshold {min_iou_match}: {verdict}".format(
+                  **report["int8"]["check"],
+                  verdict="pass" if report["int8"]["check"]["passed"] else "fail")]]
     if dev:
         facts.append(["program vs INT8 golden, differing elements",
                       ", ".join(f"{k} {v}" for k, v in dev["differing"].items())])
