@@ -2,8 +2,14 @@
 fused, ...), matched by value name, reported by source layer (the producing node's loc).
 
     report = compare_graphs(float_graph, int8_graph, inputs)
-    print(report.table(top=10))          # worst layers first
+    print(report.table(top=10))          # worst layers first (by local error)
     report.save_json("errors.json"); report.plot("errors.png")
+
+Two errors per value: the accumulated one (the candidate run against the reference run:
+everything upstream included) and the local one (teacher-forced: the candidate node fed
+the reference run's values of its operands, quantized to its operand types, so its error
+is its own). A broken layer stands out in the local column, where the accumulated one
+carries it on to every layer after it.
 
 Quantized candidate values are dequantized with their type's quantization (affine or
 fixed point, per tensor or per channel) before they are compared. The candidate runs
@@ -13,6 +19,7 @@ activations (stored in their own, usually 8-bit, dtype).
 """
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import json
 import math
@@ -24,13 +31,16 @@ import numpy as np
 
 from ..ir.graph import Graph, Node, Value
 from ..ir.types import AffineQuant, FixedPointQuant, TensorType
+from ..ir.opdef import get_op
 from .interpreter import Interpreter
 
 
 @dataclass(frozen=True)
 class LayerError:
     """The error of one value: its name, the layer (loc) and op that produce it, SQNR in dB
-    (inf when equal), max abs error, cosine similarity and size."""
+    (inf when equal), max abs error, cosine similarity and size; ``local_sqnr_db`` the SQNR
+    of the producing node alone (teacher-forced; None where its operands have no reference
+    counterpart)."""
     value: str
     layer: str
     op: str
@@ -38,6 +48,12 @@ class LayerError:
     max_abs: float
     cosine: float
     numel: int
+    local_sqnr_db: float | None = None
+
+    @property
+    def ranking_db(self) -> float:
+        """What ranks the worst layers: the local SQNR where known, else the accumulated."""
+        return self.sqnr_db if self.local_sqnr_db is None else self.local_sqnr_db
 
 
 def dequantize(array: np.ndarray, type: TensorType) -> np.ndarray:
@@ -54,6 +70,24 @@ def dequantize(array: np.ndarray, type: TensorType) -> np.ndarray:
     if isinstance(q, FixedPointQuant):
         return a * np.exp2(-np.reshape(np.asarray(q.frac_bits, np.float64), shape))
     raise TypeError(f"unknown quantization {q!r}")
+
+
+def quantize_like(real: np.ndarray, type: TensorType) -> np.ndarray:
+    """``real`` values as codes of ``type`` (rounded half to even, saturated); a type
+    without quantization just takes its dtype."""
+    q, dt = type.quant, type.dtype.np
+    if q is None:
+        return np.asarray(real).astype(dt)
+    a = np.asarray(real, np.float64)
+    shape = [1] * a.ndim
+    if q.axis is not None:
+        shape[q.axis] = -1
+    if isinstance(q, AffineQuant):
+        codes = np.rint(a / np.reshape(q.scale, shape)) + np.reshape(q.zero_point, shape)
+    else:
+        codes = np.rint(a * np.exp2(np.reshape(np.asarray(q.frac_bits, np.float64), shape)))
+    info = np.iinfo(dt)
+    return np.clip(codes, info.min, info.max).astype(dt)
 
 
 def layer_error(ref: np.ndarray, got: np.ndarray) -> tuple[float, float, float]:
@@ -87,24 +121,28 @@ class ErrorReport:
         ``tolerance`` (0: the first that is not exactly equal); None when none does."""
         return next((e for e in self.layers if not e.max_abs <= tolerance), None)
 
-    def worst(self, n: int = 10) -> list[LayerError]:
-        """The ``n`` values with the lowest SQNR."""
-        return sorted(self.layers, key=lambda e: e.sqnr_db)[:n]
+    def worst(self, n: int = 10, by: str = "local") -> list[LayerError]:
+        """The ``n`` values with the lowest SQNR: local (where known, else accumulated) or
+        ``by="accumulated"``."""
+        key = (lambda e: e.ranking_db) if by == "local" else (lambda e: e.sqnr_db)
+        return sorted(self.layers, key=key)[:n]
 
     def table(self, top: int | None = None) -> str:
-        """A text table, worst first (``top``: only that many rows)."""
+        """A text table, worst first by local error (``top``: only that many rows)."""
         rows = self.worst(top or len(self.layers))
-        out = [f"{'layer':56} {'op':18} {'SQNR dB':>8} {'max abs':>10} {'cosine':>8}"]
+        out = [f"{'layer':56} {'op':18} {'local dB':>8} {'SQNR dB':>8} {'max abs':>10} {'cosine':>8}"]
         for e in rows:
             layer = e.layer if len(e.layer) <= 56 else "..." + e.layer[-53:]
-            out.append(f"{layer:56} {e.op:18} {e.sqnr_db:8.2f} {e.max_abs:10.3g} {e.cosine:8.5f}")
+            local = "-" if e.local_sqnr_db is None else f"{e.local_sqnr_db:.2f}"
+            out.append(f"{layer:56} {e.op:18} {local:>8} {e.sqnr_db:8.2f} {e.max_abs:10.3g} "
+                       f"{e.cosine:8.5f}")
         return "\n".join(out)
 
     def to_json(self) -> dict:
         def clean(d):
             return {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
                     for k, v in d.items()}
-        return {"format": "bevir-layer-errors", "version": 1,
+        return {"format": "bevir-layer-errors", "version": 2,
                 "layers": [clean(asdict(e)) for e in self.layers]}
 
     def save_json(self, path: str | Path) -> None:
@@ -115,12 +153,18 @@ class ErrorReport:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-        finite = [e.sqnr_db if math.isfinite(e.sqnr_db) else np.nan for e in self.layers]
+        def finite(x):
+            return x if x is not None and math.isfinite(x) else np.nan
         fig, ax = plt.subplots(figsize=(12, 4))
-        ax.plot(range(len(finite)), finite, ".-", lw=0.8)
+        ax.plot(range(len(self.layers)), [finite(e.sqnr_db) for e in self.layers], ".-", lw=0.8,
+                label="accumulated")
+        ax.plot(range(len(self.layers)), [finite(e.local_sqnr_db) for e in self.layers], "x",
+                ms=4, label="local (teacher-forced)")
         for e in self.worst(label_worst):
             i = self.layers.index(e)
-            ax.annotate(e.layer.split("/")[-1][-40:], (i, e.sqnr_db), fontsize=7, rotation=20)
+            ax.annotate(e.layer.split("/")[-1][-40:], (i, finite(e.ranking_db)), fontsize=7,
+                        rotation=20)
+        ax.legend(fontsize=8)
         ax.set(xlabel="value (graph order)", ylabel="SQNR (dB)", title=title)
         ax.grid(alpha=0.3)
         fig.tight_layout()
@@ -162,31 +206,116 @@ class _Scorer:
                                                      sqnr, mx, cos, int(np.size(r)))
 
 
+class _LocalScorer:
+    """An ``on_node_end`` hook for the reference run: as soon as the reference has made a
+    value that a candidate node also makes, that node runs on teacher-forced operands and
+    its result is scored against the reference's (the node's own error). An operand the
+    reference has by name is its reference value quantized to the operand's type; an
+    operand it has not (a conversion the candidate inserted) is recomputed from its
+    producer's teacher-forced operands."""
+
+    def __init__(self, candidate: Graph, name_of: Callable[[Value], str | None],
+                 chosen: Callable[[Value], bool]):
+        self.name_of = name_of
+        self.by_result: dict[str, list[tuple[Node, int]]] = {}
+        self.wanted: dict[str, set] = {}          # reference name -> candidate types of it
+        for v in candidate.values():
+            r = name_of(v)
+            if r is None:
+                continue
+            self.wanted.setdefault(r, set()).add(v.type)
+            if v.producer is not None and chosen(v):
+                self.by_result.setdefault(r, []).append((v.producer, v.producer.outputs.index(v)))
+        self.codes: dict[tuple[str, TensorType], np.ndarray] = {}
+        self.made: set[str] = set()               # reference values made so far
+        self.scores: dict[str, float] = {}
+
+    def __call__(self, node: Node, args, results) -> None:
+        for v, r in zip(node.outputs, results):
+            self.seed(v.name, r)
+            for cnode, i in self.by_result.get(v.name, ()):
+                got = self._run(cnode, {})
+                if got is not None and np.shape(got[i]) == np.shape(r):
+                    self.scores[v.name] = layer_error(r, dequantize(got[i], cnode.outputs[i].type))[0]
+
+    def seed(self, name: str, array: np.ndarray) -> None:
+        self.made.add(name)
+        self._seed(name, array)
+
+    def _seed(self, name: str, array: np.ndarray) -> None:
+        """A reference value (a node's result, or a graph input) in its candidate types (of
+        its shape: a candidate value of another shape under the same name is recomputed)."""
+        for t in self.wanted.get(name, ()):
+            if t.shape == np.shape(array):
+                self.codes[(name, t)] = quantize_like(array, t)
+
+    def _forced(self, v: Value | None, memo: dict) -> np.ndarray | None:
+        if v is None:
+            return None
+        if v.is_const:
+            return v.const
+        r = self.name_of(v)
+        if r is not None and (r, v.type) in self.codes:
+            return self.codes[(r, v.type)]
+        if r is not None and v.producer is not None and not self._made(r):
+            return None                          # the reference has not made it yet
+        if v.producer is None:
+            return None
+        if id(v) not in memo:
+            results = self._run(v.producer, memo)
+            memo[id(v)] = None if results is None else results[v.producer.outputs.index(v)]
+        return memo[id(v)]
+
+    def _made(self, name: str) -> bool:
+        return name in self.made
+
+    def _run(self, node: Node, memo: dict) -> list[np.ndarray] | None:
+        """``node`` on teacher-forced operands; None when one is not there (yet)."""
+        args = [self._forced(v, memo) for v in node.inputs]
+        if any(a is None and v is not None for a, v in zip(args, node.inputs)):
+            return None
+        return get_op(node.op).run(node, args)
+
+
 def compare_graphs(reference: Graph, candidate: Graph, inputs: Mapping[str, np.ndarray], *,
                    candidate_inputs: Mapping[str, np.ndarray] | None = None,
-                   select: Iterable[str] | None = None) -> ErrorReport:
+                   select: Iterable[str] | None = None, local: bool = True) -> ErrorReport:
     """Run both graphs and score every candidate value that the reference also has (same
-    name, same shape). ``select``: glob patterns on the layer (loc) or value name to
-    restrict the comparison; ``candidate_inputs``: when the candidate takes other inputs."""
+    name, same shape): its accumulated error and (``local``) its own, teacher-forced one.
+    ``select``: glob patterns on the layer (loc) or value name to restrict the
+    comparison; ``candidate_inputs``: when the candidate takes other inputs."""
     ref_names = {v.name for v in reference.values()}
     patterns = list(select or [])
 
-    def counterpart(v: Value) -> str | None:
+    def name_of(v: Value) -> str | None:
         """The reference value ``v`` stands for: the same name, or, for onnxruntime's
         quantized tensors (``<name>_quantized``), the float tensor's name."""
         if v.is_const:
             return None
         name = v.name if v.name in ref_names else v.name.removesuffix(_ORT_SUFFIX)
-        if name not in ref_names:
-            return None
+        return name if name in ref_names else None
+
+    def chosen(v: Value) -> bool:
         loc = v.producer.loc if v.producer else ""
-        chosen = not patterns or any(fnmatch.fnmatch(loc, p) or fnmatch.fnmatch(v.name, p)
-                                     for p in patterns)
-        return name if chosen else None
+        return not patterns or any(fnmatch.fnmatch(loc, p) or fnmatch.fnmatch(v.name, p)
+                                   for p in patterns)
+
+    def counterpart(v: Value) -> str | None:
+        return name_of(v) if chosen(v) else None
     rec = _Recorder(counterpart)
     Interpreter(candidate, on_node_end=rec).run(
         candidate_inputs if candidate_inputs is not None else inputs)
     order = list(rec.kept)
-    scorer = _Scorer(rec.kept)
-    Interpreter(reference, on_node_end=scorer).run(inputs)
-    return ErrorReport([scorer.scores[k] for k in order if k in scorer.scores])
+    hooks = [_Scorer(rec.kept)] + ([_LocalScorer(candidate, name_of, chosen)] if local else [])
+
+    def on_node_end(node, args, results):
+        for hook in hooks:
+            hook(node, args, results)
+    if local:
+        for name, array in inputs.items():
+            hooks[-1].seed(name, np.asarray(array))
+    Interpreter(reference, on_node_end=on_node_end).run(inputs)
+    scores, local_scores = hooks[0].scores, hooks[-1].scores if local else {}
+    layers = [dataclasses.replace(scores[k], local_sqnr_db=local_scores.get(k))
+              for k in order if k in scores]
+    return ErrorReport(layers)

@@ -266,8 +266,8 @@ def int8_stage(model: BEVFormer, inputs: dict, graph: bevir.Graph, feed: dict, g
     layers = compare_graphs(reference, q, feed)
     layers.save_json(out / "int8_layers.json")
     layers.plot(out / "int8_layers.png", title=f"INT8 vs float, per layer ({config.name})")
-    figures["worst_layers"] = [
-        {"layer": e.layer, "op": e.op, "sqnr_db": e.sqnr_db,
+    figures["worst_layers"] = [       # ranked by their own (teacher-forced) error
+        {"layer": e.layer, "op": e.op, "local_sqnr_db": e.local_sqnr_db, "sqnr_db": e.sqnr_db,
          "group": quant_config.rule_for(reference.value(e.value).producer).name}
         for e in layers.worst(len(layers)) if e.op not in CONVERSIONS][:5]
     print("INT8 golden vs float reference:")
@@ -284,8 +284,10 @@ def int8_stage(model: BEVFormer, inputs: dict, graph: bevir.Graph, feed: dict, g
     print(f"  float model with 40 dB noise at each decoder layer: cls {sens['cls_scores']:.1f} dB, "
           f"bbox {sens['bbox_preds']:.1f} dB (how far the model itself amplifies errors)")
     print("  worst layers (re-run with --override GROUP=per_channel|exclude):")
+    print("    local  accumulated (dB)")
     for w in figures["worst_layers"]:
-        print(f"    {w['sqnr_db']:6.1f} dB  {w['op']:<18} {w['layer']}  [{w['group']}]")
+        local = "-" if w["local_sqnr_db"] is None else f"{w['local_sqnr_db']:.1f}"
+        print(f"    {local:>5}  {w['sqnr_db']:5.1f}  {w['op']:<18} {w['layer']}  [{w['group']}]")
     return figures, int8_out
 
 
