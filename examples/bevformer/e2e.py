@@ -1,7 +1,7 @@
 """BEVFormer-tiny end to end: PyTorch model -> one bevir graph -> golden model, compared.
 
     python examples/bevformer/e2e.py --config test|tiny --out DIR [--seed 0] [--decompose]
-                                     [--checkpoint bevformer_tiny_epoch_24.pth]
+                                     [--checkpoint bevformer_tiny_epoch_24.pth | --weights plain]
                                      [--hw "QC-U 8MB 16MAC x4"] [--cores N] [--score-threshold T]
 
 Steps (the reference notebook's): make synthetic weights (seed) or load a checkpoint
@@ -48,7 +48,7 @@ from .custom_ops import CUSTOM_OPS  # noqa: E402
 from .decode import compare_detections, decode, print_comparison, print_detections  # noqa: E402
 from .inputs import make_inputs, save_test_vectors, scene_boxes  # noqa: E402
 from .model import BEVFormer, split_model  # noqa: E402
-from .weights import build_model, save_checkpoint  # noqa: E402
+from .weights import PRESETS, build_model, save_checkpoint  # noqa: E402
 
 HEAD_INPUTS = ("feats", "lidar2img", "can_bus", "prev_bev")
 
@@ -181,6 +181,15 @@ def timed(fn):
     t0 = time.perf_counter()
     out = fn()
     return out, time.perf_counter() - t0
+
+
+def c5_channels(model: BEVFormer, img: torch.Tensor) -> dict[str, int]:
+    """The backbone's C5 channels on the frame: how many, and how many are constant
+    (standard deviation below 1e-3 of the mean's magnitude: they carry no information)."""
+    with torch.no_grad():
+        c5 = model.img_backbone(img)
+    mean, std = c5.double().mean((0, 2, 3)), c5.double().std((0, 2, 3))
+    return {"channels": int(c5.shape[1]), "constant": int((std <= 1e-3 * mean.abs() + 1e-12).sum())}
 
 
 def noise_sensitivity(model: BEVFormer, inputs: dict, snr_db: float = 40.0, seed: int = 0
@@ -359,15 +368,15 @@ def pictures(out: Path, inputs: dict, config: BEVFormerConfig, detections: dict[
 def run(config: BEVFormerConfig, out: Path, seed: int = 0, decompose: bool = False,
         quant_config: QuantConfig | None = None, checkpoint: Path | None = None,
         hw: str | None = DEFAULT_HW, score_threshold: float = 0.3,
-        progress: bool | None = None) -> dict:
+        progress: bool | None = None, weights_preset: str = "conditioned") -> dict:
     """The whole flow into ``out``; weights from ``checkpoint`` if given, else synthetic
     (seed). ``hw`` None stops after the INT8 golden model (no device stage)."""
     quant_config = quant_config or QuantConfig.preset("reference-flow")
-    model = build_model(config, seed, checkpoint)        # fails before anything is written
+    model = build_model(config, seed, checkpoint, weights_preset)  # fails before writing
     out.mkdir(parents=True, exist_ok=True)
     steps = Steps()
     weights = {"synthetic": "false", "source": str(checkpoint)} if checkpoint else \
-        {"synthetic": "true", "seed": str(seed)}
+        {"synthetic": "true", "seed": str(seed), "preset": weights_preset}
     save_checkpoint(out / "checkpoint.safetensors", model.state_dict(),
                     metadata={"config": config.name, **weights})
     (out / "config.json").write_text(json.dumps(config.to_dict(), indent=1))
@@ -404,6 +413,7 @@ def run(config: BEVFormerConfig, out: Path, seed: int = 0, decompose: bool = Fal
                    "import": steps.times["float import"]},
     }
     report["golden_over_torch"] = report["time_s"]["bevir_golden"] / t_torch
+    report["c5_channels"] = c5_channels(model, inputs["img"])
     print(f"max |golden - torch|: cls {report['max_abs_diff']['cls_scores']:.2e}, "
           f"bbox {report['max_abs_diff']['bbox_preds']:.2e}; golden "
           f"{report['time_s']['bevir_golden']:.2f}s vs torch eager {t_torch:.2f}s")
@@ -449,6 +459,8 @@ def main(argv=None) -> int:
                     help="switch a rule group of the quantization config (repeatable)")
     ap.add_argument("--checkpoint", type=Path, default=None,
                     help="trained weights (.pth or .safetensors) instead of synthetic ones")
+    ap.add_argument("--weights", default="conditioned", choices=PRESETS,
+                    help="the synthetic weight preset (without --checkpoint)")
     ap.add_argument("--hw", default=DEFAULT_HW,
                     help="the GPNPU (a preset or vendor string) the device stage compiles for")
     ap.add_argument("--cores", type=int, default=None,
@@ -463,7 +475,7 @@ def main(argv=None) -> int:
             hw = HWConfig.parse(hw).model_copy(update={"cores": args.cores}).describe()
         run(CONFIGS[args.config], args.out or Path("out") / f"bevformer_{args.config}", args.seed,
             args.decompose, overridden(load_config(args.quant_config), args.override),
-            args.checkpoint, hw, args.score_threshold)
+            args.checkpoint, hw, args.score_threshold, weights_preset=args.weights)
     except (bevir.BevirError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -144,8 +144,62 @@ def _calibrate(model: BEVFormer, seed: int) -> None:
     model.train(was_training)
 
 
-def init_synthetic(model: BEVFormer, seed: int = 0) -> BEVFormer:
-    """Fill every parameter and buffer of ``model`` (may hold uninitialized memory)."""
+#: the synthetic weight presets. "conditioned" (the default) behaves like a trained model
+#: where INT8 quality depends on it: BatchNorm statistics measured on the synthetic scene
+#: (every backbone channel carries information, at comparable scales), residual branches
+#: that refine (last BatchNorm of each bottleneck and the decoder's residual projections
+#: small), softer decoder self-attention and box refinements of a trained decoder's size.
+#: "plain": data-independent BatchNorm statistics and larger decoder gains (the earlier
+#: preset; its tiny decoder amplifies small errors ~20x).
+PRESETS = ("conditioned", "plain")
+
+
+def _sig(t: torch.Tensor, digits: int = 4) -> torch.Tensor:
+    """``t`` rounded to ``digits`` significant digits (float noise stays out of weights)."""
+    return torch.tensor([float(f"{v:.{digits}g}") for v in t.double().tolist()], dtype=torch.float32)
+
+
+def _bn_from_data(model: BEVFormer, seed: int) -> None:
+    """Layer-sequential unit-variance scaling (LSUV) of the backbone on the synthetic scene
+    (seed + 12345, all cameras), in one forward pass: each convolution's output channels
+    are scaled to unit variance on the scene and its BatchNorm's running mean measured
+    there (running variance 1). Each channel then leaves its BatchNorm as N(bias,
+    weight^2), and the weights folded into the convolution are as even across channels
+    as a trained network's (per-tensor INT8 keeps every channel)."""
+    from .inputs import make_inputs
+    img = make_inputs(model.cfg, seed + 12345)["img"]
+    modules = dict(model.img_backbone.named_modules())
+    conv_of = {}
+    for name, m in modules.items():
+        if isinstance(m, nn.BatchNorm2d):
+            prefix, last = name.rpartition(".")[0], name.rpartition(".")[2]
+            conv = (f"{prefix}.0" if last == "1" and prefix.endswith("downsample")
+                    else f"{prefix + '.' if prefix else ''}conv{last[2:]}")
+            conv_of[m] = modules[conv]
+
+    def measure(bn, args):
+        x = args[0].double()
+        std = _sig(x.std((0, 2, 3)).clamp(min=1e-6)).double()
+        conv_of[bn].weight.data /= std.float()[:, None, None, None]
+        x = x / std[None, :, None, None]
+        bn.running_mean.data = _sig(x.mean((0, 2, 3)))
+        bn.running_var.data = torch.ones_like(bn.running_var)
+        return (x.float(),)
+    hooks = [m.register_forward_pre_hook(measure) for m in conv_of]
+    try:
+        with torch.no_grad():
+            model.img_backbone.eval()(img)
+    finally:
+        for h in hooks:
+            h.remove()
+
+
+def init_synthetic(model: BEVFormer, seed: int = 0, preset: str = "conditioned") -> BEVFormer:
+    """Fill every parameter and buffer of ``model`` (may hold uninitialized memory) with the
+    synthetic weights of ``preset`` (see PRESETS)."""
+    if preset not in PRESETS:
+        raise CheckpointError(f"unknown weight preset {preset!r}: one of {', '.join(PRESETS)}")
+    conditioned = preset == "conditioned"
     cfg: BEVFormerConfig = model.cfg
     g = torch.Generator().manual_seed(seed)
     done: set[int] = set()
@@ -164,6 +218,10 @@ def init_synthetic(model: BEVFormer, seed: int = 0) -> BEVFormer:
             m.weight.data = _normal(m.weight.shape, gain / math.sqrt(fan_in), g)
             mark(m.weight)
     randomize_bn(model.img_backbone, g)
+    if conditioned:       # residual branches refine: the last BatchNorm of each block small
+        for name, m in model.img_backbone.named_modules():
+            if name.endswith("bn3"):
+                m.weight.data *= 0.4
     for m in model.img_backbone.modules():
         if isinstance(m, nn.BatchNorm2d):
             m.num_batches_tracked.data = torch.zeros((), dtype=torch.long)
@@ -205,6 +263,9 @@ def init_synthetic(model: BEVFormer, seed: int = 0) -> BEVFormer:
         mark(m.weight, m.bias)
 
     # ---- encoder / decoder ----
+    decoder = set(map(id, tr.decoder.modules()))
+    qk_gain = 1.0 if conditioned else 2.0            # decoder self-attention sharpness
+    residual = 0.5 if conditioned else 1.0            # decoder residual projections
     for mod in list(tr.encoder.modules()) + list(tr.decoder.modules()):
         if isinstance(mod, TemporalSelfAttention):
             _deform_attn(mod, g, mod.num_bev_queue * mod.num_levels, radius=2.0, weight_std=0.5)
@@ -215,6 +276,7 @@ def init_synthetic(model: BEVFormer, seed: int = 0) -> BEVFormer:
                          weight_std=0.25)
         elif isinstance(mod, CustomMSDeformableAttention):
             _deform_attn(mod, g, mod.num_levels, radius=2.0, weight_std=0.5)
+            mod.output_proj.weight.data *= residual
         elif isinstance(mod, SpatialCrossAttention):
             _linear(mod.output_proj, g, gain=0.8)
             mark(mod.output_proj.weight, mod.output_proj.bias)
@@ -223,9 +285,9 @@ def init_synthetic(model: BEVFormer, seed: int = 0) -> BEVFormer:
             # q, k with gain 2: attention logits std ~4, so each query attends to a few others
             # instead of averaging all of them into one shared vector
             mod.in_proj_weight.data = _normal(mod.in_proj_weight.shape, 1.0 / math.sqrt(c), g)
-            mod.in_proj_weight.data[: 2 * c] *= 2.0
+            mod.in_proj_weight.data[: 2 * c] *= qk_gain
             mod.in_proj_bias.data = _normal(mod.in_proj_bias.shape, 0.02, g)
-            _linear(mod.out_proj, g, gain=0.7)
+            _linear(mod.out_proj, g, gain=0.7 * residual)
             mark(mod.in_proj_weight, mod.in_proj_bias, mod.out_proj.weight, mod.out_proj.bias)
             continue
         elif isinstance(mod, nn.LayerNorm):
@@ -236,7 +298,7 @@ def init_synthetic(model: BEVFormer, seed: int = 0) -> BEVFormer:
     for mod in list(tr.encoder.modules()) + list(tr.decoder.modules()):
         if isinstance(mod, FFN):
             _linear(mod.layers[0][0], g, gain=math.sqrt(2.0))
-            _linear(mod.layers[1], g, gain=0.7)
+            _linear(mod.layers[1], g, gain=0.7 * (residual if id(mod) in decoder else 1.0))
             # centre the output: ReLU(N(0, 2)) has mean 2/sqrt(2*pi) ~ 0.56 for unit-rms inputs
             # (post-norm), which W2 would otherwise turn into one vector shared by all tokens
             mod.layers[1].bias.data -= mod.layers[1].weight.data.sum(1) * _RELU_MEAN_2
@@ -257,8 +319,11 @@ def init_synthetic(model: BEVFormer, seed: int = 0) -> BEVFormer:
         # centre: E[ReLU(N(beta, gamma^2))] per input, so the prior sets the typical logit
         br[6].bias.data -= br[6].weight.data @ _relu_mean(br[4].bias.data, br[4].weight.data.abs())
         mark(*br.parameters())
-    # box code [dx, dy, log w, log l, dz, log h, sin, cos, vx, vy]: per-output scales
-    out_std = torch.tensor([0.3, 0.3, 0.25, 0.25, 0.3, 0.15, 1.0, 1.0, 1.0, 1.0])
+    # box code [dx, dy, log w, log l, dz, log h, sin, cos, vx, vy]: per-output scales; the
+    # position deltas refine the reference points layer by layer (a trained decoder's are
+    # small, or the refinement loop amplifies any error)
+    move = 0.3 if conditioned else 1.0
+    out_std = torch.tensor([0.3 * move, 0.3 * move, 0.25, 0.25, 0.3 * move, 0.15, 1.0, 1.0, 1.0, 1.0])
     out_bias = torch.tensor([0.0, 0.0, math.log(1.9), math.log(4.4), 0.0, math.log(1.6),
                              0.0, 0.3, 0.0, 0.0])
     for br in head.reg_branches:
@@ -270,6 +335,8 @@ def init_synthetic(model: BEVFormer, seed: int = 0) -> BEVFormer:
         br[4].bias.data = out_bias - br[4].weight.data.sum(1) * _RELU_MEAN_2
         mark(*br.parameters())
 
+    if conditioned:
+        _bn_from_data(model, seed)
     _calibrate(model, seed)
     missing = [n for n, t in list(model.named_parameters()) + list(model.named_buffers())
                if id(t) not in done]
@@ -277,9 +344,9 @@ def init_synthetic(model: BEVFormer, seed: int = 0) -> BEVFormer:
     return model
 
 
-def build_model(config: BEVFormerConfig, seed: int | None = 0, checkpoint: str | Path | None = None
-                ) -> BEVFormer:
-    """BEVFormer in eval mode with synthetic weights (seed) or a checkpoint file."""
+def build_model(config: BEVFormerConfig, seed: int | None = 0, checkpoint: str | Path | None = None,
+                preset: str = "conditioned") -> BEVFormer:
+    """BEVFormer in eval mode with synthetic weights (seed, ``preset``) or a checkpoint file."""
     with torch.device("meta"):
         model = BEVFormer(config)
     model = model.to_empty(device="cpu")
@@ -288,7 +355,7 @@ def build_model(config: BEVFormerConfig, seed: int | None = 0, checkpoint: str |
         check_checkpoint(model, sd, checkpoint, config)
         model.load_state_dict(sd, strict=True)
     else:
-        init_synthetic(model, 0 if seed is None else seed)
+        init_synthetic(model, 0 if seed is None else seed, preset)
     return model.eval()
 
 
