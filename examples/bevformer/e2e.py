@@ -446,6 +446,50 @@ def run(config: BEVFormerConfig, out: Path, seed: int = 0, decompose: bool = Fal
     return report
 
 
+def precision_search(config: BEVFormerConfig, out: Path, seed: int, quant_config: QuantConfig,
+                     target: str, checkpoint: Path | None = None,
+                     weights_preset: str = "conditioned") -> QuantConfig:
+    """The precision search (bevir.passes.precision) on this model's frame: each step
+    quantizes with the config, runs the INT8 golden model and measures top10_iou (the
+    reference flow's check, the stricter way round), cls_sqnr and bbox_sqnr; groups are
+    ranked by their worst local error. Prints the path, writes ``out/quant_config.json``
+    (the last config) and returns it."""
+    import tempfile
+    from bevir.passes.precision import Evaluation, Target, search, worst_groups
+    from bevir.sim.compare import layer_error
+    goal = Target.parse(target)
+    model = build_model(config, seed, checkpoint, weights_preset)
+    inputs = make_inputs(config, seed, with_prev_bev=True)
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as work:
+        graph = build_graph(model, inputs, Path(work))
+        feed = golden_inputs(graph, inputs)
+        golden = bevir.run(graph, feed)
+        reference = graph.clone()
+        bevir.optimize(reference, INT8_PREPARE)
+        producers = {v.name: v.producer for v in reference.values()}
+        det_float = decode(golden["cls_scores"], golden["bbox_preds"], config)
+
+        def evaluate(qc: QuantConfig) -> Evaluation:
+            q, _, _ = int8_graph(model, inputs, feed, Path(work), qc, progress=False)
+            got = bevir.run(q, feed)
+            det = decode(got["cls_scores"], got["bbox_preds"], config)
+            iou = min(compare_detections(det, det_float)["bev_iou_match"],
+                      compare_detections(det_float, det)["bev_iou_match"])
+            report = compare_graphs(reference, q, feed)
+            return Evaluation({"top10_iou": iou,
+                               **{f"{k.split('_')[0]}_sqnr": layer_error(golden[k], got[k])[0]
+                                  for k in OUTPUTS}},
+                              worst_groups(report, qc, producers.get))
+        print(f"\n== precision search for {goal}")
+        steps = search(quant_config, evaluate, goal)
+    final = steps[-1].config
+    final.save(out / "quant_config.json")
+    print(f"   {'met' if steps[-1].met else 'not met'} after {len(steps) - 1} step(s); "
+          f"wrote {out / 'quant_config.json'} (--quant-config reproduces it)")
+    return final
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="test", choices=sorted(CONFIGS))
@@ -467,14 +511,23 @@ def main(argv=None) -> int:
                     help="cores of --hw to use (0: no device stage, stop after the INT8 golden run)")
     ap.add_argument("--score-threshold", type=float, default=0.3,
                     help="detections drawn in the pictures: score at least this")
+    ap.add_argument("--target", metavar="METRIC>=VALUE",
+                    help="first search the quantization config for this target (top10_iou: "
+                         "the reference flow's check both ways round; cls_sqnr, bbox_sqnr in "
+                         "dB), moving the groups with the worst local error one notch a step; "
+                         "writes quant_config.json, and the flow then runs with it")
     args = ap.parse_args(argv)
     hw = None if args.cores == 0 else args.hw
+    out = args.out or Path("out") / f"bevformer_{args.config}"
     try:
         if hw and args.cores:
             from bevir.hw import HWConfig
             hw = HWConfig.parse(hw).model_copy(update={"cores": args.cores}).describe()
-        run(CONFIGS[args.config], args.out or Path("out") / f"bevformer_{args.config}", args.seed,
-            args.decompose, overridden(load_config(args.quant_config), args.override),
+        quant_config = overridden(load_config(args.quant_config), args.override)
+        if args.target:
+            quant_config = precision_search(CONFIGS[args.config], out, args.seed, quant_config,
+                                            args.target, args.checkpoint, args.weights)
+        run(CONFIGS[args.config], out, args.seed, args.decompose, quant_config,
             args.checkpoint, hw, args.score_threshold, weights_preset=args.weights)
     except (bevir.BevirError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -1,0 +1,111 @@
+"""The precision search: groups with the worst local error get more precision, one notch a
+step, until the target holds; the last config reproduces the last step."""
+import numpy as np
+import pytest
+
+import bevir
+from bevir import Builder, DType, TensorType
+from bevir.passes.precision import Evaluation, Target, next_move, search, worst_groups
+from bevir.passes.quant_config import ConfigError, QuantConfig
+from bevir.passes.quantize import quantize
+from bevir.sim.compare import compare_graphs, layer_error
+
+LAYERS = 4
+
+
+def mlp() -> bevir.Graph:
+    """Four matmul + relu layers; layer 2's weights have one output column 100x the others,
+    which per-tensor INT8 weights cannot hold together with the rest."""
+    rng = np.random.default_rng(3)
+    b = Builder("mlp")
+    h = b.input("x", TensorType((32, 16), DType.f32))
+    for k in range(LAYERS):
+        w = (rng.standard_normal((16, 16)) / 4).astype(np.float32)
+        if k == 2:
+            w[:, 0] *= 100
+        with b.loc(f"layer{k}"):
+            h = b.relu(b.matmul(h, b.const(w), name=f"mm{k}"), name=f"act{k}")
+    b.output("y", h)
+    return b.graph
+
+
+def per_layer_config() -> QuantConfig:
+    return QuantConfig.build({"rules": [{"name": f"layer{k}", "where": [f"layer{k}"]}
+                                        for k in range(LAYERS)],
+                              "default": {"name": "rest"}})
+
+
+@pytest.fixture(scope="module")
+def evaluate():
+    reference = mlp()
+    rng = np.random.default_rng(4)
+    samples = [{"x": rng.standard_normal((32, 16)).astype(np.float32)} for _ in range(3)]
+    calls = []
+
+    def run(config: QuantConfig) -> Evaluation:
+        q = reference.clone()
+        bevir.calibrate(q, samples, progress=False)
+        quantize(q, config)
+        bevir.optimize(q, "cse,dce")
+        got, ref = bevir.run(q, samples[0])["y"], bevir.run(reference, samples[0])["y"]
+        report = compare_graphs(reference, q, samples[0])
+        calls.append(config)
+        names = {v.name: v.producer for v in reference.values()}
+        return Evaluation({"y_sqnr": layer_error(ref, got)[0]},
+                          worst_groups(report, config, names.get))
+    run.calls = calls
+    return run
+
+
+def test_the_search_moves_the_worst_group_until_the_target_holds(evaluate):
+    start = evaluate(per_layer_config())
+    assert start.worst[0] == "layer2"                 # the broken layer, by local error
+    target = Target.parse(f"y_sqnr>={start.metrics['y_sqnr'] + 1.5:.2f}")   # per channel: +2 dB
+    lines = []
+    steps = search(per_layer_config(), evaluate, target, log=lines.append)
+    assert [s.change for s in steps] == ["start", "layer2: weights per channel"]
+    assert not steps[0].met and steps[-1].met
+    assert steps[-1].config.group("layer2").weights == "per_channel"
+    assert all(steps[-1].config.group(f"layer{k}").weights == "per_tensor" for k in (0, 1, 3))
+    assert len(lines) == 2 and "[met: y_sqnr>=" in lines[-1]
+    # the written config reproduces the last step
+    again = evaluate(QuantConfig.model_validate_json(steps[-1].config.model_dump_json()))
+    assert again.metrics == steps[-1].metrics
+
+
+def test_an_unreachable_target_stops_when_nothing_can_move(evaluate):
+    steps = search(per_layer_config(), evaluate, Target.parse("y_sqnr<0"), max_steps=40,
+                   log=None)
+    assert not steps[-1].met
+    final = steps[-1].config
+    assert all(final.group(f"layer{k}").exclude for k in range(LAYERS))   # all moved out
+    assert next_move(final, [f"layer{k}" for k in range(LAYERS)]) is None
+    assert len(steps) == 1 + 2 * LAYERS                # two notches per group
+
+
+@pytest.mark.parametrize("text, problem", [("sqnr", "expected METRIC>=VALUE"),
+                                           ("sqnr=>3", "expected METRIC>=VALUE")])
+def test_targets_parse_or_say_why(text, problem):
+    with pytest.raises(ConfigError, match=problem):
+        Target.parse(text)
+    t = Target.parse(" top10_iou >= 9 ")
+    assert (t.metric, t.op, t.value, str(t)) == ("top10_iou", ">=", 9.0, "top10_iou>=9")
+    with pytest.raises(ConfigError, match="not measured; metrics: cls_sqnr"):
+        t.met({"cls_sqnr": 30.0})
+
+
+def test_the_e2e_search_writes_a_config_that_reproduces_its_last_step(tmp_path, capsys):
+    """The BEVFormer `test` frame: one notch (the worst group by local error) lifts the cls
+    SQNR over the target; quant_config.json holds that config."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from examples.bevformer import e2e
+    from examples.bevformer.config import CONFIGS
+    start = QuantConfig.preset("reference-flow")
+    final = e2e.precision_search(CONFIGS["test"], tmp_path, 0, start, "cls_sqnr>=32.5")
+    out = capsys.readouterr().out
+    assert "precision search for cls_sqnr>=32.5" in out and "[met: cls_sqnr>=32.5]" in out
+    assert final != start and QuantConfig.load(tmp_path / "quant_config.json") == final
+    moved = [r.name for r in final.rules if r != start.group(r.name)]
+    assert len(moved) == 1                                   # one group, one notch
