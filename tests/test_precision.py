@@ -5,7 +5,7 @@ import pytest
 
 import bevir
 from bevir import Builder, DType, TensorType
-from bevir.passes.precision import Evaluation, Target, next_move, search, worst_groups
+from bevir.passes.precision import Evaluation, Target, best, next_move, search, worst_groups
 from bevir.passes.quant_config import ConfigError, QuantConfig
 from bevir.passes.quantize import quantize
 from bevir.sim.compare import compare_graphs, layer_error
@@ -73,14 +73,17 @@ def test_the_search_moves_the_worst_group_until_the_target_holds(evaluate):
     assert again.metrics == steps[-1].metrics
 
 
-def test_an_unreachable_target_stops_when_nothing_can_move(evaluate):
+def test_moves_that_do_not_help_are_undone_and_the_search_ends(evaluate):
+    """A target no move brings closer: every move is tried from the start config, undone,
+    and the search stops when none is left; the result is the start."""
     steps = search(per_layer_config(), evaluate, Target.parse("y_sqnr<0"), max_steps=40,
                    log=None)
-    assert not steps[-1].met
-    final = steps[-1].config
-    assert all(final.group(f"layer{k}").exclude for k in range(LAYERS))   # all moved out
-    assert next_move(final, [f"layer{k}" for k in range(LAYERS)]) is None
-    assert len(steps) == 1 + 2 * LAYERS                # two notches per group
+    assert len(steps) == 1 + 2 * LAYERS                # per channel and float, per group
+    assert not any(s.kept for s in steps[1:]) and best(steps) is steps[0]
+    assert {s.change for s in steps[1:]} == {f"layer{k}: {what}" for k in range(LAYERS)
+                                             for what in ("weights per channel", "out of INT8 (float)")}
+    assert next_move(per_layer_config(), ["layer0"], {("layer0", "weights per channel"),
+                                                      ("layer0", "out of INT8 (float)")}) is None
 
 
 @pytest.mark.parametrize("text, problem", [("sqnr", "expected METRIC>=VALUE"),
@@ -94,18 +97,28 @@ def test_targets_parse_or_say_why(text, problem):
         t.met({"cls_sqnr": 30.0})
 
 
-def test_the_e2e_search_writes_a_config_that_reproduces_its_last_step(tmp_path, capsys):
-    """The BEVFormer `test` frame: one notch (the worst group by local error) lifts the cls
-    SQNR over the target; quant_config.json holds that config."""
+def test_the_e2e_search_writes_the_best_config(tmp_path, capsys):
+    """The BEVFormer `test` frame, three steps toward an out-of-reach cls SQNR: each step
+    printed, quant_config.json holds the best config."""
     import sys
     from pathlib import Path
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from examples.bevformer import e2e
     from examples.bevformer.config import CONFIGS
+    import bevir.passes.precision as precision
     start = QuantConfig.preset("reference-flow")
-    final = e2e.precision_search(CONFIGS["test"], tmp_path, 0, start, "cls_sqnr>=32.5")
+    seen = []
+    real = precision.search
+
+    def spy(*a, **k):
+        seen.extend(real(*a, **{**k, "max_steps": 3}))
+        return seen
+    precision.search = spy
+    try:
+        final = e2e.precision_search(CONFIGS["test"], tmp_path, 0, start, "cls_sqnr>=99")
+    finally:
+        precision.search = real
     out = capsys.readouterr().out
-    assert "precision search for cls_sqnr>=32.5" in out and "[met: cls_sqnr>=32.5]" in out
-    assert final != start and QuantConfig.load(tmp_path / "quant_config.json") == final
-    moved = [r.name for r in final.rules if r != start.group(r.name)]
-    assert len(moved) == 1                                   # one group, one notch
+    assert "precision search for cls_sqnr>=99" in out and out.count("[not met: cls_sqnr>=99]") == 3
+    assert len(seen) == 3 and final == best(seen).config
+    assert QuantConfig.load(tmp_path / "quant_config.json") == final

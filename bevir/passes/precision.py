@@ -8,9 +8,10 @@ local (teacher-forced) error more precision until a target metric holds.
 ``evaluate(config)`` quantizes and runs the model with ``config`` and returns an
 :class:`Evaluation`: the metrics the target may name, and the rule groups ranked worst
 first (e.g. by :func:`worst_groups` of a :func:`~bevir.sim.compare.compare_graphs` report).
-Each step moves the worst group that can still move one notch: per-tensor weights to
-per-channel, then out of INT8 (float). 16-bit activations are not a notch yet: the op
-registry has no i16-activation x i8-weight products.
+Each step gives the worst group that can still move more precision: per-tensor weights
+to per-channel, or out of INT8 (float). A step that does not improve the target's metric
+is undone (the next candidate is tried from the best config so far). 16-bit activations
+are not a notch yet: the op registry has no i16-activation x i8-weight products.
 """
 from __future__ import annotations
 
@@ -49,6 +50,11 @@ class Target:
     def __str__(self) -> str:
         return f"{self.metric}{self.op}{self.value:g}"
 
+    def better(self, a: Mapping[str, float], b: Mapping[str, float]) -> bool:
+        """Whether metrics ``a`` are closer to the target than ``b``."""
+        return a[self.metric] > b[self.metric] if self.op in (">=", ">") \
+            else a[self.metric] < b[self.metric]
+
 
 @dataclass
 class Evaluation:
@@ -57,52 +63,71 @@ class Evaluation:
     worst: list[str] = field(default_factory=list)
 
 
+
 @dataclass
 class Step:
-    """One configuration tried: what changed, what it measured, whether the target held."""
+    """One configuration tried: what changed, what it measured, whether the target held,
+    whether it was kept (it improved on the best so far)."""
     config: QuantConfig
     change: str
     metrics: dict[str, float]
     met: bool
+    kept: bool = True
 
     def line(self, target: Target) -> str:
         shown = ", ".join(f"{k} {v:.4g}" for k, v in sorted(self.metrics.items()))
-        return f"{self.change:<44} {shown}  [{'met' if self.met else 'not met'}: {target}]"
+        verdict = "met" if self.met else "not met"
+        return (f"{self.change:<44} {shown}  [{verdict}: {target}]"
+                + ("" if self.kept else "  (no better: undone)"))
 
 
-def next_move(config: QuantConfig, worst: list[str]) -> tuple[str, dict, str] | None:
-    """(group, override, description) of the one-notch move of the worst group that can
-    still move; None when every ranked group is already out of INT8."""
+def next_move(config: QuantConfig, worst: list[str], tried: set = frozenset()
+              ) -> tuple[str, dict, str] | None:
+    """(group, override, description) of the next move: the worst group that can still
+    get more precision (per-channel weights, else float), skipping ``tried`` moves; None
+    when there is none."""
     for name in worst:
         rule = config.group(name)
-        if rule.exclude:
-            continue
-        if rule.weights == "per_tensor":
-            return name, {"weights": "per_channel"}, f"{name}: weights per channel"
-        return name, {"exclude": True}, f"{name}: out of INT8 (float)"
+        options = [] if rule.exclude else \
+            ([({"weights": "per_channel"}, "weights per channel")] if rule.weights == "per_tensor"
+             else []) + [({"exclude": True}, "out of INT8 (float)")]
+        for changes, what in options:
+            if (name, what) not in tried:
+                return name, changes, f"{name}: {what}"
     return None
 
 
 def search(config: QuantConfig, evaluate: Callable[[QuantConfig], Evaluation], target: Target,
            max_steps: int = 12, log: Callable[[str], None] | None = print) -> list[Step]:
-    """The configurations tried, from ``config``: each step moves the worst movable group
-    one notch (:func:`next_move`), until ``target`` holds, nothing can move or
-    ``max_steps`` evaluations have run. The last step's config is the result."""
+    """The configurations tried, from ``config``: each step applies the next move
+    (:func:`next_move`) to the best config so far and keeps it if it improves the target's
+    metric, until ``target`` holds, no move is left or ``max_steps`` evaluations have
+    run. The result is :func:`best` of the steps."""
     evaluation = evaluate(config)
     steps = [Step(config, "start", evaluation.metrics, target.met(evaluation.metrics))]
+    best, best_eval, tried = steps[0], evaluation, set()
     if log:
         log(steps[-1].line(target))
-    while not steps[-1].met and len(steps) < max_steps:
-        move = next_move(config, evaluation.worst)
+    while not best.met and len(steps) < max_steps:
+        move = next_move(best.config, best_eval.worst, tried)
         if move is None:
             break
         name, changes, what = move
-        config = config.override(name, **changes)
-        evaluation = evaluate(config)
-        steps.append(Step(config, what, evaluation.metrics, target.met(evaluation.metrics)))
+        tried.add((name, what.split(": ", 1)[1]))
+        trial = best.config.override(name, **changes)
+        evaluation = evaluate(trial)
+        kept = target.better(evaluation.metrics, best.metrics)
+        steps.append(Step(trial, what, evaluation.metrics, target.met(evaluation.metrics), kept))
+        if kept:
+            best, best_eval = steps[-1], evaluation
         if log:
             log(steps[-1].line(target))
     return steps
+
+
+def best(steps: list[Step]) -> Step:
+    """The search's result: its last kept step."""
+    return [s for s in steps if s.kept][-1]
 
 
 def worst_groups(report, config: QuantConfig, node_of: Callable[[str], object]) -> list[str]:

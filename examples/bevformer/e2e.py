@@ -455,7 +455,7 @@ def precision_search(config: BEVFormerConfig, out: Path, seed: int, quant_config
     ranked by their worst local error. Prints the path, writes ``out/quant_config.json``
     (the last config) and returns it."""
     import tempfile
-    from bevir.passes.precision import Evaluation, Target, search, worst_groups
+    from bevir.passes.precision import Evaluation, Target, best, search, worst_groups
     from bevir.sim.compare import layer_error
     goal = Target.parse(target)
     model = build_model(config, seed, checkpoint, weights_preset)
@@ -483,11 +483,12 @@ def precision_search(config: BEVFormerConfig, out: Path, seed: int, quant_config
                               worst_groups(report, qc, producers.get))
         print(f"\n== precision search for {goal}")
         steps = search(quant_config, evaluate, goal)
-    final = steps[-1].config
-    final.save(out / "quant_config.json")
-    print(f"   {'met' if steps[-1].met else 'not met'} after {len(steps) - 1} step(s); "
-          f"wrote {out / 'quant_config.json'} (--quant-config reproduces it)")
-    return final
+    result = best(steps)
+    result.config.save(out / "quant_config.json")
+    print(f"   {'met' if result.met else 'not met'} after {len(steps) - 1} step(s) "
+          f"(best: {result.change}); wrote {out / 'quant_config.json'} (--quant-config "
+          "reproduces it)")
+    return result.config
 
 
 def main(argv=None) -> int:

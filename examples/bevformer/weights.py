@@ -17,6 +17,7 @@ official ``bevformer_tiny_epoch_24.pth`` holds.
 """
 from __future__ import annotations
 
+import copy
 import math
 from pathlib import Path
 
@@ -120,11 +121,12 @@ def _calibrate(model: BEVFormer, seed: int) -> None:
     with torch.no_grad():
         c5 = model.img_backbone(inp["img"])
         conv = model.img_neck.lateral_convs[0].conv
-        # statistics in float64 and rounded, so that float noise of the calibration forward
-        # (thread count, BLAS) does not reach the weights
-        mu = _round(c5.double().mean((0, 2, 3)), 1e-4)
+        # statistics from a float64 forward, rounded, so that float noise of the calibration
+        # forward (thread count, BLAS) does not reach the weights
+        c5d = copy.deepcopy(model.img_backbone).double()(inp["img"].double())
+        mu = _round(c5d.mean((0, 2, 3)), 1e-4)
         w = conv.weight[:, :, 0, 0].double()
-        y = torch.einsum("oc,nchw->nohw", w, c5.double() - mu[None, :, None, None])
+        y = torch.einsum("oc,nchw->nohw", w, c5d - mu[None, :, None, None])
         rms = float(f"{y.pow(2).mean().sqrt().clamp(min=1e-6).item():.4g}")
         w = (w / rms).float()
         conv.weight.data = w[:, :, None, None].contiguous()
@@ -167,28 +169,35 @@ def _bn_from_data(model: BEVFormer, seed: int) -> None:
     weight^2), and the weights folded into the convolution are as even across channels
     as a trained network's (per-tensor INT8 keeps every channel)."""
     from .inputs import make_inputs
-    img = make_inputs(model.cfg, seed + 12345)["img"]
-    modules = dict(model.img_backbone.named_modules())
+    img = make_inputs(model.cfg, seed + 12345)["img"].double()
+    # in float64, so that no thread count's float noise reaches the rounded statistics
+    work = copy.deepcopy(model.img_backbone).double().eval()
+    original = dict(model.img_backbone.named_modules())
+    modules = dict(work.named_modules())
     conv_of = {}
     for name, m in modules.items():
         if isinstance(m, nn.BatchNorm2d):
             prefix, last = name.rpartition(".")[0], name.rpartition(".")[2]
             conv = (f"{prefix}.0" if last == "1" and prefix.endswith("downsample")
                     else f"{prefix + '.' if prefix else ''}conv{last[2:]}")
-            conv_of[m] = modules[conv]
+            conv_of[m] = (modules[conv], original[conv], original[name])
 
     def measure(bn, args):
-        x = args[0].double()
+        x = args[0]
         std = _sig(x.std((0, 2, 3)).clamp(min=1e-6)).double()
-        conv_of[bn].weight.data /= std.float()[:, None, None, None]
+        conv, conv_out, bn_out = conv_of[bn]
+        conv.weight.data /= std[:, None, None, None]
+        conv_out.weight.data = conv.weight.data.float()
         x = x / std[None, :, None, None]
-        bn.running_mean.data = _sig(x.mean((0, 2, 3)))
-        bn.running_var.data = torch.ones_like(bn.running_var)
-        return (x.float(),)
+        bn_out.running_mean.data = _sig(x.mean((0, 2, 3)))
+        bn_out.running_var.data = torch.ones_like(bn_out.running_var)
+        bn.running_mean.data = bn_out.running_mean.data.double()
+        bn.running_var.data = bn_out.running_var.data.double()
+        return (x,)
     hooks = [m.register_forward_pre_hook(measure) for m in conv_of]
     try:
         with torch.no_grad():
-            model.img_backbone.eval()(img)
+            work(img)
     finally:
         for h in hooks:
             h.remove()
