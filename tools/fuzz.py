@@ -2,7 +2,9 @@
 
 Targets (each takes one random byte string and derives its case from it):
 
-* ``onnx``: a small valid ONNX model, serialized, then bytes flipped / truncated / spliced;
+* ``onnx``: a small valid ONNX model, serialized, then bytes flipped / truncated / spliced,
+  or one structural change: an attribute's value, a declared shape or dtype, a dangling or
+  duplicated name;
 * ``text``: a printed IR text with characters mutated, deleted or duplicated;
 * ``load``: a saved graph whose constants file is corrupted or truncated;
 * ``config``: a QuantConfig JSON file (the reference-flow preset) mutated;
@@ -81,8 +83,47 @@ def mutate(data: bytes, rnd: random.Random) -> bytes:
     return bytes(b)
 
 
+def mutate_proto(data: bytes, rnd: random.Random) -> bytes:
+    """The model with one structural change: an attribute's value, a declared shape or
+    dtype, a dangling or duplicated name."""
+    m = onnx.load_model_from_string(data)
+    g = m.graph
+    kind = rnd.randrange(5)
+    if kind == 0:                                     # an attribute gets a random value
+        node = rnd.choice(list(g.node))
+        value = rnd.choice([rnd.randint(-3, 9), rnd.uniform(-2, 2), [rnd.randint(-2, 5)] * rnd.randint(1, 6),
+                            "NOTSET", "bogus"])
+        name = rnd.choice(["pads", "strides", "dilations", "group", "kernel_shape", "auto_pad",
+                           "allowzero", "axis"])
+        keep = [a for a in node.attribute if a.name != name]
+        del node.attribute[:]
+        node.attribute.extend(keep + [oh.make_attribute(name, value)])
+    elif kind == 1:                                   # a declared shape changes
+        vi = rnd.choice(list(g.input) + list(g.output))
+        dims = vi.type.tensor_type.shape.dim
+        if len(dims):
+            dims[rnd.randrange(len(dims))].dim_value = rnd.choice([0, 1, 7, 1 << 40])
+    elif kind == 2:                                   # a declared or stored dtype changes
+        target = rnd.choice(list(g.input) + list(g.initializer))
+        dtype = rnd.choice([TP.INT8, TP.DOUBLE, TP.STRING, TP.BOOL, TP.FLOAT16, 99])
+        if hasattr(target, "data_type"):
+            target.data_type = dtype
+        else:
+            target.type.tensor_type.elem_type = dtype
+    elif kind == 3:                                   # an input nobody makes
+        node = rnd.choice(list(g.node))
+        node.input[rnd.randrange(len(node.input))] = "dangling"
+    else:                                             # a name made twice
+        a, b = rnd.sample(list(g.node), 2)
+        b.output[0] = a.output[0]
+    return m.SerializeToString()
+
+
 def target_onnx(rnd: random.Random) -> None:
-    g = bevir.from_onnx(mutate(seed_model(), rnd))
+    """Bytes flipped / truncated / spliced, or one structural change of the proto."""
+    data = seed_model()
+    data = mutate(data, rnd) if rnd.random() < 0.5 else mutate_proto(data, rnd)
+    g = bevir.from_onnx(data)
     bevir.verify(g)
 
 
