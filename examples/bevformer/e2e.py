@@ -451,13 +451,17 @@ def precision_search(config: BEVFormerConfig, out: Path, seed: int, quant_config
                      weights_preset: str = "conditioned") -> QuantConfig:
     """The precision search (bevir.passes.precision) on this model's frame: each step
     quantizes with the config, runs the INT8 golden model and measures top10_iou (the
-    reference flow's check, the stricter way round), cls_sqnr and bbox_sqnr; groups are
-    ranked by their worst local error. Prints the path, writes ``out/quant_config.json``
+    reference flow's check, the stricter way round), cls_sqnr, bbox_sqnr and its cost,
+    ``cycles`` (the GPNPU cycle model, one core); groups are ranked by their worst local
+    error. Prints the path, writes ``out/quant_config.json``
     (the last config) and returns it."""
     import tempfile
+    from bevir.hw import HWConfig
     from bevir.passes.precision import Evaluation, Target, best, search, worst_groups
     from bevir.sim.compare import layer_error
+    from bevir.sim.cycles import model as cycle_model
     goal = Target.parse(target)
+    hw = HWConfig.parse(DEFAULT_HW)
     model = build_model(config, seed, checkpoint, weights_preset)
     inputs = make_inputs(config, seed, with_prev_bev=True)
     out.mkdir(parents=True, exist_ok=True)
@@ -477,7 +481,8 @@ def precision_search(config: BEVFormerConfig, out: Path, seed: int, quant_config
             iou = min(compare_detections(det, det_float)["bev_iou_match"],
                       compare_detections(det_float, det)["bev_iou_match"])
             report = compare_graphs(reference, q, feed)
-            return Evaluation({"top10_iou": iou,
+            cycles = cycle_model(q, hw).makespan         # its cost: one core's modelled cycles
+            return Evaluation({"top10_iou": iou, "cycles": float(cycles),
                                **{f"{k.split('_')[0]}_sqnr": layer_error(golden[k], got[k])[0]
                                   for k in OUTPUTS}},
                               worst_groups(report, qc, producers.get))
