@@ -51,9 +51,10 @@ class LayerError:
     local_sqnr_db: float | None = None
 
     @property
-    def ranking_db(self) -> float:
-        """What ranks the worst layers: the local SQNR where known, else the accumulated."""
-        return self.sqnr_db if self.local_sqnr_db is None else self.local_sqnr_db
+    def ranking(self) -> tuple[int, float]:
+        """What ranks the worst layers: the local SQNR; values without one come after all
+        that have one (their accumulated error may be anyone's), by accumulated SQNR."""
+        return (0, self.local_sqnr_db) if self.local_sqnr_db is not None else (1, self.sqnr_db)
 
 
 def dequantize(array: np.ndarray, type: TensorType) -> np.ndarray:
@@ -122,9 +123,9 @@ class ErrorReport:
         return next((e for e in self.layers if not e.max_abs <= tolerance), None)
 
     def worst(self, n: int = 10, by: str = "local") -> list[LayerError]:
-        """The ``n`` values with the lowest SQNR: local (where known, else accumulated) or
-        ``by="accumulated"``."""
-        key = (lambda e: e.ranking_db) if by == "local" else (lambda e: e.sqnr_db)
+        """The ``n`` values with the lowest SQNR: local (values without a local figure
+        last) or ``by="accumulated"``."""
+        key = (lambda e: e.ranking) if by == "local" else (lambda e: e.sqnr_db)
         return sorted(self.layers, key=key)[:n]
 
     def table(self, top: int | None = None) -> str:
@@ -162,7 +163,7 @@ class ErrorReport:
                 ms=4, label="local (teacher-forced)")
         for e in self.worst(label_worst):
             i = self.layers.index(e)
-            ax.annotate(e.layer.split("/")[-1][-40:], (i, finite(e.ranking_db)), fontsize=7,
+            ax.annotate(e.layer.split("/")[-1][-40:], (i, finite(e.ranking[1])), fontsize=7,
                         rotation=20)
         ax.legend(fontsize=8)
         ax.set(xlabel="value (graph order)", ylabel="SQNR (dB)", title=title)
