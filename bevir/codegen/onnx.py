@@ -95,7 +95,8 @@ class OnnxWriter:
         if v.type.dtype.np == np.int32:
             rank = v.type.rank
             y = self.emit("Cast", [codes], 1, to=1)[0]                       # float32
-            y = self.emit("Sub", [y, self.const(self._broadcast(zp.astype(np.float32), axis, rank), "zp")], 1)[0]
+            zero = self.const(self._broadcast(zp.astype(np.float32), axis, rank), "zp")
+            y = self.emit("Sub", [y, zero], 1)[0]
             return self.emit("Mul", [y, self.const(self._broadcast(scale, axis, rank), "scale")],
                              [self.fresh(hint)])[0]
         return self.emit("DequantizeLinear", [codes, self.const(scale, "scale"),
@@ -130,8 +131,8 @@ class OnnxWriter:
             return
         rank = v.type.rank
         y = self.emit("Div", [real, self.const(self._broadcast(scale, axis, rank), "scale")], 1)[0]
-        y = self.emit("Add", [self.emit("Round", [y], 1)[0],
-                              self.const(self._broadcast(zp.astype(np.float32), axis, rank), "zp")], 1)[0]
+        zero = self.const(self._broadcast(zp.astype(np.float32), axis, rank), "zp")
+        y = self.emit("Add", [self.emit("Round", [y], 1)[0], zero], 1)[0]
         y = self.emit("Clip", [y, self.const(np.float32(-2.0 ** 31), "lo"),
                                self.const(np.float32(2.0 ** 31 - 128), "hi")], 1)[0]
         self.emit("Cast", [y], [out], to=6)                                  # int32

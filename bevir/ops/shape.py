@@ -296,15 +296,15 @@ class Pad(OpDef):
     """Pad by ``pads`` = [begin_0..begin_n, end_0..end_n]; negative pads crop (before padding)."""
 
     name = "pad"
+    nhwc = LayoutRule(attrs=pads_attr)
+    operands = ("x",)
+    attrs = {"pads": Ints(), "mode": Str("constant", ("constant", "reflect", "edge", "wrap")),
+             "value": Float(0.0)}
 
     def onnx_export(self, e, node, ins, outs):
         value = e.const(np.asarray(node.attrs["value"], node.inputs[0].type.dtype.np), "value") \
             if node.attrs["mode"] == "constant" else None
         e.emit("Pad", ins + [e.ints(node.attrs["pads"], "pads"), value], outs, mode=node.attrs["mode"])
-    nhwc = LayoutRule(attrs=pads_attr)
-    operands = ("x",)
-    attrs = {"pads": Ints(), "mode": Str("constant", ("constant", "reflect", "edge", "wrap")),
-             "value": Float(0.0)}
 
     def infer(self, c, x):
         r = x.rank
@@ -334,12 +334,12 @@ class TopK(OpDef):
     lower index first. NaN counts as the largest value. Results are always sorted."""
 
     name = "topk"
+    operands = ("x",)
+    attrs = {"k": Int(), "axis": Int(-1), "largest": Bool(True), "sorted": Bool(True)}
 
     def onnx_export(self, e, node, ins, outs):
         e.emit("TopK", ins + [e.ints([node.attrs["k"]], "k")], outs, axis=node.attrs["axis"],
                largest=int(node.attrs["largest"]), sorted=1)
-    operands = ("x",)
-    attrs = {"k": Int(), "axis": Int(-1), "largest": Bool(True), "sorted": Bool(True)}
 
     def infer(self, c, x):
         axis = norm_axis(c.axis, x.rank)
@@ -361,12 +361,12 @@ class TopK(OpDef):
 
 class Constant(OpDef):
     name = "constant"
+    attrs = {"value": Tensor()}
 
     def onnx_export(self, e, node, ins, outs):
         import onnx
         e.emit("Constant", [], outs, value=onnx.numpy_helper.from_array(
             np.asarray(node.attrs["value"]), outs[0]))
-    attrs = {"value": Tensor()}
 
     def infer(self, c):
         try:
