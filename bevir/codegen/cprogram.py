@@ -262,14 +262,16 @@ def compile(graph: Graph, out: str | Path, hw: str | None = None,
     from ..passes import make_pass, optimize
     if hw is not None or cores is not None:
         graph = graph.clone()
-        if "partition" not in graph.meta:
-            optimize(graph, [make_pass("partition", cores=cores or 0, hw=hw or "")])
+        passes = [] if "partition" in graph.meta else [
+            make_pass("partition", cores=cores or 0, hw=hw or "")]
         if hw is not None:
             from ..hw import HWConfig
             config = HWConfig.parse(hw)
             if cores:
                 config = config.model_copy(update={"cores": cores})
-            optimize(graph, [make_pass("plan-memory", hw=config.describe())])
+            passes.append(make_pass("plan-memory", hw=config.describe()))
+        if passes:
+            optimize(graph, passes)             # one pipeline: the input verified once
     return write_program(graph, out, progress)
 
 
@@ -305,7 +307,8 @@ def write_program(graph: Graph, out: str | Path, progress: bool | None = None) -
         used = sorted({s["kernel"] for s in manifest["programs"][k]["steps"] if s["kernel"]})
         core_o = _object(out / f"core{k}.c")
         build_shared([core_o, runtime_o] + [objects[u] for u in used], out / f"core{k}.so")
-    return CompiledProgram.load(out)
+    # the graph just saved, not read back; the manifest as written (JSON types)
+    return CompiledProgram(out, graph, json.loads((out / "manifest.json").read_text()))
 
 
 def _object(src: Path) -> Path:
