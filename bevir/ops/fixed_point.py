@@ -356,7 +356,7 @@ class FxMatMul(_FxProduct, MatrixProduct):
     column) + bias (i32 [N], optional) -> i8 fixed<out_frac_bits>; numpy matmul shapes."""
 
     name = "fx_matmul"
-    onnx_export = qdq(matmul_bias)
+    onnx_export = qdq(matmul_bias, product_bias=True)
     operands = ("a", "b", "bias?")
     x_dtypes = (I8, I16)         # i16 a: attention probabilities from an i16 fx_softmax
 
@@ -390,7 +390,7 @@ class FxLinear(_FxProduct):
     fixed<out_frac_bits> [..., N]."""
 
     name = "fx_linear"
-    onnx_export = qdq(linear)
+    onnx_export = qdq(linear, product_bias=True)
     operands = ("x", "w", "b?")
 
     def weight_axis(self, w):
@@ -440,7 +440,7 @@ class FxConv2d(_FxProduct, Convolution):
     affine, per tensor or per output channel on axis 0; b i32 [O]) -> i8 fixed<out_frac_bits>."""
 
     name = "fx_conv2d"
-    onnx_export = qdq("conv2d")
+    onnx_export = qdq("conv2d", product_bias=True)
     operands = ("x", "w", "b?")
     attrs = {**CONV_ATTRS, **_OUT, **_WIDE}
 

@@ -92,17 +92,18 @@ def matmul_bias(e, node, ins: list, outs: list) -> None:
         e.emit("MatMul", [a, b], outs)
 
 
-def qdq(float_op: str | Export) -> Export:
+def qdq(float_op: str | Export, product_bias: bool = False) -> Export:
     """A quantized op as QDQ: operands dequantized, ``float_op`` computes (an op name, whose
     export runs with this node's attributes, or an export), the results quantized to their
-    types (clamped first to ``out_min`` / ``out_max`` codes where the node has them). An
-    integer third operand without quantization is a bias in the product's units (scale
-    of operand 0 times that of operand 1, per output channel), as in QLinearConv."""
+    types (clamped first to ``out_min`` / ``out_max`` codes where the node has them).
+    ``product_bias``: the op is a product whose third operand, when an integer without
+    quantization, is a bias in the product's units (scale of operand 0 times that of
+    operand 1, per output channel), as in QLinearConv."""
     def export(e, node, ins: list, outs: list) -> None:
         inner = get_op(float_op).onnx_export if isinstance(float_op, str) else float_op
         real = [e.dequantized(v) for v in node.inputs]
-        if len(node.inputs) > 2 and node.inputs[2] is not None and node.inputs[2].type.quant is None \
-                and node.inputs[2].type.dtype.is_int:
+        bias = node.inputs[2] if product_bias and len(node.inputs) > 2 else None
+        if bias is not None and bias.type.quant is None and bias.type.dtype.is_int:
             real[2] = e.dequantized_product(*node.inputs[:3])
         tmp = [e.fresh(f"{o}_real") if v.type.quant is not None else o
                for v, o in zip(node.outputs, outs)]

@@ -263,7 +263,7 @@ class QLinearConv(Convolution):
     (x_scale * w_scale) / y_scale. Attributes as conv2d, plus the output quantization."""
 
     name = "qlinear_conv"
-    onnx_export = qdq("conv2d")
+    onnx_export = qdq("conv2d", product_bias=True)
     nhwc = NATIVE
     operands = ("x", "w", "b?")
     attrs = {**CONV_ATTRS, **_OUT_ATTRS, **_CLAMP_ATTRS}

@@ -240,12 +240,9 @@ class _LocalScorer:
                     self.scores[v.name] = layer_error(r, dequantize(got[i], cnode.outputs[i].type))[0]
 
     def seed(self, name: str, array: np.ndarray) -> None:
-        self.made.add(name)
-        self._seed(name, array)
-
-    def _seed(self, name: str, array: np.ndarray) -> None:
         """A reference value (a node's result, or a graph input) in its candidate types (of
         its shape: a candidate value of another shape under the same name is recomputed)."""
+        self.made.add(name)
         for t in self.wanted.get(name, ()):
             if t.shape == np.shape(array):
                 self.codes[(name, t)] = quantize_like(array, t)
@@ -258,7 +255,7 @@ class _LocalScorer:
         r = self.name_of(v)
         if r is not None and (r, v.type) in self.codes:
             return self.codes[(r, v.type)]
-        if r is not None and v.producer is not None and not self._made(r):
+        if r is not None and v.producer is not None and r not in self.made:
             return None                          # the reference has not made it yet
         if v.producer is None:
             return None
@@ -266,9 +263,6 @@ class _LocalScorer:
             results = self._run(v.producer, memo)
             memo[id(v)] = None if results is None else results[v.producer.outputs.index(v)]
         return memo[id(v)]
-
-    def _made(self, name: str) -> bool:
-        return name in self.made
 
     def _run(self, node: Node, memo: dict) -> list[np.ndarray] | None:
         """``node`` on teacher-forced operands; None when one is not there (yet)."""

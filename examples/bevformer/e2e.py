@@ -51,6 +51,7 @@ from .model import BEVFormer, split_model  # noqa: E402
 from .weights import PRESETS, build_model, save_checkpoint  # noqa: E402
 
 HEAD_INPUTS = ("feats", "lidar2img", "can_bus", "prev_bev")
+OUTPUTS = ("cls_scores", "bbox_preds")
 
 
 def import_backbone(model: BEVFormer, img: torch.Tensor, path: Path) -> bevir.Graph:
@@ -71,7 +72,7 @@ def import_head(model: BEVFormer, feats: torch.Tensor, inputs: dict, decompose: 
     args = (feats, inputs["lidar2img"], inputs["can_bus"], inputs.get("prev_bev"))
     return bevir.from_torch(head, args, custom_ops=None if decompose else CUSTOM_OPS,
                             input_names=[n for n, a in zip(HEAD_INPUTS, args) if a is not None],
-                            output_names=["cls_scores", "bbox_preds"], name="bevformer_head")
+                            output_names=list(OUTPUTS), name="bevformer_head")
 
 
 def build_graph(model: BEVFormer, inputs: dict, workdir: Path, decompose: bool = False,
@@ -151,7 +152,7 @@ def int8_figures(float_out: dict, int8_out: dict, q: bevir.Graph, stats: dict,
     det_float = decode(float_out["cls_scores"], float_out["bbox_preds"], config)
     cmp, back = compare_detections(det_int8, det_float), compare_detections(det_float, det_int8)
     worst = min(cmp["bev_iou_match"], back["bev_iou_match"])
-    sqnr = {k: layer_error(float_out[k], int8_out[k])[0] for k in ("cls_scores", "bbox_preds")}
+    sqnr = {k: layer_error(float_out[k], int8_out[k])[0] for k in OUTPUTS}
     counts = q.op_counts()
     return {"comparison": cmp, "comparison_float_first": back,
             "check": {"bev_iou_match_both_ways": worst, "min_iou_match": REFERENCE_MIN_IOU_MATCH,
@@ -183,11 +184,9 @@ def timed(fn):
     return out, time.perf_counter() - t0
 
 
-def c5_channels(model: BEVFormer, img: torch.Tensor) -> dict[str, int]:
+def c5_channels(c5: torch.Tensor) -> dict[str, int]:
     """The backbone's C5 channels on the frame: how many, and how many are constant
     (standard deviation below 1e-3 of the mean's magnitude: they carry no information)."""
-    with torch.no_grad():
-        c5 = model.img_backbone(img)
     mean, std = c5.double().mean((0, 2, 3)), c5.double().std((0, 2, 3))
     return {"channels": int(c5.shape[1]), "constant": int((std <= 1e-3 * mean.abs() + 1e-12).sum())}
 
@@ -217,10 +216,9 @@ def noise_sensitivity(model: BEVFormer, inputs: dict, snr_db: float = 40.0, seed
             for h in hooks:
                 h.remove()
     return {k: layer_error(r.numpy(), o.numpy())[0]
-            for k, r, o in zip(("cls_scores", "bbox_preds"), ref, out)}
+            for k, r, o in zip(OUTPUTS, ref, out)}
 
 
-OUTPUTS = ("cls_scores", "bbox_preds")
 #: the reference flow's times where its notebook states one: (what, the steps of this flow
 #: that do the same, seconds). Its step 4 prints "Running full E2E on ISS - 4-core (~60 min)".
 REFERENCE_TIMES = [("device build + run, 4 cores", ("device: compile", "device: run"), 3600.0)]
@@ -254,12 +252,20 @@ class Steps:
         return "\n".join(rows)
 
 
+def int8_reference(graph: bevir.Graph) -> bevir.Graph:
+    """The float graph the INT8 one is compared with, value by value: the same preparation
+    (decompose, fuse) before quantization."""
+    reference = graph.clone()
+    bevir.optimize(reference, INT8_PREPARE)
+    return reference
+
+
 def int8_stage(model: BEVFormer, inputs: dict, graph: bevir.Graph, feed: dict, golden: dict,
                config: BEVFormerConfig, out: Path, quant_config: QuantConfig,
                steps: Steps | None = None) -> tuple[dict, dict]:
     """INT8 golden vs float reference: quantize, run, compare the detections and every
     layer; writes int8_outputs.safetensors, int8_layers.json and int8_layers.png.
-    Returns (figures, the INT8 golden outputs)."""
+    Returns (figures, the INT8 golden outputs, the INT8 graph)."""
     steps = steps or Steps()
     q, stats, qb = steps("INT8 quantize", lambda: int8_graph(model, inputs, feed, out, quant_config))
     bevir.save(q, out / "model_int8.bevir")
@@ -270,8 +276,7 @@ def int8_stage(model: BEVFormer, inputs: dict, graph: bevir.Graph, feed: dict, g
     figures = int8_figures(golden, int8_out, q, stats, config)
     figures["time_s"] = {"quantize": t_quant, "int8_golden": t_int8}
     figures["float_noise_sensitivity_40db"] = noise_sensitivity(model, inputs)
-    reference = graph.clone()
-    bevir.optimize(reference, INT8_PREPARE)
+    reference = int8_reference(graph)
     layers = compare_graphs(reference, q, feed)
     layers.save_json(out / "int8_layers.json")
     layers.plot(out / "int8_layers.png", title=f"INT8 vs float, per layer ({config.name})")
@@ -297,7 +302,7 @@ def int8_stage(model: BEVFormer, inputs: dict, graph: bevir.Graph, feed: dict, g
     for w in figures["worst_layers"]:
         local = "-" if w["local_sqnr_db"] is None else f"{w['local_sqnr_db']:.1f}"
         print(f"    {local:>5}  {w['sqnr_db']:5.1f}  {w['op']:<18} {w['layer']}  [{w['group']}]")
-    return figures, int8_out
+    return figures, int8_out, q
 
 
 def device_stage(q: bevir.Graph, feed: dict, int8_out: dict, config: BEVFormerConfig, out: Path,
@@ -382,8 +387,11 @@ def run(config: BEVFormerConfig, out: Path, seed: int = 0, decompose: bool = Fal
     (out / "config.json").write_text(json.dumps(config.to_dict(), indent=1))
     inputs = make_inputs(config, seed, with_prev_bev=True)
 
+    c5 = []                                  # the warm-up forward keeps C5 for the report
+    hook = model.img_backbone.register_forward_hook(lambda m, a, out: c5.append(out))
     with torch.no_grad():
         model(inputs["img"], inputs["lidar2img"], inputs["can_bus"], inputs["prev_bev"])  # warm-up
+        hook.remove()
         (cls_t, bbox_t), t_torch = timed(lambda: model(inputs["img"], inputs["lidar2img"],
                                                        inputs["can_bus"], inputs["prev_bev"]))
     save_test_vectors(out / "test_vectors.safetensors", inputs, (cls_t, bbox_t),
@@ -413,18 +421,17 @@ def run(config: BEVFormerConfig, out: Path, seed: int = 0, decompose: bool = Fal
                    "import": steps.times["float import"]},
     }
     report["golden_over_torch"] = report["time_s"]["bevir_golden"] / t_torch
-    report["c5_channels"] = c5_channels(model, inputs["img"])
+    report["c5_channels"] = c5_channels(c5[0])
     print(f"max |golden - torch|: cls {report['max_abs_diff']['cls_scores']:.2e}, "
           f"bbox {report['max_abs_diff']['bbox_preds']:.2e}; golden "
           f"{report['time_s']['bevir_golden']:.2f}s vs torch eager {t_torch:.2f}s")
 
-    report["int8"], int8_out = int8_stage(model, inputs, graph, feed, golden, config, out,
-                                          quant_config, steps)
+    report["int8"], int8_out, q = int8_stage(model, inputs, graph, feed, golden, config, out,
+                                             quant_config, steps)
     detections = {"float": det_g, "INT8 golden": decode(int8_out["cls_scores"],
                                                         int8_out["bbox_preds"], config)}
     detections["scene"] = scene_boxes(seed)            # the test vectors are synthetic
     if hw:
-        q = bevir.load(out / "model_int8.bevir")
         report["device"], dev = device_stage(q, feed, int8_out, config, out, hw, steps, progress)
         detections["program"] = decode(dev["cls_scores"], dev["bbox_preds"], config)
     report["pictures"] = steps("pictures", lambda: pictures(out, inputs, config, detections,
@@ -469,8 +476,7 @@ def precision_search(config: BEVFormerConfig, out: Path, seed: int, quant_config
         graph = build_graph(model, inputs, Path(work))
         feed = golden_inputs(graph, inputs)
         golden = bevir.run(graph, feed)
-        reference = graph.clone()
-        bevir.optimize(reference, INT8_PREPARE)
+        reference = int8_reference(graph)
         producers = {v.name: v.producer for v in reference.values()}
         det_float = decode(golden["cls_scores"], golden["bbox_preds"], config)
 
