@@ -27,3 +27,12 @@ def torch_seed(request) -> None:
     tensors draw from it."""
     import torch
     torch.manual_seed(stable_seed(request.node.nodeid))
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The zoo table (tests/test_zoo.py), when the zoo ran."""
+    import sys
+    zoo = sys.modules.get("test_zoo")
+    if zoo is not None and zoo.ROWS:
+        terminalreporter.write_sep("-", "model zoo")
+        terminalreporter.write_line(zoo.table())

@@ -145,7 +145,7 @@ def test_fuse_is_registered_with_its_patterns_and_tolerance():
     fuse = bevir.passes.get_pass("fuse")
     assert fuse is Fuse and fuse.semantics_preserving is True
     names = [p.name for p in fuse.patterns]
-    assert len(names) == len(set(names)) == 14
+    assert len(names) == len(set(names)) == 19
     assert fuse.tolerance == max(p.tolerance for p in fuse.patterns) == 1e-5
     for p in fuse.patterns:
         assert get_pattern(p.name) is p and p.roots

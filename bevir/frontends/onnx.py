@@ -819,17 +819,14 @@ def _selu(c: NodeCtx):
 def _hard_sigmoid(c: NodeCtx):
     x = c.input(0)
     c.require_float(x)
-    y = c.emit("add", [c.emit("mul", [x, _scalar(c, c.attr("alpha", 0.2), x)]),
-                       _scalar(c, c.attr("beta", 0.5), x)])
-    return c.emit("clip", [y], {"min": 0.0, "max": 1.0})
+    return c.emit("hardsigmoid", [x], {"alpha": c.attr("alpha", 0.2), "beta": c.attr("beta", 0.5)})
 
 
 @converts("HardSwish")
 def _hard_swish(c: NodeCtx):
     x = c.input(0)
     c.require_float(x)
-    y = c.emit("add", [c.emit("mul", [x, _scalar(c, 1 / 6, x)]), _scalar(c, 0.5, x)])
-    return c.emit("mul", [x, c.emit("clip", [y], {"min": 0.0, "max": 1.0})])
+    return c.emit("hardswish", [x])
 
 
 @converts("Softplus")

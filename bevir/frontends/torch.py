@@ -367,6 +367,8 @@ def from_torch(module: nn.Module, example_inputs: Sequence[Any], *,
     with _boundaries(module, dict(custom_ops or {})) as boundaries:
         try:
             ep = torch.export.export(module, args)
+            if _mutates(ep):   # in-place ops (x[a:b] = v) become their functional forms
+                ep = ep.run_decompositions({})
         except BevirError:
             raise
         except Exception as e:
@@ -382,6 +384,13 @@ def from_torch(module: nn.Module, example_inputs: Sequence[Any], *,
         input_names = [p for p, a in zip(params, args) if a is not None]
     return _Importer(ep, boundaries, list(input_names), output_names,
                      name or type(module).__name__).run()
+
+
+def _mutates(ep: torch.export.ExportedProgram) -> bool:
+    """Whether an op writes into a tensor (detach_ only changes autograd state)."""
+    return any(n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
+               and n.target._schema.is_mutable and n.target is not torch.ops.aten.detach_.default
+               for n in ep.graph.nodes)
 
 
 # ---- ATen converters ------------------------------------------------------------------------
@@ -719,3 +728,339 @@ def _like(c: _Ctx):
     np_dtype = x.type.dtype.np if dtype is None else _dtype(dtype, c.loc).np
     return c.graph.add_const(np.full(shape, fill, np_dtype), c.graph.unique_name(name))
 
+
+
+# ---- convolution, normalization, pooling, resampling -------------------------------------------
+
+def _pair(v: Any, n: int = 2) -> tuple[int, ...]:
+    v = [v] if isinstance(v, int) else list(v)
+    return tuple(int(x) for x in (v * n if len(v) == 1 else v))
+
+
+def _conv_pads(c: _Ctx, padding: Any, kernel, dilation) -> tuple[int, int, int, int]:
+    """conv2d's (top, left, bottom, right) for torch's ``padding`` (ints, 'valid', 'same')."""
+    if padding == "valid":
+        return (0, 0, 0, 0)
+    if padding == "same":              # torch puts the odd element at the end
+        total = [d * (k - 1) for k, d in zip(kernel, dilation)]
+        return (total[0] // 2, total[1] // 2, total[0] - total[0] // 2, total[1] - total[1] // 2)
+    ph, pw = _pair(padding)
+    return (ph, pw, ph, pw)
+
+
+@aten_converter("aten.conv2d", "aten.conv1d", "aten.convolution")
+def _conv(c: _Ctx):
+    x, w, b = c.arg(0), c.arg(1), c.arg(2)
+    if c.target.startswith("aten.convolution"):
+        stride, padding, dilation, transposed, _, groups = (c.arg(i) for i in range(3, 9))
+        if transposed:
+            raise c.unsupported("transposed convolution")
+    else:
+        stride, padding, dilation, groups = (c.arg(3, "stride", 1), c.arg(4, "padding", 0),
+                                             c.arg(5, "dilation", 1), c.arg(6, "groups", 1))
+    one_d = _rank(x) == 3
+    if one_d:                          # 1-D: a 2-D convolution over rows of height 1
+        x = c.emit("unsqueeze", [x], axes=(2,))
+        w = c.emit("unsqueeze", [w], axes=(2,))
+        lift = lambda v: (1, *_pair(v, 1)) if not isinstance(v, str) else v  # noqa: E731
+        stride, dilation = lift(stride), lift(dilation)
+        padding = padding if isinstance(padding, str) else (0, *_pair(padding, 1))
+    kernel = w.type.shape[2:]
+    dilation = _pair(dilation)
+    y = c.emit("conv2d", [x, w, b], strides=_pair(stride), dilations=dilation, groups=int(groups),
+               pads=_conv_pads(c, padding, kernel, dilation))
+    return c.emit("squeeze", [y], axes=(2,)) if one_d else y
+
+
+@aten_converter("aten.batch_norm", "aten._native_batch_norm_legit_no_training")
+def _batch_norm(c: _Ctx):
+    x, weight, bias, mean, var = (c.arg(i) for i in range(5))
+    legit = c.target.startswith("aten._native")
+    if not legit and c.arg(5, "training"):
+        raise c.unsupported("batch norm in training mode")
+    eps = float(c.arg(6 if legit else 7, "eps", 1e-5))
+    channels = x.type.shape[1]
+    ones = lambda v: c.const(np.ones(channels), x) if v is None else v  # noqa: E731
+    weight, bias = ones(weight), c.const(np.zeros(channels), x) if bias is None else bias
+    y = c.emit("batch_norm", [x, weight, bias, mean, var], epsilon=eps)
+    return (y, mean, var) if legit else y
+
+
+@aten_converter("aten.group_norm")
+def _group_norm(c: _Ctx):
+    x, groups, weight, bias = c.arg(0), int(c.arg(1)), c.arg(2), c.arg(3)
+    eps = float(c.arg(4, "eps", 1e-5))
+    n, ch = x.type.shape[:2]
+    y = c.emit("reshape", [x], shape=(n, groups, x.type.numel // (n * groups)))
+    y = c.emit("reshape", [c.emit("layer_norm", [y, None, None], axis=-1, epsilon=eps)],
+               shape=x.type.shape)
+    per_channel = (ch,) + (1,) * (_rank(x) - 2)
+    if weight is not None:
+        y = c.emit("mul", [y, c.emit("reshape", [weight], shape=per_channel)])
+    if bias is not None:
+        y = c.emit("add", [y, c.emit("reshape", [bias], shape=per_channel)])
+    return y
+
+
+def _pool_pads(c: _Ctx, padding) -> tuple[int, int, int, int]:
+    ph, pw = _pair(padding)
+    return (ph, pw, ph, pw)
+
+
+@aten_converter("aten.max_pool2d", "aten.max_pool2d_with_indices")
+def _max_pool(c: _Ctx):
+    kernel = _pair(c.arg(1))
+    stride = c.arg(2, "stride") or kernel
+    y = c.emit("maxpool2d", [c.arg(0)], kernel=kernel, strides=_pair(stride),
+               pads=_pool_pads(c, c.arg(3, "padding", 0)), dilations=_pair(c.arg(4, "dilation", 1)),
+               ceil_mode=bool(c.arg(5, "ceil_mode", False)))
+    return (y, None) if c.target.startswith("aten.max_pool2d_with_indices") else y
+
+
+@aten_converter("aten.avg_pool2d")
+def _avg_pool(c: _Ctx):
+    kernel = _pair(c.arg(1))
+    if c.arg(6, "divisor_override") is not None:
+        raise c.unsupported("avg_pool2d with divisor_override")
+    return c.emit("avgpool2d", [c.arg(0)], kernel=kernel, strides=_pair(c.arg(2, "stride") or kernel),
+                  pads=_pool_pads(c, c.arg(3, "padding", 0)),
+                  ceil_mode=bool(c.arg(4, "ceil_mode", False)),
+                  count_include_pad=bool(c.arg(5, "count_include_pad", True)))
+
+
+@aten_converter("aten.adaptive_avg_pool2d", "aten._adaptive_avg_pool2d")
+def _adaptive_avg_pool(c: _Ctx):
+    x = c.arg(0)
+    h, w = x.type.shape[-2:]
+    oh, ow = (d if d is not None else s for d, s in zip(_pair(c.arg(1)), (h, w)))
+    if (oh, ow) == (1, 1):
+        return c.emit("global_avgpool", [x])
+    if h % oh or w % ow:
+        raise c.unsupported(f"adaptive average pooling of {h}x{w} to {oh}x{ow} (windows of "
+                            "unequal size)")
+    k = (h // oh, w // ow)
+    return c.emit("avgpool2d", [x], kernel=k, strides=k)
+
+
+def _resize(c: _Ctx, mode: str, size, align_corners: bool | None, scales) -> Value:
+    x = c.arg(0)
+    h, w = x.type.shape[-2:]
+    if size is None:                   # torch sizes floor(in * scale) and maps with 1/scale
+        sh, sw = (float(s) for s in scales)
+        size, factors = (int(h * sh), int(w * sw)), (1.0, 1.0, sh, sw)
+    else:
+        size, factors = _pair(size), None
+    attrs = {"size": (*x.type.shape[:2], *size), "mode": mode, "scales": factors}
+    if mode == "linear":
+        attrs["coordinate_transformation_mode"] = ("align_corners" if align_corners
+                                                   else "pytorch_half_pixel")
+    elif c.target.startswith("aten._upsample_nearest_exact"):   # floor((i + 0.5) * scale)
+        attrs.update(coordinate_transformation_mode="half_pixel", nearest_mode="round_prefer_ceil")
+    else:                                                       # floor(i * scale)
+        attrs.update(coordinate_transformation_mode="asymmetric", nearest_mode="floor")
+    return c.emit("resize", [x], **attrs)
+
+
+@aten_converter("aten.upsample_bilinear2d")
+def _upsample_bilinear(c: _Ctx):
+    if c.target.endswith(".vec"):
+        return _resize(c, "linear", c.arg(1), c.arg(2), c.arg(3))
+    return _resize(c, "linear", c.arg(1), c.arg(2), (c.arg(3), c.arg(4)) if c.arg(3) else None)
+
+
+@aten_converter("aten.upsample_nearest2d", "aten._upsample_nearest_exact2d")
+def _upsample_nearest(c: _Ctx):
+    if c.target.endswith(".vec"):
+        return _resize(c, "nearest", c.arg(1), None, c.arg(2))
+    return _resize(c, "nearest", c.arg(1), None, (c.arg(2), c.arg(3)) if c.arg(2) else None)
+
+
+# ---- activations and elementwise ----------------------------------------------------------------
+
+for _name in ["hardswish", "silu"]:
+    aten_converter(f"aten.{_name}")(lambda c, _op=_name: c.emit(_op, [c.arg(0)]))
+
+
+@aten_converter("aten.hardsigmoid")
+def _hardsigmoid(c: _Ctx):
+    return c.emit("hardsigmoid", [c.arg(0)], alpha=1 / 6, beta=0.5)
+
+
+@aten_converter("aten.hardtanh", "aten.relu6")
+def _hardtanh(c: _Ctx):
+    lo, hi = (0.0, 6.0) if c.target.startswith("aten.relu6") else (c.arg(1, "min_val", -1.0),
+                                                                    c.arg(2, "max_val", 1.0))
+    return c.emit("clip", [c.arg(0)], min=float(lo), max=float(hi))
+
+
+@aten_converter("aten.leaky_relu")
+def _leaky_relu(c: _Ctx):
+    x = c.arg(0)
+    neg = c.emit("less", [x, c.const(0, x)])
+    return c.emit("where", [neg, c.emit("mul", [x, c.const(c.arg(1, "negative_slope", 0.01), x)]), x])
+
+
+@aten_converter("aten.elu")
+def _elu(c: _Ctx):
+    x = c.arg(0)
+    if c.arg(2, "scale", 1) != 1 or c.arg(3, "input_scale", 1) != 1:
+        raise c.unsupported("elu with scale or input_scale")
+    em1 = c.emit("sub", [c.emit("exp", [x]), c.const(1, x)])
+    neg = c.emit("less", [x, c.const(0, x)])
+    return c.emit("where", [neg, c.emit("mul", [em1, c.const(c.arg(1, "alpha", 1.0), x)]), x])
+
+
+@aten_converter("aten.softplus")
+def _softplus(c: _Ctx):
+    x = c.arg(0)
+    beta, threshold = float(c.arg(1, "beta", 1.0)), float(c.arg(2, "threshold", 20.0))
+    bx = x if beta == 1 else c.emit("mul", [x, c.const(beta, x)])
+    y = c.emit("log", [c.emit("add", [c.emit("exp", [bx]), c.const(1, x)])])
+    y = y if beta == 1 else c.emit("div", [y, c.const(beta, x)])
+    return c.emit("where", [c.emit("greater", [bx, c.const(threshold, x)]), x, y])
+
+
+@aten_converter("aten.log_softmax", "aten._log_softmax")
+def _log_softmax(c: _Ctx):
+    return c.emit("log", [c.emit("softmax", [c.arg(0)], axis=int(c.arg(1)))])
+
+
+@aten_converter("aten.ne")
+def _ne(c: _Ctx):
+    return c.emit("not", [c.emit("equal", list(_promote(c, c.arg(0), c.arg(1))))])
+
+
+@aten_converter("aten.masked_fill")
+def _masked_fill(c: _Ctx):
+    x = c.arg(0)
+    return c.emit("where", [c.arg(1), c.value(c.arg(2), x), x])
+
+
+@aten_converter("aten.var", "aten.std")
+def _var(c: _Ctx):
+    x = c.arg(0)
+    dims = c.arg(1, "dim")
+    axes = tuple(range(_rank(x))) if dims is None else tuple(
+        _axis(d, _rank(x)) for d in ([dims] if isinstance(dims, int) else dims))
+    correction = c.kwargs.get("correction", 1)
+    correction = 1 if correction is None else correction
+    keep = bool(c.kwargs.get("keepdim", False))
+    d = c.emit("sub", [x, c.emit("reduce_mean", [x], axes=axes, keepdims=True)])
+    n = math.prod(x.type.shape[a] for a in axes)
+    v = c.emit("reduce_sum", [c.emit("mul", [d, d])], axes=axes, keepdims=keep)
+    v = c.emit("div", [v, c.const(max(n - correction, 0), x)])
+    return c.emit("sqrt", [v]) if c.target.startswith("aten.std") else v
+
+
+# ---- products and attention -----------------------------------------------------------------
+
+@aten_converter("aten.addmm")
+def _addmm(c: _Ctx):
+    bias, a, b = c.arg(0), c.arg(1), c.arg(2)
+    return c.emit("gemm", [a, b, bias], alpha=float(c.kwargs.get("alpha", 1)),
+                  beta=float(c.kwargs.get("beta", 1)))
+
+
+@aten_converter("aten.einsum")
+def _einsum_aten(c: _Ctx):
+    from .einsum import einsum
+    operands = list(c.arg(1))
+    try:
+        return einsum(lambda op, ins, attrs: c.emit(op, ins, **attrs), c.arg(0), operands)
+    except UnsupportedError as e:
+        raise c.unsupported(e.message) from None
+
+
+@aten_converter("aten.scaled_dot_product_attention")
+def _sdpa(c: _Ctx):
+    q, k, v = c.arg(0), c.arg(1), c.arg(2)
+    mask, causal = c.arg(3, "attn_mask"), bool(c.arg(5, "is_causal", False))
+    if c.arg(4, "dropout_p", 0.0):
+        raise c.unsupported("scaled_dot_product_attention with dropout")
+    if c.kwargs.get("enable_gqa"):
+        raise c.unsupported("scaled_dot_product_attention with grouped-query attention")
+    scale = c.kwargs.get("scale")
+    scale = 1 / math.sqrt(q.type.shape[-1]) if scale is None else scale
+    perm = tuple(range(_rank(k) - 2)) + (_rank(k) - 1, _rank(k) - 2)
+    s = c.emit("matmul", [c.emit("mul", [q, c.const(scale, q)]), c.emit("transpose", [k], perm=perm)])
+    lq, lk = q.type.shape[-2], k.type.shape[-2]
+    if causal:
+        mask = c.const(np.tril(np.ones((lq, lk), bool)))
+    if mask is not None:
+        if mask.type.dtype is DType.bool:
+            mask = c.emit("where", [mask, c.const(0.0, s), c.const(-np.inf, s)])
+        s = c.emit("add", [s, mask])
+    return c.emit("matmul", [c.emit("softmax", [s], axis=-1), v])
+
+
+# ---- more shapes and indexing -------------------------------------------------------------------
+
+@aten_converter("aten.unflatten")
+def _unflatten(c: _Ctx):
+    x = c.arg(0)
+    axis = _axis(c.arg(1), _rank(x))
+    sizes = _resolve(c.arg(2), x.type.shape[axis])
+    return c.emit("reshape", [x], shape=x.type.shape[:axis] + sizes + x.type.shape[axis + 1:])
+
+
+@aten_converter("aten.unbind")
+def _unbind(c: _Ctx):
+    x = c.arg(0)
+    axis = _axis(c.arg(1, "dim", 0), _rank(x))
+    parts = _split(c, [1] * x.type.shape[axis], axis)
+    return [c.emit("squeeze", [p], axes=(axis,)) for p in parts]
+
+
+@aten_converter("aten.pad", "aten.constant_pad_nd")
+def _pad(c: _Ctx):
+    x = c.arg(0)
+    pad = list(c.arg(1))
+    mode = "constant" if c.target.startswith("aten.constant_pad_nd") else c.arg(2, "mode", "constant")
+    modes = {"constant": "constant", "reflect": "reflect", "replicate": "edge", "circular": "wrap"}
+    if mode not in modes:
+        raise c.unsupported(f"pad mode {mode!r}")
+    value = c.arg(2 if c.target.startswith("aten.constant_pad_nd") else 3, "value")
+    r = _rank(x)
+    begins, ends = [0] * r, [0] * r
+    for i in range(len(pad) // 2):     # torch lists (begin, end) from the last axis backwards
+        begins[r - 1 - i], ends[r - 1 - i] = int(pad[2 * i]), int(pad[2 * i + 1])
+    if any(p < 0 for p in begins + ends):
+        raise c.unsupported("negative padding")
+    return c.emit("pad", [x], pads=(*begins, *ends), mode=modes[mode],
+                  value=float(value or 0.0))
+
+
+@aten_converter("aten.roll")
+def _roll(c: _Ctx):
+    x = c.arg(0)
+    shifts = _pair(c.arg(1), 1)
+    dims = c.arg(2, "dims", ())
+    dims = [dims] if isinstance(dims, int) else list(dims)
+    if not dims:                       # roll of the flattened tensor
+        flat = c.emit("reshape", [x], shape=(x.type.numel,))
+        return c.emit("reshape", [_roll_axis(c, flat, shifts[0], 0)], shape=x.type.shape)
+    for s, d in zip(shifts, dims):
+        x = _roll_axis(c, x, s, _axis(d, _rank(x)))
+    return x
+
+
+def _roll_axis(c: _Ctx, x: Value, shift: int, axis: int) -> Value:
+    n = x.type.shape[axis]
+    s = shift % n if n else 0
+    if s == 0:
+        return x
+    tail = c.emit("slice", [x], starts=(n - s,), ends=(n,), axes=(axis,), steps=(1,))
+    head = c.emit("slice", [x], starts=(0,), ends=(n - s,), axes=(axis,), steps=(1,))
+    return c.emit("concat", [tail, head], axis=axis)
+
+
+@aten_converter("aten.index.Tensor")
+def _index(c: _Ctx):
+    x, indices = c.arg(0), list(c.arg(1))
+    given = [(i, ix) for i, ix in enumerate(indices) if ix is not None]
+    if len(given) != 1:
+        raise c.unsupported("indexing with more than one index tensor")
+    axis, ix = given[0]
+    if ix.type.dtype is DType.bool:
+        raise c.unsupported("boolean mask indexing (a data-dependent shape)")
+    return c.emit("gather", [x, ix], axis=axis)

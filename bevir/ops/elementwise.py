@@ -7,7 +7,7 @@ from ..ir.types import DType, TensorType
 from ..ir.opdef import Activation, Bool, FixedLowering, Float, OpDef, Str
 from .common import broadcast_types, float_operands, require, same_dtype
 from .layout_rules import ELEMENTWISE
-from .onnx_export import atan2, onnx_as
+from .onnx_export import atan2, onnx_as, silu
 
 
 def _erf(x: np.ndarray) -> np.ndarray:
@@ -93,6 +93,31 @@ class Gelu(Unary):
 
     def compute(self, c, x):
         return _gelu(x, c.approximate)
+
+
+def _hardsigmoid(x: np.ndarray, alpha: float, beta: float) -> np.ndarray:
+    # onnxruntime's order: clamp(alpha * x + beta) in the operand's dtype
+    t = x.dtype.type
+    return np.clip(x * t(alpha) + t(beta), t(0), t(1))
+
+
+class HardSigmoid(Unary):
+    """clip(alpha * x + beta, 0, 1); torch's hardsigmoid is alpha = 1/6, beta = 1/2."""
+
+    name = "hardsigmoid"
+    activation = Activation(attrs=(("alpha", "alpha"), ("beta", "beta")))
+    attrs = {"alpha": Float(0.2), "beta": Float(0.5)}
+    onnx_export = onnx_as("HardSigmoid", {"alpha": "alpha", "beta": "beta"})
+
+    def compute(self, c, x):
+        return _hardsigmoid(x, c.alpha, c.beta)
+
+
+Hardswish = unary("hardswish", lambda x: x * _hardsigmoid(x, 1 / 6, 0.5),
+                  "x * hardsigmoid(x) (alpha 1/6, beta 1/2)", activation=Activation(),
+                  onnx_export=onnx_as("HardSwish"))
+Silu = unary("silu", lambda x: x * _sigmoid(x), "x * sigmoid(x) (swish)",
+             activation=Activation(), onnx_export=staticmethod(silu))
 
 
 class Identity(OpDef):

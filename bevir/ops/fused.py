@@ -6,7 +6,8 @@ the activation; add then relu), so the result is bit-identical to the sequence. 
 (layout included) and MACs are those of the op that carries the products.
 
 The activation of a fused op is an attribute: ``activation`` (``none``, ``relu``,
-``clip`` with ``clip_min`` / ``clip_max``, ``gelu`` with ``approximate``).
+``clip`` with ``clip_min`` / ``clip_max``, ``gelu`` with ``approximate``, ``hardswish``,
+``hardsigmoid`` with ``alpha`` / ``beta``, ``silu``).
 """
 from __future__ import annotations
 
@@ -28,6 +29,10 @@ def _activation(name: str) -> Activation:
     spec = get_op(name).activation
     require(spec is not None, f"op '{name}' is not a fusable activation")
     return spec
+
+
+#: the activations a product can carry
+ACTIVATIONS = ("relu", "clip", "gelu", "hardswish", "hardsigmoid", "silu")
 
 
 def activation_attrs(choices: tuple[str, ...]) -> dict[str, Attr]:
@@ -64,7 +69,7 @@ def _activation_infer(c: Ctx, t: TensorType) -> TensorType:
 
 
 class Conv2dAct(Convolution):
-    """conv2d (with its bias) followed by an activation (none, relu or clip). Operands and
+    """conv2d (with its bias) followed by an activation (:data:`ACTIVATIONS`). Operands and
     attributes as conv2d's, plus the activation; layout and MACs are conv2d's."""
 
     name = "conv2d_act"
@@ -72,7 +77,7 @@ class Conv2dAct(Convolution):
     fixed_point = FixedLowering("product")
     nhwc = NATIVE
     operands = ("x", "w", "b?")
-    attrs = {**CONV_ATTRS, **activation_attrs(("relu", "clip"))}
+    attrs = {**CONV_ATTRS, **activation_attrs(ACTIVATIONS)}
 
     def infer(self, c, x, w, b=None):
         return _activation_infer(c, get_op("conv2d").infer(c, x, w, b))
@@ -91,7 +96,7 @@ class Linear(Contraction):
     onnx_export = then_activation(matmul_bias)
     fixed_point = FixedLowering("product")
     operands = ("a", "b", "bias?")
-    attrs = {"trans_b": Bool(False), **activation_attrs(("relu", "clip", "gelu"))}
+    attrs = {"trans_b": Bool(False), **activation_attrs(ACTIVATIONS)}
 
     def infer(self, c, a, b, bias=None):
         if c.trans_b:

@@ -6,6 +6,7 @@ class can take them as its ``onnx_export`` as they are."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -65,6 +66,10 @@ def activation(e, act: str, attrs: dict, x: str, out: str) -> None:
                         None if hi is None else e.const(np.float32(hi), "hi")], [out])
     elif act == "gelu":
         e.emit("Gelu", [x], [out], approximate=attrs.get("approximate", "none"))
+    elif act in ("hardswish", "hardsigmoid", "silu"):      # the op's own export
+        spec = get_op(act)
+        own = {a: attrs.get(fused) for a, fused in spec.activation.attrs}
+        spec.onnx_export(e, SimpleNamespace(op=act, attrs=own), [x], [out])
     else:
         e.emit({"relu": "Relu", "sigmoid": "Sigmoid", "tanh": "Tanh"}[act], [x], [out])
 
@@ -196,6 +201,11 @@ def atan2(e, node, ins: list, outs: list) -> None:
     r = e.emit("Where", [e.emit("Less", [b, zero], 1)[0], e.emit("Add", [at, turn], 1)[0], at], 1)[0]
     origin = e.emit("And", [e.emit("Equal", [a, zero], 1)[0], e.emit("Equal", [b, zero], 1)[0]], 1)[0]
     e.emit("Where", [origin, zero, r], outs)
+
+
+def silu(e, node, ins: list, outs: list) -> None:
+    """x * Sigmoid(x): the form both torch exporters give SiLU."""
+    e.emit("Mul", [ins[0], e.emit("Sigmoid", ins, 1)[0]], outs)
 
 
 def bridge(e, node, ins: list, outs: list) -> None:

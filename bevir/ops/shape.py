@@ -124,12 +124,16 @@ class Reshape(OpDef):
     cycle_cost = view_cost
     moves_data = True
     operands = ("x",)
-    attrs = {"shape": Ints()}
+    #: ``layout`` tags the result (a 4-D one only): to-nhwc ends a channel permutation
+    #: computed in NHWC memory order (ShuffleNet's shuffle) with the reshape back to NHWC
+    attrs = {"shape": Ints(), "layout": Str("plain", tuple(layout.value for layout in Layout))}
 
     def infer(self, c, x):
         require(min(c.shape, default=0) >= 0, f"reshape shape {list(c.shape)} must be static")
         require(prod(c.shape) == x.numel, f"cannot reshape {x} to {list(c.shape)}")
-        return moved(x, c.shape, Layout.plain)
+        require(c.layout == "plain" or len(c.shape) == 4,
+                f"a {len(c.shape)}-D reshape result cannot carry layout {c.layout}")
+        return moved(x, c.shape, Layout(c.layout))
 
     def compute(self, c, x):
         return x.reshape(c.shape)

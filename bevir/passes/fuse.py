@@ -10,17 +10,23 @@ pattern                        rewrites
 =============================  ===========================================================
 fold-bn-into-conv              batch_norm(conv2d(x, const w, const b?)) with constant BN
                                parameters -> conv2d with folded w, b
-fuse-conv-activation           relu / clip of conv2d -> conv2d_act
+fuse-conv-activation           an activation (relu, clip, gelu, hardswish, hardsigmoid,
+                               silu) of conv2d -> conv2d_act
 fuse-qlinear-clip              relu / clip of qlinear_conv / matmul / add / mul codes -> the
                                op clamping its result codes (out_min, out_max)
 fuse-linear-bias               matmul (or gemm without bias) + bias add -> linear
-fuse-linear-activation         relu / clip / gelu of matmul, gemm or linear -> linear
+fuse-linear-activation         an activation of matmul, gemm or linear -> linear
 fuse-add-relu                  relu(add(a, b)) -> add_relu
 recognize-layer-norm           (x - mean) / sqrt(mean((x - mean)^2) + eps), or * rsqrt
                                -> layer_norm
 fold-scale-into-layer-norm     layer_norm(x) * const gamma -> layer_norm(x, gamma)
 fold-bias-into-layer-norm      layer_norm(x, gamma?) + const beta -> layer_norm(x, gamma, beta)
 recognize-gelu                 x * 0.5 * (1 + erf(x / sqrt(2))) and its exported forms -> gelu
+recognize-gelu-tanh            0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3))) -> gelu
+recognize-silu                 x * sigmoid(x) -> silu
+recognize-hardsigmoid          relu6(x + 3) / 6 -> hardsigmoid
+recognize-hardswish            x * hardsigmoid(x), x * relu6(x + 3) / 6 -> hardswish
+recognize-global-avgpool       reduce_mean over the spatial axes of a 4-D tensor -> global_avgpool
 recognize-softmax              exp(x - max) / sum(exp(x - max)), and without the max -> softmax
 fold-requantize-chain          quantize(dequantize(q)) that gives back every code of q -> q
 fold-transpose-into-matmul     matmul(x, transpose(const w)) -> matmul(x, const w^T)
@@ -44,7 +50,7 @@ from ..ir.graph import Node, Value
 from ..ir.types import AffineQuant, DType, TensorType
 from ..ops import Ctx, all_ops, get_op
 from ..ops.elementwise import clip_codes
-from ..ops.fused import activation_of
+from ..ops.fused import ACTIVATIONS, activation_of
 from .patterns import Match, NoMatch, Op, PatternPass, RewritePattern, Rewriter, const, match_pattern, op
 
 Replacement = tuple[str, Sequence[Value | None], Mapping[str, Any]]
@@ -205,11 +211,12 @@ class FoldBnIntoConv(RewritePattern):
 
 
 class FuseConvActivation(FusionPattern):
-    """relu / clip of conv2d (with or without its bias) -> conv2d_act: bit-identical."""
+    """An activation (relu, clip, gelu, hardswish, hardsigmoid, silu) of conv2d (with or
+    without its bias) -> conv2d_act: bit-identical."""
 
     name = "fuse-conv-activation"
     benefit = 2
-    pattern = op(("relu", "clip"), op("conv2d", "x", "w", ..., name="conv"))
+    pattern = op(ACTIVATIONS, op("conv2d", "x", "w", ..., name="conv"))
 
     def replacement(self, m: Match) -> Replacement:
         conv = m["conv"]
@@ -281,14 +288,14 @@ _PRODUCT = op(("matmul", "gemm", "matmul_act"), "a", "b", ..., name="mm")
 
 
 class FuseLinearActivation(AlternativesPattern):
-    """relu / clip / gelu of matmul, gemm (with or without bias) or linear, or of a reshape
+    """An activation of matmul, gemm (with or without bias) or linear, or of a reshape
     of one (torch's linear on N-D input: reshape, gemm, reshape) -> linear with the
     activation (then the reshape): bit-identical."""
 
     name = "fuse-linear-activation"
     benefit = 2
-    alternatives = (op(("relu", "clip", "gelu"), _PRODUCT),
-                    op(("relu", "clip", "gelu"), op("reshape", _PRODUCT, ..., name="reshape")))
+    alternatives = (op(ACTIVATIONS, _PRODUCT),
+                    op(ACTIVATIONS, op("reshape", _PRODUCT, ..., name="reshape")))
 
     def decline(self, m: Match) -> str | None:
         attrs = linear_attrs(m["mm"])
@@ -419,6 +426,125 @@ class RecognizeGelu(AlternativesPattern):
         return "gelu", [m["x"]], {"approximate": "none"}
 
 
+_CUBE = (op("mul", "x", op("mul", "x", "x"), commutative=True), op("pow", "x", const("three")))
+_TANH_TERMS = tuple(
+    op("add", op("tanh", op("mul", op("add", "x", op("mul", cube, const("c"), commutative=True),
+                                          commutative=True), const("k"), commutative=True)),
+       const("one"), commutative=True) for cube in _CUBE)
+
+
+class RecognizeGeluTanh(AlternativesPattern):
+    """0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3))) -> gelu(approximate=tanh),
+    in the association orders the exporters write (x * x * x or x^3)."""
+
+    name = "recognize-gelu-tanh"
+    benefit = 3
+    tolerance: ClassVar[float] = 1e-5
+    alternatives = tuple(alt for t in _TANH_TERMS for alt in (
+        op("mul", const("half"), op("mul", "x", t, commutative=True), commutative=True),
+        op("mul", op("mul", "x", const("half"), commutative=True), t, commutative=True),
+        op("mul", "x", op("mul", t, const("half"), commutative=True), commutative=True)))
+
+    def decline(self, m: Match) -> str | None:
+        return first_reason(expect_scalar(m, "k", np.sqrt(2 / np.pi), "the tanh argument's scale", 1e-6),
+                            expect_scalar(m, "c", 0.044715, "the cubic coefficient", 1e-6),
+                            expect_scalar(m, "three", 3.0, "the exponent"),
+                            expect_scalar(m, "one", 1.0, "the added constant"),
+                            expect_scalar(m, "half", 0.5, "the factor"))
+
+    def replacement(self, m: Match) -> Replacement:
+        return "gelu", [m["x"]], {"approximate": "tanh"}
+
+
+# ---- swish family ------------------------------------------------------------------------
+class RecognizeSilu(FusionPattern):
+    """x * sigmoid(x) -> silu: bit-identical."""
+
+    name = "recognize-silu"
+    benefit = 3
+    pattern = op("mul", "x", op("sigmoid", "x"), commutative=True)
+
+    def replacement(self, m: Match) -> Replacement:
+        return "silu", [m["x"]], {}
+
+
+_RELU6_OF_X_PLUS_3 = op("clip", op("add", "x", const("three"), commutative=True), name="clip")
+
+
+def _relu6_reason(m: Match) -> str | None:
+    clip = m["clip"].attrs
+    bounds = None if (clip["min"], clip["max"]) == (0.0, 6.0) else \
+        f"clip bounds are [{clip['min']}, {clip['max']}], not [0, 6]"
+    return first_reason(bounds, expect_scalar(m, "three", 3.0, "the added constant"),
+                        expect_scalar(m, "six", 6.0, "the divisor"),
+                        expect_scalar(m, "sixth", 1 / 6, "the factor", 1e-6))
+
+
+class RecognizeHardSigmoid(AlternativesPattern):
+    """relu6(x + 3) / 6 (or * 1/6), torch's decomposed hardsigmoid -> hardsigmoid(1/6, 1/2)."""
+
+    name = "recognize-hardsigmoid"
+    benefit = 3
+    tolerance: ClassVar[float] = 1e-6
+    alternatives = (op("div", _RELU6_OF_X_PLUS_3, const("six")),
+                    op("mul", _RELU6_OF_X_PLUS_3, const("sixth"), commutative=True))
+
+    def decline(self, m: Match) -> str | None:
+        return _relu6_reason(m)
+
+    def replacement(self, m: Match) -> Replacement:
+        return "hardsigmoid", [m["x"]], {"alpha": 1 / 6, "beta": 0.5}
+
+
+class RecognizeHardSwish(AlternativesPattern):
+    """x * hardsigmoid(x) with alpha 1/6, beta 1/2 (bit-identical), and torch's decomposed
+    x * relu6(x + 3) / 6 -> hardswish."""
+
+    name = "recognize-hardswish"
+    benefit = 4
+    tolerance: ClassVar[float] = 1e-6
+    alternatives = (op("mul", "x", op("hardsigmoid", "x", name="hs"), commutative=True),
+                    op("div", op("mul", "x", _RELU6_OF_X_PLUS_3, commutative=True), const("six")))
+
+    def decline(self, m: Match) -> str | None:
+        if "hs" in m:
+            a = m["hs"].attrs
+            exact = np.float32(a["alpha"]) == np.float32(1 / 6) and a["beta"] == 0.5
+            return None if exact else f"hardsigmoid has alpha {a['alpha']}, beta {a['beta']}"
+        return _relu6_reason(m)
+
+    def replacement(self, m: Match) -> Replacement:
+        return "hardswish", [m["x"]], {}
+
+
+# ---- pooling -----------------------------------------------------------------------------
+class RecognizeGlobalAvgPool(FusionPattern):
+    """reduce_mean of a 4-D tensor over its two spatial axes (the dynamo exporter's form
+    of adaptive_avg_pool2d(x, 1)) -> global_avgpool, which runs in NHWC; then a reshape
+    when the mean drops the axes. The mean's summation order may differ."""
+
+    name = "recognize-global-avgpool"
+    tolerance: ClassVar[float] = 1e-6
+    pattern = op("reduce_mean", "x")
+
+    def decline(self, m: Match) -> str | None:
+        x, axes = m["x"].type, m.root.attrs["axes"]
+        if x.rank != 4 or not x.dtype.is_float:
+            return f"the operand is {x}, not a 4-D float tensor"
+        if axes is None or sorted(a % 4 for a in axes) != [2, 3]:
+            return f"axes {axes} are not the spatial axes (2, 3)"
+        return None
+
+    def check(self, m: Match) -> str | None:    # the pool (and reshape) give the mean's type
+        return self.decline(m)
+
+    def rewrite(self, rw: Rewriter, m: Match) -> None:
+        y = rw.create("global_avgpool", [m["x"]], {}).output
+        if not m.root.attrs["keepdims"]:
+            y = rw.create("reshape", [y], {"shape": m.root.output.type.shape}).output
+        rw.replace(m.root, y)
+
+
 # ---- softmax -----------------------------------------------------------------------------
 def _softmax_form(shifted: bool, shared: bool) -> Op:
     """exp(x [- max]) / reduce_sum(exp(x [- max])), the exp shared or computed twice."""
@@ -538,7 +664,8 @@ class Fuse(PatternPass):
     description = "fuse conv/linear + activation, fold BN, recognize layer_norm/gelu/softmax"
     patterns = (FoldBnIntoConv, FuseConvActivation, FuseQLinearClip, FuseLinearBias, FuseLinearActivation,
                 FuseAddRelu, RecognizeLayerNorm, FoldScaleIntoLayerNorm, FoldBiasIntoLayerNorm,
-                RecognizeGelu, RecognizeSoftmax, FoldRequantizeChain, FoldTransposeIntoMatmul,
+                RecognizeGelu, RecognizeGeluTanh, RecognizeSilu, RecognizeHardSigmoid,
+                RecognizeHardSwish, RecognizeGlobalAvgPool, RecognizeSoftmax, FoldRequantizeChain, FoldTransposeIntoMatmul,
                 FoldTransposeIntoGemm)
     semantics_preserving = True
     tolerance = max(getattr(p, "tolerance", 0.0) for p in patterns)

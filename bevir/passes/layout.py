@@ -351,8 +351,9 @@ def movement_ops(x: TensorType, mv: Movement, result: TensorType) -> Ops:
         if x.shape != mv.source_shape:
             ops.append(("reshape", {"shape": mv.source_shape}))
         ops.append(("transpose", {"perm": mv.perm}))
-    if result_type(x, ops) != result:
-        ops.append(("reshape", {"shape": result.shape}))
+    if result_type(x, ops) != result:      # the result's memory order, tagged NHWC if it is
+        tag = {"layout": "nhwc"} if result.layout is Layout.nhwc else {}
+        ops.append(("reshape", {"shape": result.shape, **tag}))
     return ops
 
 
@@ -365,8 +366,6 @@ def _plan(x: Value, chain: list[Node]) -> Ops | str:
     """The cheapest ops that replace ``chain`` (first to last) on ``x`` (none: ``x``
     itself), or a reason to keep the chain."""
     result = chain[-1].output.type
-    if x.type == result:
-        return []
     candidates = [ops for ops in (_transform_ops(x.type, chain, result), _direct_ops(x.type, chain),
                                   _movement_ops(x.type, chain, result))
                   if ops is not None and result_type(x.type, ops) == result]
@@ -480,17 +479,20 @@ class AbsorbLayoutTransformIntoReshape(_PlannedPattern):
     """A chain of reshapes (flatten, squeeze, unsqueeze) and transposes over a
     layout_transform, or reading an NHWC tensor, becomes at most one transpose between
     reshapes; when the chain reads the source in memory order, one reshape (the BEVFormer
-    bridge)."""
+    bridge). A chain that ends in a layout_transform back to NHWC (a channel shuffle:
+    reshape, transpose, reshape between NHWC convolutions) becomes the same, in NHWC
+    memory order, its last reshape tagging the result NHWC."""
 
     name = "absorb-layout-transform-into-reshape"
     benefit = 1
-    roots = RESHAPES + ("transpose",)
+    roots = RESHAPES + ("transpose", "layout_transform")
 
     def match(self, node: Node) -> Match | NoMatch:
         if node.op not in self.roots:
-            return NoMatch(f"{node.op} is not a reshape or transpose")
-        if node.output.type.layout is not Layout.plain:
-            return NoMatch("the result is not plain")
+            return NoMatch(f"{node.op} is not a reshape, transpose or layout_transform")
+        if node.output.type.layout is not (Layout.nhwc if node.op == "layout_transform"
+                                           else Layout.plain):
+            return NoMatch("the result is not plain (nor NHWC after a layout_transform)")
         nodes = _movement_chain(node)
         while nodes and nodes[-1].op != "layout_transform" \
                 and nodes[-1].inputs[0].type.layout is not Layout.nhwc:
