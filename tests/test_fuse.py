@@ -470,6 +470,98 @@ def test_recognize_gelu_declines_another_erf_scale():
     assert "gelu" not in ops(g)
 
 
+class GeluTanh(nn.Module):
+    def forward(self, x):
+        return 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x * x * x)))
+
+
+class GeluTanhPow(nn.Module):
+    def forward(self, x):
+        return x * 0.5 * (1 + torch.tanh(0.7978845608028654 * (x + 0.044715 * torch.pow(x, 3))))
+
+
+@pytest.mark.parametrize("module", [GeluTanh, GeluTanhPow], ids=lambda m: m.__name__)
+def test_recognize_gelu_tanh(module):
+    g = bevir.from_torch(module(), [torch.randn(4, 16)])
+    fuse = rewrite(g)
+    assert ops(g) == ["gelu"] and applied(fuse) == {"recognize-gelu-tanh": 1}
+    assert g.nodes[0].attrs["approximate"] == "tanh"
+
+
+def test_recognize_gelu_tanh_in_the_torchscript_export(tmp_path):
+    """The TorchScript exporter's form: x*(x*x), constants first."""
+    f = tmp_path / "g.onnx"
+    torch.onnx.export(nn.GELU("tanh"), (torch.randn(2, 8),), str(f), opset_version=17, dynamo=False)
+    g = bevir.from_onnx(f)
+    fuse = rewrite(g)
+    assert ops(g) == ["gelu"] and applied(fuse) == {"recognize-gelu-tanh": 1}
+
+
+# ---- swish family --------------------------------------------------------------------------------
+class Swish(nn.Module):
+    def forward(self, x):
+        return torch.sigmoid(x) * x
+
+
+class HardSwishDecomposed(nn.Module):
+    def forward(self, x):
+        return x * torch.clamp(x + 3, 0, 6) / 6
+
+
+class HardSigmoidDecomposed(nn.Module):
+    def forward(self, x):
+        return torch.clamp(x + 3, 0, 6) / 6
+
+
+class HardSwishOfOp(nn.Module):
+    def forward(self, x):
+        return x * nn.functional.hardsigmoid(x)
+
+
+@pytest.mark.parametrize("module, op_name, pattern", [
+    (Swish, "silu", "recognize-silu"),
+    (HardSwishDecomposed, "hardswish", "recognize-hardswish"),
+    (HardSigmoidDecomposed, "hardsigmoid", "recognize-hardsigmoid"),
+    (HardSwishOfOp, "hardswish", "recognize-hardswish"),
+], ids=lambda v: getattr(v, "__name__", ""))
+def test_recognize_swish_family(module, op_name, pattern):
+    g = bevir.from_torch(module(), [4 * torch.randn(4, 16)])
+    fuse = rewrite(g)
+    assert ops(g) == [op_name] and applied(fuse) == {pattern: 1}
+
+
+def test_recognize_hardswish_declines_other_bounds():
+    class NotHardSwish(nn.Module):
+        def forward(self, x):
+            return x * torch.clamp(x + 3, 0, 5) / 6
+
+    g = bevir.from_torch(NotHardSwish(), [torch.randn(4, 16)])
+    assert "clip bounds are [0.0, 5.0], not [0, 6]" in explain(g, "recognize-hardswish", g.nodes[-1])
+    rewrite(g)
+    assert "hardswish" not in ops(g)
+
+
+@pytest.mark.parametrize("act", [nn.Hardswish, nn.SiLU, nn.Hardsigmoid, nn.GELU])
+def test_swish_family_fuses_into_conv(act):
+    net = nn.Sequential(nn.Conv2d(3, 4, 3), act()).eval()
+    g = bevir.from_torch(net, [torch.randn(1, 3, 8, 8)])
+    rewrite(g)
+    assert ops(g) == ["conv2d_act"]
+
+
+# ---- pooling -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("keepdim", [True, False])
+def test_spatial_mean_becomes_global_avgpool(keepdim):
+    class Pool(nn.Module):
+        def forward(self, x):
+            return x.mean((2, 3), keepdim=keepdim) + x.mean(1, keepdim=True).sum()
+
+    g = bevir.from_torch(Pool(), [torch.randn(2, 3, 5, 4)])
+    fuse = rewrite(g)
+    assert applied(fuse) == {"recognize-global-avgpool": 1}
+    assert ops(g).count("global_avgpool") == 1 and ops(g).count("reduce_mean") == 1   # axis 1 stays
+
+
 # ---- softmax -------------------------------------------------------------------------------------
 class SoftmaxShifted(nn.Module):
     def forward(self, x):

@@ -466,3 +466,28 @@ def test_bevformer_test_graph_through_to_nhwc(tmp_path):
     assert count_transposes(graph) == count_transposes(baseline)
     assert len(graph.nodes) == len(baseline.nodes)
 
+
+
+def test_channel_shuffle_between_convolutions_stays_nhwc():
+    """ShuffleNet's shuffle (reshape, transpose, reshape) between two NHWC convolutions
+    becomes one transpose in NHWC memory order, bit for bit; no transform back to NCHW."""
+    import torch
+    from bevir.testing.zoo import channel_shuffle
+
+    class Shuffle(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.Conv2d(8, 4, 1)
+
+        def forward(self, x):
+            return self.b(channel_shuffle(self.a(x), 2))
+
+    g = bevir.from_torch(Shuffle().eval(), [torch.randn(1, 3, 6, 5)])
+    feed = {"x": randn(1, 3, 6, 5)}
+    ref = bevir.run(g, feed)
+    bevir.optimize(g, "to-nhwc")
+    assert np.array_equal(bevir.run(g, feed)["output_0"], ref["output_0"])
+    assert count_layout_transforms(g) == 2                        # the input and the output
+    (shuffle,) = [n for n in g.nodes if n.op == "transpose"]
+    assert shuffle.inputs[0].producer.inputs[0].type.layout is Layout.nhwc
+    assert shuffle.output.uses[0][0].attrs["layout"] == "nhwc"

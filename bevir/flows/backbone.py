@@ -12,7 +12,9 @@ The steps, as the vendor notebook quantizes the ResNet-50 + FPN backbone:
    (MinMax), QOperator format by default (or QDQ), INT8 activations and weights, both
    symmetric, per-tensor weights unless ``per_channel``. Forced scales (a checkpoint's
    ``x_scale``/``w_scale``) go in as ``TensorQuantOverrides``; afterwards every forced
-   scale is checked to be the one the INT8 model holds.
+   scale is checked to be the one the INT8 model holds. The model is prepared for the
+   quantizer first (:func:`prepare_for_quantizer`: initializers shared through Identity
+   nodes or by several nodes get one copy per reader, shapes are inferred).
 3. **tranges**: the INT8 model runs in onnxruntime on the test vectors with every tensor
    fetched; min/max of each (integer tensors in real units, through their scale and zero
    point) is recorded. The tranges file holds the activations the quantization parameters
@@ -22,8 +24,9 @@ The steps, as the vendor notebook quantizes the ResNet-50 + FPN backbone:
 4. **bevir**: the INT8 model imported with :func:`bevir.from_onnx`, the tranges attached as
    its calibration (:meth:`Ranges.attach`).
 
-Errors in the inputs (files, scales, a scale onnxruntime did not honour) raise
-:class:`QuantizeError`, a :class:`bevir.BevirError`.
+Errors in the inputs (files, scales, a scale onnxruntime did not honour) and any exception
+inside onnxruntime's quantizer raise :class:`QuantizeError`, a :class:`bevir.BevirError`, with
+a one-line message.
 """
 from __future__ import annotations
 
@@ -169,13 +172,14 @@ def quantize_backbone(model: Any, calibration_inputs: Samples, out_dir: str | Pa
     fp32, proto, input_name = _fp32_model(model, calibration_inputs, out, name, input_name, log)
     calib = _samples(calibration_inputs, proto, input_name)
     tests = calib if test_inputs is None else _samples(test_inputs, proto, input_name)
+    proto = prepare_for_quantizer(proto, str(fp32))
     overrides, keys = resolve_scales(proto, scales, per_channel)
     int8 = out / f"{name}_int8.onnx"
     log.step(f"[2] quantizing to INT8 ONNX ({format}, "
              f"{'per-channel' if per_channel else 'per-tensor'} weights): {int8}")
     if overrides:
         log.step(f"  overrides: {_describe_overrides(proto, overrides)} from {keys}")
-    _quantize(fp32, int8, calib, overrides, format, per_channel, activation_type,
+    _quantize(proto, fp32, int8, calib, overrides, format, per_channel, activation_type,
               weight_type, symmetric, log)
     check_scales(int8, overrides)
     graph = from_onnx(int8)
@@ -461,6 +465,82 @@ def check_scales(int8_onnx: str | Path, overrides: Mapping[str, tuple[float, ...
 
 
 # ---- step 2: onnxruntime ------------------------------------------------------------------
+def prepare_for_quantizer(proto: onnx.ModelProto, where: str = "the model") -> onnx.ModelProto:
+    """A copy of an FP32 model that onnxruntime's quantizer takes safely (what its
+    ``quant_pre_process`` is for, without graph optimizations: node and tensor names, which
+    forced scales refer to, stay):
+
+    - an Identity of an initializer (also a chain of them) becomes an initializer of its
+      own, named as the Identity's output: the TorchScript exporter shares identical
+      initializers, such as the zero biases of untrained batch norms folded into
+      convolutions, through Identity nodes, and the quantizer cannot read a bias there;
+    - an initializer read by several node inputs gets a copy for each further one, so that
+      each convolution or Gemm quantizes a weight and a bias of its own;
+    - ONNX shape inference records every tensor's type and shape.
+
+    ``where`` names the model in errors (QuantizeError).
+    """
+    m = onnx.ModelProto()
+    m.CopyFrom(proto)
+    g = m.graph
+    inits = {t.name: t for t in g.initializer}
+    names = set(inits) | {i.name for i in g.input} | {o for n in g.node for o in n.output}
+    added: list[onnx.TensorProto] = []
+    uses: dict[str, int] = {}
+    dropped = []
+
+    def copy(src: str, name: str) -> str:
+        t = onnx.TensorProto()
+        t.CopyFrom(inits[src])
+        t.name = name
+        inits[name] = t
+        names.add(name)
+        added.append(t)
+        return name
+
+    for index, n in enumerate(g.node):                  # in topological order
+        if n.op_type == "Identity" and n.domain in ("", "ai.onnx") and n.input[0] in inits:
+            copy(n.input[0], n.output[0])
+            dropped.append(index)
+            continue
+        for k, i in enumerate(n.input):
+            if i in inits:
+                uses[i] = uses.get(i, 0) + 1
+                if uses[i] > 1:
+                    n.input[k] = copy(i, _fresh(f"{i}_{uses[i] - 1}", names))
+    for index in reversed(dropped):
+        del g.node[index]
+    g.initializer.extend(added)
+    try:
+        return onnx.shape_inference.infer_shapes(m)
+    except Exception as e:          # onnx's InferenceError, ValueError, ...
+        raise QuantizeError(f"preparing {where} for onnxruntime's quantizer: ONNX shape "
+                            f"inference failed: {type(e).__name__}: {_one_line(e)}") from None
+
+
+def _fresh(name: str, taken: set[str]) -> str:
+    k, out = 0, name
+    while out in taken:
+        k += 1
+        out = f"{name}_{k}"
+    return out
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())
+
+
+def _failed_in(e: BaseException) -> str:
+    """Where an exception was raised: 'function (file.py:line)' of its innermost frame."""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None:
+        return ""
+    code = tb.tb_frame.f_code
+    return f" in {code.co_name} ({Path(code.co_filename).name}:{tb.tb_lineno})"
+
+
 class _Reader:
     """A CalibrationDataReader over a list of samples, with a progress bar."""
 
@@ -487,14 +567,17 @@ def _quiet_root_logger() -> Iterator[None]:
         root.setLevel(level)
 
 
-def _quantize(fp32: Path, int8: Path, calib: list[dict[str, np.ndarray]],
-              overrides: Mapping[str, tuple[float, ...]], format: str, per_channel: bool,
-              activation_type: str, weight_type: str, symmetric: bool, log: _Log) -> None:
+def _quantize(proto: onnx.ModelProto, fp32: Path, int8: Path,
+              calib: list[dict[str, np.ndarray]], overrides: Mapping[str, tuple[float, ...]],
+              format: str, per_channel: bool, activation_type: str, weight_type: str,
+              symmetric: bool, log: _Log) -> None:
+    """quantize_static on the prepared model ``proto`` (from ``fp32``) into ``int8``; any
+    exception inside onnxruntime becomes a one-line QuantizeError."""
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
     if not calib:
         raise QuantizeError("no calibration inputs")
     qtype = {"int8": QuantType.QInt8, "uint8": QuantType.QUInt8}
-    weights = {t.name for t in onnx.load(str(fp32), load_external_data=False).graph.initializer}
+    weights = {t.name for t in proto.graph.initializer}
     # (no CalibMaxIntermediateOutputs: onnxruntime clears the batches it flushes uncomputed)
     extra = {"ActivationSymmetric": symmetric, "WeightSymmetric": True,
              "TensorQuantOverrides": _ort_overrides(overrides, weights, activation_type,
@@ -502,14 +585,16 @@ def _quantize(fp32: Path, int8: Path, calib: list[dict[str, np.ndarray]],
     bar = log.bar(len(calib), "  calibrating")
     try:
         with _quiet_root_logger():
-            quantize_static(str(fp32), str(int8), _Reader(calib, bar),
+            quantize_static(proto, str(int8), _Reader(calib, bar),
                             quant_format=QuantFormat.QDQ if format == "qdq"
                             else QuantFormat.QOperator,
                             per_channel=per_channel, activation_type=qtype[activation_type],
                             weight_type=qtype[weight_type], extra_options=extra)
-    except (ValueError, TypeError, KeyError, RuntimeError) as e:
-        raise QuantizeError(f"onnxruntime could not quantize {fp32}: "
-                            f"{type(e).__name__}: {e}") from None
+    except Exception as e:          # whatever fails inside onnxruntime: one line
+        mode = "per-channel" if per_channel else "per-tensor"
+        raise QuantizeError(f"quantizing {fp32} to INT8 ({format}, {mode} weights): "
+                            f"onnxruntime's quantize_static failed{_failed_in(e)}: "
+                            f"{type(e).__name__}: {_one_line(e)}") from None
     finally:
         bar.close()
 
@@ -564,7 +649,8 @@ def _groups(names: list[str], types: Mapping[str, Any], budget: int) -> list[lis
     size = 0
     for n in names:
         t = types.get(n)
-        nbytes = int(np.prod(t.shape)) * t.dtype.np.itemsize if t is not None else budget
+        # a tensor the import folded away (shape arithmetic) is small: no run of its own
+        nbytes = int(np.prod(t.shape)) * t.dtype.np.itemsize if t is not None else 0
         if groups[-1] and size + nbytes > budget:
             groups.append([])
             size = 0

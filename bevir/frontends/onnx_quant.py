@@ -1,7 +1,8 @@
 """ONNX import of quantized (QOperator) models: QuantizeLinear, DequantizeLinear,
 QLinearConv, QLinearMatMul, ConvInteger, MatMulInteger and the com.microsoft contrib ops
-QLinearAdd, QLinearMul, QLinearConcat, QLinearGlobalAveragePool, QLinearSigmoid and
-QLinearLeakyRelu, onto the integer ops of :mod:`bevir.ops.qlinear`.
+QLinearAdd, QLinearMul, QLinearConcat, QLinearGlobalAveragePool, QLinearAveragePool,
+QLinearSigmoid, QLinearLeakyRelu and QGemm (as a 1x1 qlinear_conv), onto the integer ops of
+:mod:`bevir.ops.qlinear`.
 
 Scales and zero points must be constants. They go into the value types: an operand's
 scale and zero point are recorded on its type (a constant gets a quantized copy, a graph
@@ -14,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir.graph import Value
-from ..ir.types import AffineQuant, DType
+from ..ir.types import AffineQuant, DType, TensorType
 from .onnx import NodeCtx, converts, norm_axis, spatial_params
 
 _MS = "com.microsoft"
@@ -313,3 +314,56 @@ def _qlinear_concat(c: NodeCtx):
         raise c.unsupported("inputs of different dtypes")
     axis = norm_axis(int(c.attr("axis")), xs[0].type.rank, c)
     return c.emit("qlinear_concat", xs, {"axis": axis, **_out_attrs(c, 0, 1, dtype, "Y")})
+
+
+@converts("QLinearAveragePool", attrs=("auto_pad", "ceil_mode", "channels_last",
+                                       "count_include_pad", "kernel_shape", "pads", "strides"),
+          domain=_MS)
+def _qlinear_avgpool(c: NodeCtx):
+    x = _input_quant(c, 0, "x")
+    out = _out_attrs(c, 3, 4, x.type.dtype, "y")
+    out = {"out_scale": out["out_scale"], "out_zero_point": out["out_zero_point"]}
+    if x.type.rank != 4 or c.attr("channels_last", 0):
+        raise c.unsupported("only 2-D pooling of an NCHW input (channels_last 0) is supported")
+    kernel = tuple(int(k) for k in c.attr("kernel_shape"))
+    strides, pads, _ = spatial_params(c, x, kernel)
+    if kernel == x.type.shape[2:] and not any(pads):   # onnxruntime's global fallback
+        return c.emit("qlinear_global_avgpool", [x], out)
+    return c.emit("qlinear_avgpool", [x], {
+        "kernel": kernel, "strides": strides, "pads": pads,
+        "ceil_mode": bool(c.attr("ceil_mode", 0)),
+        "count_include_pad": bool(c.attr("count_include_pad", 0)), **out})
+
+
+@converts("QGemm", attrs=("alpha", "transA", "transB"), domain=_MS)
+def _qgemm(c: NodeCtx):
+    """QGemm with a quantized result, as qdq-gemm folds Gemm: a 1x1 qlinear_conv of A as
+    [M, K, 1, 1] with the constant B as [N, K, 1, 1] (the same int32 accumulator, bias and
+    float32 multiplier a_scale * b_scale / y_scale)."""
+    a, b = c.input(0), c.input(3)
+    _require_8bit(c, a, "A")
+    _require_8bit(c, b, "B")
+    if float(c.attr("alpha", 1.0)) != 1.0 or c.attr("transA", 0):
+        raise c.unsupported("alpha != 1 and transA are not supported")
+    if not c.has_input(7):
+        raise c.unsupported("a float result (no y_scale) is not supported")
+    if a.type.rank != 2 or b.type.rank != 2:
+        raise c.unsupported(f"A and B must be matrices, got ranks {a.type.rank}, {b.type.rank}")
+    w = c.const(3, "B", why="bevir computes QGemm as a convolution with a constant weight")
+    w = w if c.attr("transB", 0) else w.T
+    n = w.shape[0]
+    aq = _affine(_scale(c, 1, "a_scale"), _zero_point(c, 2, "a_zero_point", a.type.dtype))
+    wq = _affine(_scale(c, 4, "b_scale", n), _zero_point(c, 5, "b_zero_point", b.type.dtype, n),
+                 axis=0)
+    w4 = c.graph.add_const(np.ascontiguousarray(w).reshape(w.shape + (1, 1)), c.fresh("B_nk11"),
+                           type=TensorType(w.shape + (1, 1), b.type.dtype, quant=wq))
+    c.created.add(id(w4))
+    bias = c.input(6)
+    if bias is not None:
+        if bias.type.dtype is not DType.i32 or bias.type.shape not in ((n,), (1, n)):
+            raise c.unsupported(f"C must be int32 [{n}] or [1, {n}], got {bias.type}")
+        if bias.type.rank == 2:
+            bias = c.emit("reshape", [bias], {"shape": (n,)})
+    a4 = c.emit("reshape", [_quantized(c, 0, aq, "A")], {"shape": a.type.shape + (1, 1)})
+    y = c.emit("qlinear_conv", [a4, w4, bias], _out_attrs(c, 7, 8, None))
+    return c.emit("reshape", [y], {"shape": y.type.shape[:2]})

@@ -29,7 +29,7 @@ from ..errors import BevirError, UnsupportedError
 from ..ir.graph import Graph, Value
 from ..ir.types import DType, TensorType
 
-__all__ = ["CustomOp", "from_torch", "aten_converter", "supported_aten_ops"]
+__all__ = ["CustomOp", "from_torch", "aten_converter", "supported_aten_ops", "aten_table"]
 
 
 @dataclass(frozen=True)
@@ -163,7 +163,17 @@ def aten_converter(*names: str) -> Callable[[Converter], Converter]:
 
 
 def supported_aten_ops() -> list[str]:
+    """The ATen ops (packets and overloads) the importer converts."""
     return sorted(_ATEN)
+
+
+def aten_table(columns: int = 4) -> str:
+    """The supported ATen ops as a Markdown table (docs/frontends.md holds it)."""
+    names = [f"`{n}`" for n in supported_aten_ops()]
+    rows = [names[i:i + columns] for i in range(0, len(names), columns)]
+    lines = ["|" + " |" * columns, "|" + "---|" * columns]
+    lines += ["| " + " | ".join(r + [""] * (columns - len(r))) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
 
 
 def _dtype(t: torch.dtype, loc: str) -> DType:
@@ -942,9 +952,11 @@ def _var(c: _Ctx):
     dims = c.arg(1, "dim")
     axes = tuple(range(_rank(x))) if dims is None else tuple(
         _axis(d, _rank(x)) for d in ([dims] if isinstance(dims, int) else dims))
-    correction = c.kwargs.get("correction", 1)
-    correction = 1 if correction is None else correction
-    keep = bool(c.kwargs.get("keepdim", False))
+    if c.target.endswith(".dim"):              # var.dim(x, dim, unbiased, keepdim)
+        correction, keep = int(c.arg(2, "unbiased", True)), bool(c.arg(3, "keepdim", False))
+    else:                                      # var.correction(x, dim, *, correction, keepdim)
+        correction = c.kwargs.get("correction")
+        correction, keep = 1 if correction is None else correction, bool(c.kwargs.get("keepdim", False))
     d = c.emit("sub", [x, c.emit("reduce_mean", [x], axes=axes, keepdims=True)])
     n = math.prod(x.type.shape[a] for a in axes)
     v = c.emit("reduce_sum", [c.emit("mul", [d, d])], axes=axes, keepdims=keep)
@@ -1052,6 +1064,31 @@ def _roll_axis(c: _Ctx, x: Value, shift: int, axis: int) -> Value:
     tail = c.emit("slice", [x], starts=(n - s,), ends=(n,), axes=(axis,), steps=(1,))
     head = c.emit("slice", [x], starts=(0,), ends=(n - s,), axes=(axis,), steps=(1,))
     return c.emit("concat", [tail, head], axis=axis)
+
+
+@aten_converter("aten.fill")
+def _fill(c: _Ctx):
+    x = c.arg(0)
+    value = c.arg(1)
+    if isinstance(value, Value):
+        return c.emit("expand", [c.emit("cast", [value], to=x.type.dtype.value)
+                                 if value.type.dtype is not x.type.dtype else value], shape=x.type.shape)
+    return c.graph.add_const(np.full(x.type.shape, value, x.type.dtype.np), c.graph.unique_name("fill"))
+
+
+@aten_converter("aten.slice_scatter")
+def _slice_scatter(c: _Ctx):
+    x, src = c.arg(0), c.arg(1)
+    axis = _axis(c.arg(2, "dim", 0), _rank(x))
+    n = x.type.shape[axis]
+    start, end, step = slice(c.arg(3, "start"), c.arg(4, "end"), c.arg(5, "step", 1)).indices(n)
+    if step != 1:
+        raise c.unsupported("slice_scatter with a step")
+    parts = [c.emit("slice", [x], starts=(0,), ends=(start,), axes=(axis,), steps=(1,)) if start else None,
+             src,
+             c.emit("slice", [x], starts=(end,), ends=(n,), axes=(axis,), steps=(1,)) if end < n else None]
+    parts = [p for p in parts if p is not None]
+    return parts[0] if len(parts) == 1 else c.emit("concat", parts, axis=axis)
 
 
 @aten_converter("aten.index.Tensor")

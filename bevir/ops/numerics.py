@@ -222,11 +222,12 @@ def saturate_round(v: np.ndarray, zero_point, dtype, scratch: bool = False,
     info = np.iinfo(dtype)
     zp = np.asarray(zero_point, np.int32)
     lo, hi = (info.min - zp).astype(F32), (info.max - zp).astype(F32)
+    v = np.asarray(v)                                # a numpy scalar: a 0-d array
     same = scratch and np.broadcast_shapes(v.shape, lo.shape) == v.shape
     if finite:
-        v = np.clip(v, lo, hi, out=v if same else None)
-    else:
-        v = np.fmax(v, lo, out=v if same else None)  # fmax: NaN -> lo, as MAXPS(v, lo)
+        v = np.asarray(np.clip(v, lo, hi, out=v if same else None))
+    else:                                            # fmax: NaN -> lo, as MAXPS(v, lo)
+        v = np.asarray(np.fmax(v, lo, out=v if same else None))
         np.minimum(v, hi, out=v)
     np.rint(v, out=v)
     if zp.any():                                     # small integers: exact in float32

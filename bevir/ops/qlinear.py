@@ -24,6 +24,7 @@ from .layout_rules import AXIS, ELEMENTWISE, NATIVE, converted, nhwc_type
 from .linalg import (CONV_ATTRS, F32_EXACT, NCHW_CHANNEL_LIMIT, Convolution, MatrixProduct,
                      conv2d_nchw, conv2d_nhwc, conv_accumulator, exact_chunk, exact_int_matmul, from_nhwc,
                      int_conv2d_nhwc, matmul_shape, to_nhwc)
+from .nn import _POOL_ATTRS, _pool_infer, _pool_out, spatial_axes, window_taps
 from .numerics import (conv_multiplier, fma32, lookup_table, mlas_logistic, requantize,
                        saturate_round)
 from .onnx_export import identity, integer_product, onnx_as, qdq
@@ -163,7 +164,7 @@ class Dequantize(OpDef):
 
     def compute(self, c, x):
         s, z = _params(c.in_types[0].quant, x.ndim)
-        v = np.subtract(x, z.astype(F32), dtype=F32)     # |x - z| < 2**16: exact
+        v = np.asarray(np.subtract(x, z.astype(F32), dtype=F32))   # |x - z| < 2**16: exact
         with np.errstate(over="ignore"):                 # a huge scale gives inf, as in ORT
             if v.shape == np.broadcast_shapes(v.shape, s.shape):
                 return np.multiply(v, s, out=v)
@@ -629,3 +630,49 @@ class QLinearConcat(OpDef):
                 table = lookup_table(t.quant, yt.quant, x.dtype, lambda v: v)
                 parts.append(table[x.view(np.uint8)])
         return np.concatenate(parts, axis=norm_axis(c.axis, xs[0].ndim))
+
+
+class QLinearAvgPool(OpDef):
+    """com.microsoft QLinearAveragePool (qlinear_pool.cc, 2-D): x dequantized to float32
+    (x_scale * (x - x_zp)), each window summed in float32 in row-major tap order, divided
+    by the float32 count (count_include_pad: the whole kernel, also for windows that
+    ceil_mode runs past the input; else the taps inside the input) and quantized as
+    nearbyint(v / y_scale + y_zp), saturated. The importer writes a window covering the
+    whole unpadded image as ``qlinear_global_avgpool``, as onnxruntime computes it."""
+
+    name = "qlinear_avgpool"
+    onnx_export = qdq("avgpool2d")
+    nhwc = NATIVE
+    operands = ("x",)
+    attrs = {**_POOL_ATTRS, "count_include_pad": Bool(False), "out_scale": Float(),
+             "out_zero_point": Int(0)}
+
+    def infer(self, c, x):
+        _q8(x, "x")
+        affine(x, "x")
+        t = _pool_infer(c, x)
+        return _out_type(c, t.shape, t.layout, str(x.dtype))
+
+    def compute(self, c, x):
+        xt, yt = c.in_types[0], c.out_types[0]
+        s, z = _params(xt.quant, x.ndim)
+        real = np.subtract(x, z, dtype=np.int32).astype(F32) * s
+        axes, out = spatial_axes(xt), _pool_out(c, xt)
+        acc = np.zeros(yt.shape, F32)
+        for tap in window_taps(real, axes, c, out, 0):
+            acc += tap                  # taps in the padding add +0.0: the sum is unchanged
+        counts = [self._counts(xt.shape[a], k, st, p, n, c.count_include_pad)
+                  for a, k, st, p, n in zip(axes, c.kernel, c.strides, c.pads[:2], out)]
+        shape = [1] * x.ndim
+        shape[axes[0]], shape[axes[1]] = out
+        acc /= np.outer(*counts).astype(F32).reshape(shape)
+        (sy,), (zy,) = yt.quant.scale, yt.quant.zero_point
+        return saturate_round(acc / F32(sy) + F32(zy), 0, yt.dtype.np)
+
+    @staticmethod
+    def _counts(size: int, k: int, stride: int, pad: int, n: int, include_pad: bool):
+        """Per window along one axis, the divisor's factor (onnxruntime's hend - hstart)."""
+        if include_pad:
+            return np.full(n, k)
+        start = np.arange(n) * stride - pad
+        return np.minimum(start + k, size) - np.maximum(start, 0)

@@ -426,11 +426,14 @@ class RecognizeGelu(AlternativesPattern):
         return "gelu", [m["x"]], {"approximate": "none"}
 
 
-_CUBE = (op("mul", "x", op("mul", "x", "x"), commutative=True), op("pow", "x", const("three")))
+#: 0.044715 * x^3 as written: c * (x * (x * x)), c * x^3, or ((c * x) * x) * x
+_CUBIC = (op("mul", op("mul", "x", op("mul", "x", "x"), commutative=True), const("c"), commutative=True),
+          op("mul", op("pow", "x", const("three")), const("c"), commutative=True),
+          op("mul", op("mul", op("mul", "x", const("c"), commutative=True), "x", commutative=True),
+             "x", commutative=True))
 _TANH_TERMS = tuple(
-    op("add", op("tanh", op("mul", op("add", "x", op("mul", cube, const("c"), commutative=True),
-                                          commutative=True), const("k"), commutative=True)),
-       const("one"), commutative=True) for cube in _CUBE)
+    op("add", op("tanh", op("mul", op("add", "x", cubic, commutative=True), const("k"),
+                            commutative=True)), const("one"), commutative=True) for cubic in _CUBIC)
 
 
 class RecognizeGeluTanh(AlternativesPattern):

@@ -1,0 +1,345 @@
+"""INT8 for any CNN: small classifiers in the shape of the model zoo's CNNs (random weights,
+untrained batch norms, a Linear head) through bevir.flows.quantize_backbone in both
+onnxruntime formats, per-tensor and per-channel, imported bit for bit (ConvNeXt: its scalar
+GELU constants are quantized and fold at import); and a failure inside onnxruntime's
+quantizer as one line."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from safetensors.numpy import save_file
+from torch import nn
+
+import bevir
+from bevir.cli import main
+from bevir.flows.backbone import QuantizeError, export_onnx, prepare_for_quantizer
+
+SHAPE = (1, 3, 64, 64)
+
+
+# ---- the models ---------------------------------------------------------------------------
+def cbn(cin: int, cout: int, k: int = 3, s: int = 1, groups: int = 1, act=nn.ReLU) -> nn.Module:
+    """Conv + untrained BatchNorm (+ activation): zero biases after folding."""
+    layers = [nn.Conv2d(cin, cout, k, s, k // 2, groups=groups, bias=False), nn.BatchNorm2d(cout)]
+    return nn.Sequential(*layers, act()) if act else nn.Sequential(*layers)
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, cin: int, cout: int, s: int):
+        super().__init__()
+        self.body = nn.Sequential(cbn(cin, cout, s=s), cbn(cout, cout, act=None))
+        self.down = cbn(cin, cout, 1, s, act=None) if s != 1 or cin != cout else nn.Identity()
+
+    def forward(self, x):
+        return torch.relu(self.body(x) + self.down(x))
+
+
+class ResNet(nn.Module):
+    """ResNet-18's layout at width 8: stem, max pool, basic blocks, average pool, Linear."""
+
+    def __init__(self, w: int = 8):
+        super().__init__()
+        self.features = nn.Sequential(
+            cbn(3, w, 7, 2), nn.MaxPool2d(3, 2, 1), BasicBlock(w, w, 1), BasicBlock(w, w, 1),
+            BasicBlock(w, 2 * w, 2), BasicBlock(2 * w, 4 * w, 2), nn.AdaptiveAvgPool2d(1))
+        self.fc = nn.Linear(4 * w, 10)
+
+    def forward(self, x):
+        return self.fc(torch.flatten(self.features(x), 1))
+
+
+class SqueezeExcite(nn.Module):
+    def __init__(self, c: int, act=nn.ReLU, gate=nn.Hardsigmoid):
+        super().__init__()
+        self.fc = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Conv2d(c, max(c // 4, 4), 1), act(),
+                                nn.Conv2d(max(c // 4, 4), c, 1), gate())
+
+    def forward(self, x):
+        return x * self.fc(x)
+
+
+class InvertedResidual(nn.Module):
+    """MobileNet-V3 / EfficientNet block: expand, depthwise, squeeze-excite, project."""
+
+    def __init__(self, cin, mid, cout, k, s, act, se=True, gate=nn.Hardsigmoid):
+        super().__init__()
+        self.residual = s == 1 and cin == cout
+        self.body = nn.Sequential(
+            cbn(cin, mid, 1, act=act), cbn(mid, mid, k, s, groups=mid, act=act),
+            SqueezeExcite(mid, nn.ReLU if gate is nn.Hardsigmoid else act, gate) if se
+            else nn.Identity(), cbn(mid, cout, 1, act=None))
+
+    def forward(self, x):
+        return x + self.body(x) if self.residual else self.body(x)
+
+
+class MobileNetV3(nn.Module):
+    def __init__(self):
+        super().__init__()
+        hs = nn.Hardswish
+        self.features = nn.Sequential(
+            cbn(3, 8, 3, 2, act=hs), InvertedResidual(8, 8, 8, 3, 2, nn.ReLU),
+            InvertedResidual(8, 32, 12, 3, 2, nn.ReLU, se=False),
+            InvertedResidual(12, 36, 12, 3, 1, nn.ReLU6, se=False),
+            InvertedResidual(12, 48, 16, 5, 2, hs), InvertedResidual(16, 64, 16, 5, 1, hs),
+            cbn(16, 64, 1, act=hs), nn.AdaptiveAvgPool2d(1))
+        self.classifier = nn.Sequential(nn.Linear(64, 32), hs(), nn.Dropout(0.2),
+                                        nn.Linear(32, 10))
+
+    def forward(self, x):
+        return self.classifier(torch.flatten(self.features(x), 1))
+
+
+class EfficientNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        block = lambda *a: InvertedResidual(*a, nn.SiLU, True, nn.Sigmoid)  # noqa: E731
+        self.features = nn.Sequential(
+            cbn(3, 8, 3, 2, act=nn.SiLU), block(8, 8, 8, 3, 1), block(8, 32, 12, 3, 2),
+            block(12, 48, 12, 5, 1), block(12, 48, 16, 3, 2), cbn(16, 64, 1, act=nn.SiLU),
+            nn.AdaptiveAvgPool2d(1))
+        self.classifier = nn.Sequential(nn.Dropout(0.2), nn.Linear(64, 10))
+
+    def forward(self, x):
+        return self.classifier(torch.flatten(self.features(x), 1))
+
+
+class Fire(nn.Module):
+    def __init__(self, cin: int, squeeze: int, expand: int):
+        super().__init__()
+        self.squeeze = nn.Sequential(nn.Conv2d(cin, squeeze, 1), nn.ReLU())
+        self.e1 = nn.Sequential(nn.Conv2d(squeeze, expand, 1), nn.ReLU())
+        self.e3 = nn.Sequential(nn.Conv2d(squeeze, expand, 3, padding=1), nn.ReLU())
+
+    def forward(self, x):
+        x = self.squeeze(x)
+        return torch.cat([self.e1(x), self.e3(x)], 1)
+
+
+class SqueezeNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 16, 3, 2), nn.ReLU(), nn.MaxPool2d(3, 2, ceil_mode=True),
+            Fire(16, 4, 8), Fire(16, 4, 8), nn.MaxPool2d(3, 2, ceil_mode=True), Fire(16, 8, 16),
+            nn.Conv2d(32, 16, 1), nn.ReLU(), nn.AdaptiveAvgPool2d(1))
+        self.fc = nn.Linear(16, 10)
+
+    def forward(self, x):
+        return self.fc(torch.flatten(self.features(x), 1))
+
+
+class ShuffleUnit(nn.Module):
+    def __init__(self, cin: int, cout: int, s: int):
+        super().__init__()
+        b = cout // 2
+        self.branch1 = nn.Sequential(cbn(cin, cin, 3, s, groups=cin, act=None), cbn(cin, b, 1)) \
+            if s > 1 else None
+        self.branch2 = nn.Sequential(cbn(cin if s > 1 else b, b, 1),
+                                     cbn(b, b, 3, s, groups=b, act=None), cbn(b, b, 1))
+
+    def forward(self, x):
+        if self.branch1 is None:
+            x1, x2 = x.chunk(2, dim=1)
+            out = torch.cat((x1, self.branch2(x2)), 1)
+        else:
+            out = torch.cat((self.branch1(x), self.branch2(x)), 1)
+        n, c, h, w = out.shape                          # channel shuffle, 2 groups
+        return out.view(n, 2, c // 2, h, w).transpose(1, 2).reshape(n, c, h, w)
+
+
+class ShuffleNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.features = nn.Sequential(
+            cbn(3, 8, 3, 2), nn.MaxPool2d(3, 2, 1), ShuffleUnit(8, 16, 2), ShuffleUnit(16, 16, 1),
+            ShuffleUnit(16, 32, 2), ShuffleUnit(32, 32, 1), cbn(32, 64, 1))
+        self.fc = nn.Linear(64, 10)
+
+    def forward(self, x):
+        return self.fc(self.features(x).mean([2, 3]))
+
+
+class ConvNeXtBlock(nn.Module):
+    """Depthwise 7x7, LayerNorm and a GELU MLP on channels last, layer scale, residual."""
+
+    def __init__(self, c: int):
+        super().__init__()
+        self.dw = nn.Conv2d(c, c, 7, padding=3, groups=c)
+        self.norm = nn.LayerNorm(c, eps=1e-6)
+        self.mlp = nn.Sequential(nn.Linear(c, 4 * c), nn.GELU(), nn.Linear(4 * c, c))
+        self.scale = nn.Parameter(torch.full((c, 1, 1), 0.1))
+
+    def forward(self, x):
+        return x + self.scale * self.mlp(self.norm(self.dw(x).permute(0, 2, 3, 1))
+                                         ).permute(0, 3, 1, 2)
+
+
+class ConvNeXt(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 16, 4, 4), ConvNeXtBlock(16), nn.Conv2d(16, 32, 2, 2), ConvNeXtBlock(32),
+            nn.AdaptiveAvgPool2d(1))
+        self.head = nn.Sequential(nn.LayerNorm(32, eps=1e-6), nn.Linear(32, 10))
+
+    def forward(self, x):
+        return self.head(torch.flatten(self.features(x), 1))
+
+
+class AvgPoolNet(nn.Module):
+    """Average pools with padding, ceil_mode and count_include_pad (QLinearAveragePool)."""
+
+    def __init__(self):
+        super().__init__()
+        self.features = nn.Sequential(
+            cbn(3, 8, 3, 2), nn.AvgPool2d(3, 2, 1, ceil_mode=True, count_include_pad=False),
+            cbn(8, 8), nn.AvgPool2d(3, 2, 1, ceil_mode=True), cbn(8, 16), nn.AvgPool2d(2))
+        self.fc = nn.Linear(16 * 4 * 4, 10)
+
+    def forward(self, x):
+        return self.fc(torch.flatten(self.features(x), 1))
+
+
+MODELS = {"resnet18": ResNet, "mobilenet_v3": MobileNetV3, "efficientnet": EfficientNet,
+          "squeezenet": SqueezeNet, "shufflenet_v2": ShuffleNet, "convnext": ConvNeXt}
+
+
+def _model(name: str) -> nn.Module:
+    torch.manual_seed(0)
+    return {**MODELS, "avgpool": AvgPoolNet}[name]().eval()
+
+
+@pytest.fixture(scope="module")
+def images():
+    rng = np.random.default_rng(0)
+    return [rng.standard_normal(SHAPE).astype(np.float32) for _ in range(3)]
+
+
+# ---- the zoo through the flow -------------------------------------------------------------
+@pytest.mark.parametrize("format", ["qoperator", "qdq"])
+@pytest.mark.parametrize("name", MODELS)
+def test_cnn_int8_is_bit_exact(name, format, images, tmp_path):
+    model = _model(name)
+    for per_channel in (False, True):
+        qb = bevir.flows.quantize_backbone(model, images[:2], tmp_path / str(per_channel),
+                                           format=format, per_channel=per_channel,
+                                           progress=False)
+        ops = {n.op_type for n in onnx.load(str(qb.int8_onnx)).graph.node}
+        assert ("QGemm" if format == "qoperator" else "Gemm") in ops
+        assert qb.mismatches(images[2] * 2) == {"feats": 0}, (name, format, per_channel)
+
+
+def test_untrained_batch_norm_biases_are_given_their_own(images, tmp_path):
+    path = export_onnx(_model("resnet18"), images[0], tmp_path / "r.onnx")
+    proto = onnx.load(str(path))
+    # the exporter shares the folded zero biases through Identity nodes: the quantizer's crash
+    assert any(n.op_type == "Identity" for n in proto.graph.node)
+    prepared = prepare_for_quantizer(proto)
+    inits = {t.name for t in prepared.graph.initializer}
+    reads = [i for n in prepared.graph.node for i in n.input if i in inits]
+    assert all(n.op_type != "Identity" for n in prepared.graph.node)
+    assert len(reads) == len(set(reads))                 # each initializer read once
+    assert [n.name for n in prepared.graph.node] == \
+        [n.name for n in proto.graph.node if n.op_type != "Identity"]
+    assert prepared.graph.value_info                     # shapes inferred
+
+
+def test_qlinear_average_pool_is_bit_exact(images, tmp_path):
+    qb = bevir.flows.quantize_backbone(_model("avgpool"), images[:2], tmp_path, progress=False)
+    assert sum(n.op == "qlinear_avgpool" for n in qb.graph.nodes) == 3
+    assert qb.mismatches(images[2]) == {"feats": 0}
+
+
+# ---- the contrib ops node by node ----------------------------------------------------------
+_MS = "com.microsoft"
+
+
+def _differing(node, x: np.ndarray, inits: dict) -> int:
+    """bevir against onnxruntime on a one-node com.microsoft model with input x."""
+    t = onnx.helper.np_dtype_to_tensor_dtype(x.dtype)
+    g = onnx.helper.make_graph(
+        [node], "g", [onnx.helper.make_tensor_value_info("x", t, list(x.shape))],
+        [onnx.helper.make_tensor_value_info("y", t, None)],
+        [onnx.numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()])
+    model = onnx.helper.make_model(g, opset_imports=[onnx.helper.make_opsetid("", 17),
+                                                     onnx.helper.make_opsetid(_MS, 1)])
+    ref = ort.InferenceSession(model.SerializeToString(),
+                               providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    got = bevir.run(bevir.from_onnx(model), {"x": x})["y"]
+    return int(np.count_nonzero(got != ref)) if got.shape == ref.shape else got.size
+
+
+def _codes(rng, dtype, shape) -> np.ndarray:
+    info = np.iinfo(dtype)
+    return rng.integers(info.min, info.max + 1, shape).astype(dtype)
+
+
+@pytest.mark.parametrize("a_type,b_type", [(np.int8, np.int8), (np.uint8, np.int8),
+                                           (np.uint8, np.uint8)])
+def test_qgemm_is_bit_exact(a_type, b_type):
+    rng = np.random.default_rng(0)
+    m, k, n = 3, 37, 11
+    for trans_b, per_column, bias in itertools.product((0, 1), (False, True),
+                                                      (None, (n,), (1, n))):
+        cols = n if per_column else ()
+        inits = {"a_s": np.float32(0.031), "a_z": _codes(rng, a_type, ()) // 4,
+                 "b": _codes(rng, b_type, (n, k) if trans_b else (k, n)),
+                 "b_s": rng.uniform(0.001, 0.01, cols).astype(np.float32),
+                 "b_z": _codes(rng, b_type, cols) // 4, "y_s": np.float32(0.27),
+                 "y_z": _codes(rng, a_type, ()) // 4}
+        if bias:
+            inits["c"] = rng.integers(-5000, 5000, bias).astype(np.int32)
+        node = onnx.helper.make_node(
+            "QGemm", ["x", "a_s", "a_z", "b", "b_s", "b_z", "c" if bias else "", "y_s", "y_z"],
+            ["y"], domain=_MS, transB=trans_b)
+        assert _differing(node, _codes(rng, a_type, (m, k)), inits) == 0, (trans_b, bias)
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.uint8])
+def test_qlinear_average_pool_node_is_bit_exact(dtype):
+    rng = np.random.default_rng(0)
+    cases = [((2, 2), (2, 2), (0, 0, 0, 0), 0, 0, 7), ((3, 3), (2, 2), (1, 1, 1, 1), 0, 1, 9),
+             ((3, 3), (2, 2), (1, 1, 1, 1), 1, 0, 10), ((3, 3), (2, 2), (1, 1, 1, 1), 1, 1, 10),
+             ((3, 2), (1, 2), (1, 0, 1, 1), 1, 0, 11), ((6, 6), (1, 1), (0, 0, 0, 0), 0, 0, 6)]
+    for kernel, strides, pads, ceil_mode, include_pad, size in cases:
+        inits = {"x_s": np.float32(0.037), "x_z": dtype(3), "y_s": np.float32(0.0213),
+                 "y_z": dtype(-2 if dtype is np.int8 else 120)}
+        node = onnx.helper.make_node(
+            "QLinearAveragePool", ["x", "x_s", "x_z", "y_s", "y_z"], ["y"], domain=_MS,
+            kernel_shape=kernel, strides=strides, pads=pads, ceil_mode=ceil_mode,
+            count_include_pad=include_pad)
+        x = _codes(rng, dtype, (2, 5, size, size))
+        assert _differing(node, x, inits) == 0, (kernel, pads, ceil_mode, include_pad)
+
+
+# ---- a failure inside onnxruntime's quantizer ---------------------------------------------
+def test_quantizer_failure_is_one_quantize_error(images, tmp_path):
+    path = export_onnx(_model("resnet18"), images[0], tmp_path / "r.onnx")
+    small = [x[..., :32, :32] for x in images[:2]]     # not the model's input shape
+    with pytest.raises(QuantizeError) as e:
+        bevir.flows.quantize_backbone(path, small, tmp_path, progress=False)
+    msg = str(e.value)
+    assert "\n" not in msg and "onnxruntime's quantize_static failed" in msg
+    assert "InvalidArgument" in msg and "Got invalid dimensions" in msg
+
+
+def test_cli_quantizer_failure_is_one_line(images, tmp_path, monkeypatch, capsys):
+    from onnxruntime.quantization.onnx_quantizer import ONNXQuantizer
+
+    def crash(self):
+        raise AttributeError("'NoneType' object has no attribute 'data_type'")
+    monkeypatch.setattr(ONNXQuantizer, "quantize_model", crash)
+    path = export_onnx(_model("resnet18"), images[0], tmp_path / "r.onnx")
+    save_file({"img": np.stack(images[:2])}, str(tmp_path / "calib.safetensors"))
+    rc = main(["quantize-backbone", str(path), "--calibration", str(tmp_path / "calib.safetensors"),
+               "-o", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 1 and len(err) == 1 and "Traceback" not in err[0]
+    assert err[0].startswith("bevir: error: quantizing ") and "quantize_static failed in crash" \
+        in err[0] and "AttributeError: 'NoneType' object has no attribute 'data_type'" in err[0]
