@@ -1,0 +1,88 @@
+"""The golden model against onnxruntime on the model zoo (bevir.testing.zoo, full size,
+1x3x224x224, random weights, TorchScript export at opset 17): seconds per run of each
+(best of --repeat after a warm-up), on the imported graph and after the standard pipeline
+(canonicalize, fuse, to-nhwc), the golden/onnxruntime ratio, the largest relative
+difference to onnxruntime, and the worst and median ratio over the models.
+
+    python bench/bench_zoo.py [--repeat 3] [--models resnet18 mobilenet_v3_small ...]
+
+Goal (issue 22): worst <= 3x, median <= 1.5x.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import bevir  # noqa: E402
+from bevir.testing.zoo import MODELS, build  # noqa: E402
+
+PIPELINE = "canonicalize,fuse,to-nhwc,canonicalize,cse,dce"
+
+
+def best_of(fn, repeat: int) -> float:
+    fn()                                   # warm-up: caches, allocations, lazy imports
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def measure(name: str, folder: Path, repeat: int) -> dict:
+    model, x = build(name, "full")
+    path = folder / f"{name}.onnx"
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, (x,), str(path), input_names=["x"], opset_version=17, dynamo=False)
+    feed = {"x": x.numpy()}
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    (want,) = sess.run(None, feed)
+    graph = bevir.from_onnx(path)
+    optimized = bevir.optimize(graph, PIPELINE)
+    t_ort = best_of(lambda: sess.run(None, feed), repeat)
+    t_graph = best_of(lambda: bevir.run(graph, feed), repeat)
+    t_opt = best_of(lambda: bevir.run(optimized, feed), repeat)
+    (got,) = bevir.run(optimized, feed).values()
+    rel = float(np.abs(got - want).max() / max(float(np.abs(want).max()), 1e-12))
+    return {"ort": t_ort, "graph": t_graph, "opt": t_opt, "rel": rel,
+            "nodes": len(graph.nodes), "opt_nodes": len(optimized.nodes)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
+    args = ap.parse_args()
+    print(f"onnxruntime {ort.__version__}, torch {torch.__version__}, threads: onnxruntime "
+          f"default, numpy BLAS default; best of {args.repeat}")
+    print(f"{'model':24s} {'nodes':>11s} {'ort ms':>8s} {'golden ms':>10s} {'ratio':>6s} "
+          f"{'pipeline ms':>12s} {'ratio':>6s} {'rel diff':>9s}", flush=True)
+    ratios = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.models:
+            r = measure(name, Path(tmp), args.repeat)
+            ratio, ratio_opt = r["graph"] / r["ort"], r["opt"] / r["ort"]
+            ratios.append(min(ratio, ratio_opt))
+            print(f"{name:24s} {r['nodes']:>5d}->{r['opt_nodes']:<5d} {1e3 * r['ort']:8.1f} "
+                  f"{1e3 * r['graph']:10.1f} {ratio:6.2f} {1e3 * r['opt']:12.1f} {ratio_opt:6.2f} "
+                  f"{r['rel']:9.1e}", flush=True)
+    worst, median = max(ratios), statistics.median(ratios)
+    print(f"golden/onnxruntime ratio (best of imported and pipelined graph): worst {worst:.2f}x "
+          f"(goal <= 3), median {median:.2f}x (goal <= 1.5)")
+
+
+if __name__ == "__main__":
+    main()
