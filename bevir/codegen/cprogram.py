@@ -42,8 +42,8 @@ from ..errors import CodegenError
 from ..ir.graph import Graph, Node, Value
 from ..progress import Progress
 from ..sim.interpreter import Interpreter
-from .build import CFLAGS, RUNTIME_C, build_shared, c_kernel_source, cache_dir, include_dirs, tir_hash
-from .lower import dtype_name, kernel_defs, stages
+from .build import CFLAGS, RUNTIME_C, build_shared, c_kernel_source, cache_dir, include_dirs
+from .lower import dtype_name, kernel_def, kernel_name, signature, source_key, stages
 
 ALIGN = 64
 
@@ -202,14 +202,19 @@ class _CoreWriter:
         self.steps.append(step)
 
 
-def generate(graph: Graph, cores: int) -> tuple[dict[str, str], dict[str, object], dict]:
-    """(C sources by file name, kernel definitions by name, manifest) of the programs."""
+def generate(graph: Graph, cores: int) -> tuple[dict[str, str], dict[str, Node], dict]:
+    """(C sources by file name, each kernel's first node by kernel name, manifest) of the
+    programs."""
     parts = stages(graph)
     device = {id(n) for dev, nodes in parts if dev for n in nodes}
     layout = plan_layout(graph, device, cores)
-    defs, of_node = kernel_defs(n for n in graph.nodes if id(n) in device and n.op != "barrier")
-    kernels = {kd.name: (kd, n) for kd, n in defs.values()}
-    node_kernel = {name: defs[sig][0].name for name, sig in of_node.items()}
+    # each kernel's first node; lowering waits until a kernel's source is not cached
+    kernels: dict[str, Node] = {}
+    node_kernel: dict[str, str] = {}
+    for n in graph.nodes:
+        if id(n) in device and n.op != "barrier":
+            node_kernel[n.name] = kernel_name(n)
+            kernels.setdefault(node_kernel[n.name], n)
     writers = [_CoreWriter(k, layout, device) for k in range(cores)]
     entries: list[list[str]] = [[] for _ in range(cores)]
     device_stage = 0
@@ -242,9 +247,9 @@ def generate(graph: Graph, cores: int) -> tuple[dict[str, str], dict[str, object
         "ddr_bytes": layout.ddr_size, "ocm_bytes": layout.ocm_size,
         "ddr": layout.ddr, "flags": layout.flags,
         "ocm": [{"value": v, "core": c, "offset": o} for (v, c), o in sorted(layout.ocm.items())],
-        "kernels": {name: {"op": kd.op, "signature": kd.signature, "file": f"kernels/{name}.c",
+        "kernels": {name: {"op": n.op, "signature": signature(n), "file": f"kernels/{name}.c",
                            "node": n.name, "loc": n.loc}
-                    for name, (kd, n) in sorted(kernels.items())},
+                    for name, n in sorted(kernels.items())},
         "programs": [{"core": w.core, "entries": entries[w.core], "steps": w.steps}
                      for w in writers],
     }
@@ -286,12 +291,14 @@ def write_program(graph: Graph, out: str | Path, progress: bool | None = None) -
     sources, kernels, manifest = generate(graph, cores)
     sources_cached: dict[str, Path] = {}
     bar = Progress(2 * len(kernels), "kernels", progress)
-    for name, (kd, n) in bar.iterate(sorted(kernels.items())):
-        io = [(v.type.shape, dtype_name(v.type)) for v in n.inputs if v is not None] + \
-             [(v.type.shape, dtype_name(v.type)) for v in n.outputs]
-        src_cached = cache_dir() / f"{name}_{tir_hash(kd, 'c-program')}.program.c"
-        if not src_cached.exists():
-            src_cached.write_text(c_kernel_source(kd, io))
+    for name, n in bar.iterate(sorted(kernels.items())):
+        src_cached = cache_dir() / f"{name}_{source_key(n)}.program.c"
+        if not src_cached.exists():          # lower, build the TIR and print its C
+            io = [(v.type.shape, dtype_name(v.type)) for v in n.inputs if v is not None] + \
+                 [(v.type.shape, dtype_name(v.type)) for v in n.outputs]
+            tmp = src_cached.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(c_kernel_source(kernel_def(n), io))
+            tmp.replace(src_cached)
         (out / "kernels" / f"{name}.c").write_text(src_cached.read_text())
         sources_cached[name] = src_cached
     with ThreadPoolExecutor(os.cpu_count() or 1) as pool:    # one C compiler per CPU

@@ -13,9 +13,11 @@ without it.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -261,11 +263,54 @@ def kernel_def(node: Node) -> KernelDef:
             raise CodegenError(f"lowering gives {o.dtype}{list(o.shape)}, the node declares "
                                f"{v.type}", **where)
     sig = signature(node)
-    name = f"{node.op}_{sig}"
+    name = kernel_name(node)
     args = [p for p in operands if p is not None] + [p for p, _ in L.constants] + outs
     func = L.te.create_prim_func(args).with_attr("global_symbol", name)
     return KernelDef(name, func, [a for _, a in L.constants], sig, node.op,
                      sum(p is not None for p in operands))
+
+
+@functools.lru_cache(maxsize=1)
+def code_version() -> str:
+    """A digest of the code that turns a node into kernel source (the op definitions and
+    their lowerings, the codegen, TVM's version): with a node's signature, a key for
+    sources built before that needs no lowering."""
+    tvm, _, _ = tvm_modules()
+    root = Path(__file__).resolve().parents[1]
+    files = sorted((root / "ops").glob("*.py")) + sorted((root / "codegen").glob("*.py"))
+    h = hashlib.sha256(tvm.__version__.encode())
+    for f in files:
+        h.update(f.name.encode() + f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+@functools.lru_cache(maxsize=None)
+def _file_digest(path: str, mtime_ns: int) -> bytes:
+    return hashlib.sha256(Path(path).read_bytes()).digest()
+
+
+def source_key(node: Node) -> str:
+    """A cache key for ``node``'s kernel source, computed without lowering: its signature,
+    :func:`code_version`, and for its op the file defining the op and the code of its
+    lowering (so a user's op, or a lowering replaced at run time, builds afresh)."""
+    import inspect
+    opdef = node.opdef
+    fn = getattr(type(opdef), "tvm_lowering", None)
+    h = hashlib.sha256(f"{signature(node)}{code_version()}".encode())
+    try:
+        path = inspect.getsourcefile(type(opdef))
+        h.update(_file_digest(path, Path(path).stat().st_mtime_ns))
+    except (TypeError, OSError):            # a class without a file: its lowering's code only
+        pass
+    code = getattr(fn, "__code__", None)
+    if code is not None:
+        h.update(code.co_code + repr(code.co_consts).encode() + code.co_qualname.encode())
+    return h.hexdigest()[:20]
+
+
+def kernel_name(node: Node) -> str:
+    """The name of ``node``'s kernel: op and signature."""
+    return f"{node.op}_{signature(node)}"
 
 
 def kernel_defs(nodes) -> tuple[dict[str, tuple[KernelDef, Node]], dict[str, str]]:
