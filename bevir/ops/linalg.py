@@ -1,6 +1,8 @@
 """Convolution and matrix products: the ops that carry the MACs, all through BLAS."""
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from ..ir.types import Layout, TensorType
@@ -15,15 +17,18 @@ def conv_out_size(size: int, k: int, stride: int, pad: int, dilation: int) -> in
     return (size + pad - dilation * (k - 1) - 1) // stride + 1
 
 
-def im2col_nhwc(x: np.ndarray, kh: int, kw: int, oh: int, ow: int, strides, dilations):
-    """Gather (N, OH, OW, KH, KW, C) windows of a padded NHWC array: KH*KW strided copies."""
-    n, _, _, ch = x.shape
+def im2col_nhwc(x: np.ndarray, kh: int, kw: int, oh: int, ow: int, strides, dilations,
+                groups: int = 1) -> np.ndarray:
+    """Gather the (G, N, OH, OW, KH, KW, C/G) windows of a padded NHWC array: KH*KW strided
+    copies, group-major so that each group's GEMM operand comes out contiguous."""
+    n, h, wd, ch = x.shape
     (sh, sw), (dh, dw) = strides, dilations
-    cols = np.empty((n, oh, ow, kh, kw, ch), x.dtype)
+    xg = x.reshape(n, h, wd, groups, ch // groups).transpose(3, 0, 1, 2, 4)
+    cols = np.empty((groups, n, oh, ow, kh, kw, ch // groups), x.dtype)
     for i in range(kh):
         for j in range(kw):
-            cols[:, :, :, i, j, :] = x[:, i * dh: i * dh + sh * (oh - 1) + 1: sh,
-                                       j * dw: j * dw + sw * (ow - 1) + 1: sw, :]
+            cols[:, :, :, :, i, j] = xg[:, :, i * dh: i * dh + sh * (oh - 1) + 1: sh,
+                                        j * dw: j * dw + sw * (ow - 1) + 1: sw]
     return cols
 
 
@@ -69,9 +74,111 @@ def exact_int_matmul(a: np.ndarray, b: np.ndarray, chunk: int) -> np.ndarray:
     return out
 
 
+def pad_nhwc(x: np.ndarray, pads, value=0) -> np.ndarray:
+    """NHWC ``x`` padded by ``pads`` = (top, left, bottom, right) with ``value`` (x itself
+    without padding): one allocation and one copy, cheaper than np.pad on small maps."""
+    top, left, bottom, right = pads
+    if not any(pads):
+        return x
+    n, h, wd, ch = x.shape
+    xp = np.full((n, top + h + bottom, left + wd + right, ch), value, x.dtype)
+    xp[:, top:top + h, left:left + wd] = x
+    return xp
+
+
+#: output elements per band of a depthwise convolution: its sum and product stay in cache
+DEPTHWISE_BAND = 1 << 15
+
+
+def depthwise_conv_nhwc(xp: np.ndarray, w: np.ndarray, strides, dilations,
+                        out: np.ndarray) -> None:
+    """``out`` [N, OH, OW, O] = the depthwise convolution of padded NHWC ``xp`` with ``w``
+    [O, 1, KH, KW] (O a multiple of xp's channels), as one broadcast multiply-add per tap:
+    a batched matrix-vector product per channel would leave BLAS with nothing to do.
+
+    The products are in ``out``'s dtype and summed tap by tap, so integer-valued operands
+    stay exact while KH*KW products fit :func:`exact_chunk` (or ``out`` is float64)."""
+    n, oh, ow, o = out.shape
+    kh, kw = w.shape[2:]
+    (sh, sw), (dh, dw) = strides, dilations
+    if o != xp.shape[3]:                    # a channel multiplier: repeat each input channel
+        xp = np.repeat(xp, o // xp.shape[3], axis=3)
+    taps = [(i * dh, j * dw) for i in range(kh) for j in range(kw)]
+    # strided windows read from contiguous phase planes, so each tap's rows are contiguous
+    phases = {(a % sh, b % sw): np.ascontiguousarray(xp[:, a % sh::sh, b % sw::sw])
+              for a, b in taps}
+    # a tap's weights repeated along a row: the multiply runs over whole rows
+    wt = np.tile(w.reshape(o, kh * kw).T.astype(out.dtype, copy=False), (1, ow))
+    acc = out.reshape(n, oh, ow * o)
+    rows = max(1, DEPTHWISE_BAND // (n * ow * o))
+    tmp = np.empty((n, min(rows, oh), ow * o), out.dtype)
+    for y0 in range(0, oh, rows):
+        band, prod = acc[:, y0:y0 + rows], tmp[:, :min(rows, oh - y0)]
+        for t, (a, b) in enumerate(taps):
+            r, col = a // sh + y0, b // sw
+            win = phases[a % sh, b % sw][:, r:r + band.shape[1], col:col + ow]
+            np.multiply(win.reshape(band.shape), wt[t], out=prod if t else band)
+            if t:
+                band += prod
+
+
+#: the GEMM operands of read-only weights (graph constants) while they live, by id
+_GEMM_WEIGHTS: dict[int, tuple[weakref.ref, np.ndarray]] = {}
+
+
+def _read_only(a) -> bool:
+    """Nothing can write to ``a``: it and every array it views are read-only."""
+    while isinstance(a, np.ndarray):
+        if a.flags.writeable:
+            return False
+        a = a.base
+    return a is None or isinstance(a, bytes)
+
+
+def gemm_weights(w: np.ndarray, groups: int, dtype) -> np.ndarray:
+    """``w`` [O, C/groups, KH, KW] as the (G, KH*KW*Cg, Og) GEMM operand, rows in window
+    order (kh, kw, c): a transposed view of 1x1 kernels, a copy of larger ones. A copy of
+    a weight nothing can change (a graph constant) is made once and kept while it lives.
+    (A contiguous 1x1 operand would run faster in BLAS, but change the float sums.)"""
+    hit = _GEMM_WEIGHTS.get(id(w))
+    if hit is not None and hit[0]() is w and hit[1].dtype == dtype and len(hit[1]) == groups:
+        return hit[1]
+    o, cg, kh, kw = w.shape
+    m = np.ascontiguousarray(w, dtype).reshape(groups, o // groups, cg, kh, kw)
+    m = m.transpose(0, 3, 4, 2, 1).reshape(groups, kh * kw * cg, -1)
+    if _read_only(w) and not np.may_share_memory(m, w):
+        m.setflags(write=False)
+        key = id(w)
+        _GEMM_WEIGHTS[key] = (weakref.ref(w, lambda _: _GEMM_WEIGHTS.pop(key, None)), m)
+    return m
+
+
+def grouped_gemm_nhwc(xp: np.ndarray, w: np.ndarray, strides, dilations, groups: int,
+                      chunk: int | None, out: np.ndarray) -> None:
+    """``out`` [N, OH, OW, O] = the convolution of padded NHWC ``xp`` with ``w`` [O, C/groups,
+    KH, KW] as im2col + one GEMM per group (:func:`exact_matmul`), image by image."""
+    n, oh, ow, o = out.shape
+    _, cg, kh, kw = w.shape
+    og, k, p = o // groups, kh * kw * cg, oh * ow
+    wm = gemm_weights(w, groups, xp.dtype)
+    pointwise = kh == kw == 1 and tuple(strides) == (1, 1)
+    for b in range(n):                      # one image at a time bounds the im2col buffer
+        xb = xp[b:b + 1]
+        ob = out[b].reshape(p, o)
+        if groups == 1:
+            cols = xb if pointwise else im2col_nhwc(xb, kh, kw, oh, ow, strides, dilations)
+            exact_matmul(cols.reshape(p, k), wm[0], chunk, ob)
+            continue
+        cols = im2col_nhwc(xb, kh, kw, oh, ow, strides, dilations, groups)
+        g = np.empty((groups, p, og), out.dtype)
+        exact_matmul(cols.reshape(groups, p, k), wm, chunk, g)
+        ob.reshape(p, groups, og)[...] = g.transpose(1, 0, 2)
+
+
 def conv2d_nhwc(x: np.ndarray, w: np.ndarray, strides, pads, dilations, groups: int,
                 acc_dtype=None, chunk: int | None = None) -> np.ndarray:
-    """Grouped 2-D convolution of NHWC ``x`` with OIHW ``w`` as im2col + one GEMM per group.
+    """Grouped 2-D convolution of NHWC ``x`` with OIHW ``w``: depthwise convolutions by
+    :func:`depthwise_conv_nhwc`, the others by :func:`grouped_gemm_nhwc`.
 
     ``acc_dtype`` is the dtype of the products (the operands are converted to it); the
     result is in that dtype, without bias. ``chunk``: integer operands, reduced exactly
@@ -83,30 +190,15 @@ def conv2d_nhwc(x: np.ndarray, w: np.ndarray, strides, pads, dilations, groups: 
     top, left, bottom, right = pads
     oh = conv_out_size(h, kh, strides[0], top + bottom, dilations[0])
     ow = conv_out_size(wd, kw, strides[1], left + right, dilations[1])
-    og = o // groups
-    x = x.astype(acc, copy=False)
-    # weights as (G, KH*KW*Cg, Og) to match the window order (kh, kw, c)
-    wm = w.astype(acc).reshape(groups, og, cg, kh, kw).transpose(0, 3, 4, 2, 1)
-    wm = wm.reshape(groups, kh * kw * cg, og)
-    out = np.empty((n, oh, ow, o), int_acc_dtype(kh * kw * cg, chunk, acc))
-    pointwise = kh == kw == 1 and strides == (1, 1) and not any(pads)
-    for b in range(n):                      # one image at a time bounds the im2col buffer
-        xb = x[b:b + 1]
-        if pointwise:
-            cols = xb.reshape(oh * ow, 1, groups, cg)
-        else:
-            if any(pads):
-                xb = np.pad(xb, ((0, 0), (top, bottom), (left, right), (0, 0)))
-            cols = im2col_nhwc(xb, kh, kw, oh, ow, strides, dilations)
-            cols = cols.reshape(oh * ow, kh * kw, groups, cg)
-        ob = out[b].reshape(oh * ow, o)
-        if groups == 1:
-            exact_matmul(cols.reshape(oh * ow, kh * kw * cg), wm[0], chunk, ob)
-        else:
-            g = np.empty((groups, oh * ow, og), out.dtype)
-            exact_matmul(cols.transpose(2, 0, 1, 3).reshape(groups, oh * ow, kh * kw * cg), wm,
-                         chunk, g)
-            ob[...] = g.transpose(1, 0, 2).reshape(oh * ow, o)
+    dtype = int_acc_dtype(kh * kw * cg, chunk, acc)
+    xp = pad_nhwc(x.astype(acc, copy=False), pads)
+    if cg == 1 and groups > 1:
+        # float16 rounded at every tap would drift: sum in float32, as numpy's matmul does
+        out = np.empty((n, oh, ow, o), np.promote_types(dtype, np.float32))
+        depthwise_conv_nhwc(xp, w, strides, dilations, out)
+        return out.astype(dtype, copy=False)
+    out = np.empty((n, oh, ow, o), dtype)
+    grouped_gemm_nhwc(xp, w, strides, dilations, groups, chunk, out)
     return out
 
 
@@ -125,17 +217,13 @@ def int_conv2d_nhwc(x: np.ndarray, zero_point, wm: np.ndarray, kernel: tuple[int
     n, _, _, ch = x.shape
     kh, kw = kernel
     (sh, _), (dh, _) = strides, dilations
-    top, left, bottom, right = pads
     _, oh, ow, o = out.shape
     k = wm.shape[0]
     rows = max(1, TILE_ELEMS // (ow * max(k, o)))
     pointwise = kh == kw == 1 and tuple(strides) == (1, 1) and not any(pads)
     zp = np.asarray(zero_point, np.float32)
     for b in range(n):
-        xb = x[b:b + 1]
-        if any(pads):
-            xb = np.pad(xb, ((0, 0), (top, bottom), (left, right), (0, 0)),
-                        constant_values=np.asarray(zero_point).astype(x.dtype))
+        xb = pad_nhwc(x[b:b + 1], pads, np.asarray(zero_point).astype(x.dtype))
         for y0 in range(0, oh, rows):
             y1 = min(oh, y0 + rows)
             if pointwise:
