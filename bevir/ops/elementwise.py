@@ -31,9 +31,13 @@ def _gelu(x: np.ndarray, approximate: str) -> np.ndarray:
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
-    # exp of -|x| never overflows; both branches agree with 1/(1+exp(-x))
+    # exp of -|x| never overflows: 1 / (1 + e) for x >= 0, e / (1 + e) below, as one
+    # division of the numerator (1 or e) in place
+    x = np.asarray(x)
     e = np.exp(-np.abs(x))
-    return np.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype)
+    d = e + x.dtype.type(1)
+    np.copyto(e, x.dtype.type(1), where=x >= 0)
+    return np.divide(e, d, out=e)
 
 
 class Unary(OpDef):
