@@ -4,7 +4,10 @@
 (canonicalize, fuse, to-nhwc), the golden/onnxruntime ratio, the largest relative
 difference to onnxruntime, and the worst and median ratio over the models.
 
-    python bench/bench_zoo.py [--repeat 3] [--models resnet18 mobilenet_v3_small ...]
+    python bench/bench_zoo.py [--repeat 3] [--threads 1] [--models resnet18 ...]
+
+``--threads`` caps both sides alike (onnxruntime's intra-op threads, the BLAS threads of
+numpy): on a small shared machine one thread each gives the steadiest ratio.
 
 Goal (issue 22): worst <= 3x, median <= 1.5x.
 """
@@ -13,6 +16,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import os
 import statistics
 import sys
 import tempfile
@@ -20,9 +24,21 @@ import time
 import warnings
 from pathlib import Path
 
-import numpy as np
-import onnxruntime as ort
-import torch
+
+def _threads(argv: list[str]) -> int:
+    """--threads, read before numpy starts its BLAS threads."""
+    for i, a in enumerate(argv):
+        if a.startswith("--threads"):
+            return int(a.split("=", 1)[1] if "=" in a else argv[i + 1])
+    return 1
+
+
+THREADS = _threads(sys.argv)
+os.environ["OPENBLAS_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"] = str(THREADS)
+
+import numpy as np  # noqa: E402
+import onnxruntime as ort  # noqa: E402
+import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import bevir  # noqa: E402
@@ -41,17 +57,19 @@ def best_of(fn, repeat: int) -> float:
     return min(times)
 
 
-def measure(name: str, folder: Path, repeat: int) -> dict:
+def measure(name: str, folder: Path, repeat: int, threads: int) -> dict:
     model, x = build(name, "full")
     path = folder / f"{name}.onnx"
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
         torch.onnx.export(model, (x,), str(path), input_names=["x"], opset_version=17, dynamo=False)
     feed = {"x": x.numpy()}
-    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    sess = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     (want,) = sess.run(None, feed)
     graph = bevir.from_onnx(path)
-    optimized = bevir.optimize(graph, PIPELINE)
+    optimized = bevir.optimize(graph.clone(), PIPELINE)
     t_ort = best_of(lambda: sess.run(None, feed), repeat)
     t_graph = best_of(lambda: bevir.run(graph, feed), repeat)
     t_opt = best_of(lambda: bevir.run(optimized, feed), repeat)
@@ -64,16 +82,18 @@ def measure(name: str, folder: Path, repeat: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
     args = ap.parse_args()
-    print(f"onnxruntime {ort.__version__}, torch {torch.__version__}, threads: onnxruntime "
-          f"default, numpy BLAS default; best of {args.repeat}")
+    torch.set_num_threads(args.threads)
+    print(f"onnxruntime {ort.__version__}, torch {torch.__version__}; {args.threads} thread(s) "
+          f"each side; best of {args.repeat}")
     print(f"{'model':24s} {'nodes':>11s} {'ort ms':>8s} {'golden ms':>10s} {'ratio':>6s} "
           f"{'pipeline ms':>12s} {'ratio':>6s} {'rel diff':>9s}", flush=True)
     ratios = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models:
-            r = measure(name, Path(tmp), args.repeat)
+            r = measure(name, Path(tmp), args.repeat, args.threads)
             ratio, ratio_opt = r["graph"] / r["ort"], r["opt"] / r["ort"]
             ratios.append(min(ratio, ratio_opt))
             print(f"{name:24s} {r['nodes']:>5d}->{r['opt_nodes']:<5d} {1e3 * r['ort']:8.1f} "
