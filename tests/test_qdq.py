@@ -51,6 +51,7 @@ _ORT_TO_BEVIR = {
     "MatMul": "matmul", "Gemm": "gemm", "Add": "add", "Mul": "mul", "Concat": "concat",
     "GlobalAveragePool": "global_avgpool", "Sigmoid": "sigmoid", "LeakyRelu": "where",
     "MaxPool": "maxpool2d", "NhwcMaxPool": "maxpool2d", "Relu": "relu",
+    "QLinearAveragePool": "qlinear_avgpool", "AveragePool": "avgpool2d", "Resize": "resize",
 }
 
 
@@ -312,6 +313,10 @@ def test_concat_folds_to_qlinear_concat(dtype, tmp_path):
 
 @pytest.mark.parametrize("op_type,attrs,fused", [
     ("GlobalAveragePool", {}, "qlinear_global_avgpool"),
+    ("AveragePool", {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1],
+                     "ceil_mode": 1}, "qlinear_avgpool"),
+    ("AveragePool", {"kernel_shape": [2, 3], "strides": [1, 2], "pads": [0, 1, 1, 1],
+                     "count_include_pad": 1}, "qlinear_avgpool"),
     ("Sigmoid", {}, "qlinear_sigmoid"),
     ("LeakyRelu", {"alpha": 0.1}, "qlinear_leaky_relu")])
 @pytest.mark.parametrize("dtype", [np.uint8, np.int8], ids=["u8", "s8"])
@@ -325,8 +330,29 @@ def test_unary_folds(op_type, attrs, fused, dtype, tmp_path):
     _assert_bit_exact(m, b.more_feeds(3), g)
 
 
+def test_average_pool_over_the_whole_image_folds_to_qlinear_global_avgpool():
+    # onnxruntime's QLinearAveragePool computes such a window as QLinearGlobalAveragePool
+    b = QDQ(np.random.default_rng(8), np.uint8)
+    x = b.qdq(b.input((2, 8, 7, 9)))
+    m = b.model(b.qdq(b.node("AveragePool", [x], kernel_shape=[7, 9]), b.params(scale=0.004)))
+    g = _import(m)
+    assert [n.op for n in g.nodes] == ["quantize", "qlinear_global_avgpool", "dequantize"]
+    _assert_bit_exact(m, b.more_feeds(3), g)
+
+
+def test_linear_resize_keeps_its_qdq_as_in_onnxruntime(tmp_path):
+    b = QDQ(np.random.default_rng(9), np.uint8)
+    p = b.params()
+    b.inits.append(_c("sizes", np.int64([2, 4, 9, 11])))
+    x = b.qdq(b.input((2, 4, 6, 6)), p)
+    m = b.model(b.qdq(b.node("Resize", [x, "", "", "sizes"], mode="linear"), p))
+    g = _assert_folds_as_onnxruntime(m, tmp_path)
+    assert [n.inputs[0].type.dtype for n in g.nodes if n.op == "resize"] == [DType.f32]
+
+
 @pytest.mark.parametrize("op_type,attrs,extra", [
     ("MaxPool", {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}, []),
+    ("Resize", {"mode": "nearest"}, ["", "", "sizes"]),
     ("Transpose", {"perm": [0, 2, 3, 1]}, []),
     ("Flatten", {"axis": 1}, []),
     ("Reshape", {}, ["shape"]),
@@ -336,8 +362,9 @@ def test_data_movement_runs_on_the_integers(op_type, attrs, extra, dtype, tmp_pa
     b = QDQ(np.random.default_rng(9), dtype)
     p = b.params()
     x = b.qdq(b.input((2, 4, 6, 6)), p)
-    consts = {"shape": np.int64([2, 24, 6]), "axes": np.int64([1])}
-    for e in extra:
+    consts = {"shape": np.int64([2, 24, 6]), "axes": np.int64([1]),
+              "sizes": np.int64([2, 4, 9, 13])}
+    for e in filter(None, extra):
         b.inits.append(_c(e, consts[e]))
     y = b.qdq(b.node(op_type, [x] + extra, **attrs), p)
     m = b.model(y)

@@ -1101,10 +1101,9 @@ def _global_pool(c: NodeCtx):
         raise c.unsupported(f"input of rank {x.type.rank}")
     if c.op_type == "GlobalAveragePool":
         c.require_float(x)
-    if c.op_type == "GlobalAveragePool" and x.type.rank == 4:
+    if c.op_type == "GlobalAveragePool":      # any rank: onnxruntime's summation order
         return c.emit("global_avgpool", [x])
-    op = "reduce_mean" if c.op_type == "GlobalAveragePool" else "reduce_max"
-    return c.emit(op, [x], {"axes": tuple(range(2, x.type.rank)), "keepdims": True})
+    return c.emit("reduce_max", [x], {"axes": tuple(range(2, x.type.rank)), "keepdims": True})
 
 
 @converts("BatchNormalization", attrs=("epsilon", "momentum", "training_mode"))
@@ -1476,8 +1475,8 @@ def _resize(c: NodeCtx):
     mode = c.attr("mode", "nearest")
     if mode not in ("nearest", "linear", "cubic"):
         raise c.unsupported(f"attribute 'mode' = {mode!r}")
-    if mode != "nearest":
-        c.require_float(x)
+    if mode == "cubic" or (mode == "linear" and x.type.dtype not in (DType.i8, DType.u8)):
+        c.require_float(x)          # 8-bit linear: onnxruntime's fixed-point kernel
     if c.version < 11:   # Resize-10: (X, scales), asymmetric coordinates, nearest = floor
         ct, nearest, scales_i = "asymmetric", "floor", 1
     else:

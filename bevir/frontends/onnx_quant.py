@@ -16,6 +16,7 @@ import numpy as np
 
 from ..ir.graph import Value
 from ..ir.types import AffineQuant, DType, TensorType
+from ..ops.qlinear import avgpool_is_global
 from .onnx import NodeCtx, converts, norm_axis, spatial_params
 
 _MS = "com.microsoft"
@@ -327,7 +328,7 @@ def _qlinear_avgpool(c: NodeCtx):
         raise c.unsupported("only 2-D pooling of an NCHW input (channels_last 0) is supported")
     kernel = tuple(int(k) for k in c.attr("kernel_shape"))
     strides, pads, _ = spatial_params(c, x, kernel)
-    if kernel == x.type.shape[2:] and not any(pads):   # onnxruntime's global fallback
+    if avgpool_is_global(x.type, kernel, pads):        # onnxruntime's global fallback
         return c.emit("qlinear_global_avgpool", [x], out)
     return c.emit("qlinear_avgpool", [x], {
         "kernel": kernel, "strides": strides, "pads": pads,

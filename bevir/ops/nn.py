@@ -10,7 +10,8 @@ from itertools import product
 import numpy as np
 
 from ..ir.types import DType, Layout, TensorType
-from ..ir.opdef import Bool, FixedLowering, Float, Floats, Int, Ints, LayoutRule, OpDef, Str
+from ..ir.opdef import (Bool, Ctx, FixedLowering, Float, Floats, Int, Ints, LayoutRule, OpDef,
+                        Str)
 from .common import float_operands, norm_axis, require
 from .layout_rules import NATIVE, size_attr
 from .shape import moved
@@ -211,8 +212,30 @@ class AvgPool2d(OpDef):
         return y.astype(x.dtype, copy=False)
 
 
+def mlas_global_mean(flat: np.ndarray) -> np.ndarray:
+    """Mean over the last axis of ``flat`` [..., S] summed as onnxruntime's float
+    GlobalAveragePool does (MLAS ``MlasPoolGlobalKernel``): four lanes, lane j summing
+    elements j, j + 4, ... in order; the lanes reduced as (l0 + l2) + (l1 + l3); the last
+    S % 4 elements added one by one; the sum divided by S. In ``flat``'s dtype."""
+    s = flat.shape[-1]
+    body = s - s % 4
+    rows = flat.reshape(-1, s)
+    lanes = np.zeros((rows.shape[0], 4), flat.dtype)
+    if body:
+        # add.reduce over axis 0 adds row after row (numpy sums pairwise only along the
+        # contiguous axis), so make the lane vectors the rows: a byte copy of 4-lane units
+        unit = np.dtype((np.void, 4 * flat.dtype.itemsize))
+        steps = np.ascontiguousarray(rows[:, :body].view(unit).T).view(flat.dtype)
+        lanes = np.add.reduce(steps, axis=0).reshape(-1, 4)
+    total = (lanes[:, 0] + lanes[:, 2]) + (lanes[:, 1] + lanes[:, 3])
+    for i in range(body, s):
+        total += rows[:, i]
+    return (total / flat.dtype.type(s)).reshape(flat.shape[:-1])
+
+
 class GlobalAvgPool(OpDef):
-    """Mean over the spatial axes (all but N and C), kept as size 1."""
+    """Mean over the spatial axes (all but N and C), kept as size 1, summed in
+    onnxruntime's order (:func:`mlas_global_mean`)."""
 
     name = "global_avgpool"
     onnx_export = onnx_as("GlobalAveragePool")
@@ -230,9 +253,8 @@ class GlobalAvgPool(OpDef):
         # depend on the layout or on the memory order of x
         t = c.in_types[0]
         nchw = x.transpose(0, 3, 1, 2) if t.layout is Layout.nhwc else x
-        flat = np.ascontiguousarray(nchw).reshape(x.shape[0], nchw.shape[1], -1)
-        y = flat.mean(axis=2, dtype=_acc(x.dtype)).astype(x.dtype, copy=False)
-        return y.reshape(c.out_types[0].shape)
+        flat = np.ascontiguousarray(nchw, _acc(x.dtype)).reshape(x.shape[0], nchw.shape[1], -1)
+        return mlas_global_mean(flat).astype(x.dtype, copy=False).reshape(c.out_types[0].shape)
 
 
 def _global_axes(t: TensorType) -> tuple[int, ...]:
@@ -406,7 +428,9 @@ class Resize(OpDef):
     dtype, or separable multilinear or cubic (floats) over resized axes. The scale per
     axis is out / in, with exact rational coordinates; ``scales`` (one per axis) gives
     ONNX's scales instead where out / in differs from them, and coordinates follow ONNX's
-    float64 formulas (as does cubic, with ``cubic_coeff_a`` and ``exclude_outside``)."""
+    float64 formulas (as does cubic, with ``cubic_coeff_a`` and ``exclude_outside``).
+    Linear of int8/uint8 (at most two resized axes) is onnxruntime's fixed-point bilinear
+    kernel, bit for bit (:func:`resize_linear_int8`)."""
 
     name = "resize"
     nhwc = LayoutRule(attrs=size_attr, check=_resize_ok)
@@ -426,11 +450,22 @@ class Resize(OpDef):
         require((c.coordinate_transformation_mode == "tf_crop_and_resize") == (c.roi is not None)
                 and (c.roi is None or (len(c.roi) == 2 * x.rank and c.scales is not None)),
                 "tf_crop_and_resize takes roi (2 values per axis) and scales")
-        if c.mode == "linear":
+        if c.mode == "linear" and x.dtype.is_int:
+            require(x.dtype in (DType.i8, DType.u8), f"linear resize of {x.dtype}: only "
+                    "floats and 8-bit integers")
+            require(c.coordinate_transformation_mode in _INT_LINEAR_MODES,
+                    f"linear resize of 8-bit integers with coordinate_transformation_mode "
+                    f"{c.coordinate_transformation_mode!r}: only {', '.join(_INT_LINEAR_MODES)}")
+            resized = sum(s != 1 for s in _f32_scales(c, x.shape))
+            require(resized <= 2, f"linear resize of 8-bit integers over {resized} axes: at "
+                    "most 2 (onnxruntime's bilinear kernel)")
+        elif c.mode == "linear":
             float_operands(x)
         return moved(x, c.size)
 
     def compute(self, c, x):
+        if c.mode == "linear" and x.dtype.kind in "iu":
+            return resize_linear_int8(c, x)
         if c.scales is not None or c.mode == "cubic":
             return _resize_reference(c, x)
         dtype = x.dtype
@@ -456,6 +491,58 @@ class Resize(OpDef):
                exclude_outside=int(a["exclude_outside"]),
                extrapolation_value=a["extrapolation_value"],
                coordinate_transformation_mode=a["coordinate_transformation_mode"])
+
+
+_INT_LINEAR_MODES = ("half_pixel", "pytorch_half_pixel", "asymmetric", "align_corners")
+
+
+def _f32_scales(c: Ctx, shape: tuple[int, ...]) -> list[np.float32]:
+    """onnxruntime's float32 scale per axis: ONNX's scales, or f32(out) / f32(in)."""
+    if c.scales is not None:
+        return [np.float32(s) for s in c.scales]
+    return [np.float32(o) / np.float32(i) for o, i in zip(c.size, shape)]
+
+
+def _taps_1024(mode: str, n_in: int, n_out: int, scale: np.float32
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """onnxruntime's SetupUpsampleBilinearInteger along one axis: per output index the two
+    input taps (lo, hi) and their weights in 1/1024 (summing to 1024). The coordinate is
+    upsamplebase.h's, in float32, clamped to [0, n_in - 1]; its 1/1024 units are truncated."""
+    f = np.float32
+    y = np.arange(n_out, dtype=f)
+    if mode == "asymmetric":
+        src = y / scale
+    elif mode == "align_corners":
+        src = y * f(n_in - 1) / f(n_out - 1) if n_out > 1 else np.zeros(n_out, f)
+    elif mode == "pytorch_half_pixel" and n_out == 1:
+        src = np.zeros(n_out, f)
+    else:                                                   # half_pixel, pytorch_half_pixel
+        src = (y + f(0.5)) / scale - f(0.5)
+    src = np.clip(src, f(0), f(n_in - 1))
+    units = (src * f(1024)).astype(np.int64)
+    lo = np.minimum(src.astype(np.int64), n_in - 1)
+    hi = np.minimum(lo + 1, n_in - 1)
+    w_hi = np.where(lo == hi, 512, units - lo * 1024)       # a clamped edge: 512 each
+    return lo, hi, 1024 - w_hi, w_hi
+
+
+def resize_linear_int8(c: Ctx, x: np.ndarray) -> np.ndarray:
+    """Linear resize of int8/uint8 as onnxruntime's NhwcUpsampleBilinearInteger
+    (upsample.h): per resized axis two taps with integer weights in 1/1024 (:func:`_taps_1024`);
+    the exact sum of tap * weight products (2**20 for two axes), divided by 2**(10 * axes)
+    truncating toward zero (C integer division)."""
+    y = x.astype(np.int64)
+    shift = 0
+    for axis, (n_in, n_out, scale) in enumerate(zip(x.shape, c.size, _f32_scales(c, x.shape))):
+        if scale == 1:
+            continue
+        lo, hi, w_lo, w_hi = _taps_1024(c.coordinate_transformation_mode, n_in, n_out, scale)
+        shape = [1] * x.ndim
+        shape[axis] = n_out
+        y = (np.take(y, lo, axis=axis) * w_lo.reshape(shape)
+             + np.take(y, hi, axis=axis) * w_hi.reshape(shape))
+        shift += 10
+    return (np.sign(y) * (np.abs(y) >> shift)).astype(x.dtype)
 
 
 def _source_coords(mode: str, n_in: int, n_out: int, scale: float,

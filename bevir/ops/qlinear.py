@@ -15,6 +15,8 @@ up in a table of every code pair, computed with the same formula.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from ..ir.opdef import Bool, Float, Floats, Int, Ints, LayoutRule, OpDef, Str
@@ -630,6 +632,12 @@ class QLinearConcat(OpDef):
                 table = lookup_table(t.quant, yt.quant, x.dtype, lambda v: v)
                 parts.append(table[x.view(np.uint8)])
         return np.concatenate(parts, axis=norm_axis(c.axis, xs[0].ndim))
+
+
+def avgpool_is_global(x: TensorType, kernel: Sequence[int], pads: Sequence[int]) -> bool:
+    """Whether onnxruntime computes a QLinearAveragePool of ``x`` as QLinearGlobalAveragePool:
+    one window covering the whole unpadded image."""
+    return tuple(kernel) == tuple(x.shape[a] for a in spatial_axes(x)) and not any(pads)
 
 
 class QLinearAvgPool(OpDef):

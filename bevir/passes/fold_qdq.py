@@ -22,11 +22,13 @@ onnxruntime's order:
    ``quantize`` after it -> matmul_integer, cast, times a_scale * b_scale
    (MatMulIntegerToFloat); gemm -> QGemm, computed as a 1x1 qlinear_conv between reshapes;
    add, mul -> qlinear_add, qlinear_mul; concat -> qlinear_concat; global_avgpool,
-   sigmoid, leaky relu -> qlinear_global_avgpool, qlinear_sigmoid, qlinear_leaky_relu;
-   data movement (reshape, flatten, transpose, squeeze, unsqueeze, expand, slice, gather)
-   and maxpool2d run on the integers when the ``dequantize`` and the ``quantize`` have the
-   same parameters. A group onnxruntime declines (dtypes that differ, an int8 convolution
-   input without ``int8_allowed``, other parameters...) stays explicit, which is exact too.
+   avgpool2d, sigmoid, leaky relu -> qlinear_global_avgpool, qlinear_avgpool (or
+   qlinear_global_avgpool for a window over the whole image), qlinear_sigmoid,
+   qlinear_leaky_relu; data movement (reshape, flatten, transpose, squeeze, unsqueeze,
+   expand, slice, gather), maxpool2d and nearest resize run on the integers when the
+   ``dequantize`` and the ``quantize`` have the same parameters. A group onnxruntime
+   declines (dtypes that differ, an int8 convolution input without ``int8_allowed``, a
+   linear resize, other parameters...) stays explicit, which is exact too.
 5. QDQFinalCleanup: ``dequantize`` -> ``quantize`` with the same parameters is removed.
 
 Groups onnxruntime would fold into a kernel that needs one scale and zero point where the
@@ -43,6 +45,7 @@ import numpy as np
 from ..errors import PassError
 from ..ir.graph import Graph, Node, Value
 from ..ir.types import AffineQuant, DType, TensorType
+from ..ops.qlinear import avgpool_is_global
 from .analysis import AnalysisManager
 from .cse import CSE
 from .patterns import (Match, NoMatch, Op, PatternPass, RewritePattern, Rewriter, const,
@@ -351,7 +354,7 @@ class FoldGemm(QDQPattern):
 
     def representable(self, m: Match) -> str | None:
         """What bevir's 1x1 qlinear_conv form needs beyond onnxruntime's selector."""
-        t, (a, b, c) = m["target"], self.ints(m)
+        t, (_, b, c) = m["target"], self.ints(m)
         n = b.type.shape[0 if t.attrs["trans_b"] else 1]
         if t.attrs["alpha"] != 1.0 or t.attrs["trans_a"]:
             return "not representable: alpha != 1 or trans_a"
@@ -410,24 +413,39 @@ class FoldConcat(QDQPattern):
 
 
 class FoldUnary(QDQPattern):
-    """GlobalAveragePool, Sigmoid -> QLinearGlobalAveragePool, QLinearSigmoid
-    (UnaryNodeGroupSelector)."""
+    """GlobalAveragePool, AveragePool, Sigmoid -> QLinearGlobalAveragePool,
+    QLinearAveragePool, QLinearSigmoid (UnaryNodeGroupSelector; the action copies the
+    pool's attributes). An average pool whose window covers the whole unpadded image
+    becomes qlinear_global_avgpool, as onnxruntime's QLinearAveragePool computes it."""
 
     name = "qdq-unary"
-    targets = ("global_avgpool", "sigmoid")
+    targets = ("global_avgpool", "avgpool2d", "sigmoid")
     _FUSED: ClassVar[dict[str, str]] = {"global_avgpool": "qlinear_global_avgpool",
+                                        "avgpool2d": "qlinear_avgpool",
                                         "sigmoid": "qlinear_sigmoid"}
+    _POOL: ClassVar[tuple[str, ...]] = ("kernel", "strides", "pads", "ceil_mode",
+                                        "count_include_pad")
 
     def check(self, m: Match) -> str | None:
+        t = m["target"]
         reason = self.dtype_reason([self.ints(m)[0].type, m["q"].output.type])
+        if reason is None and t.op == "avgpool2d" and any(d != 1 for d in t.attrs["dilations"]):
+            reason = "not representable: a dilated average pool (QLinearAveragePool has none)"
         if reason is None:
-            self.require_per_tensor(m, [0], self._FUSED[m["target"].op])
+            self.require_per_tensor(m, [0], self._FUSED[t.op])
         return reason
 
     def rewrite(self, rw: Rewriter, m: Match) -> None:
+        t, x = m["target"], self.ints(m)[0]
         out = _out_attrs(m["q"])
         del out["out_dtype"]
-        self.emit(rw, m, self._FUSED[m["target"].op], self.ints(m)[:1], out)
+        fused = self._FUSED[t.op]
+        if t.op == "avgpool2d":
+            if avgpool_is_global(x.type, t.attrs["kernel"], t.attrs["pads"]):
+                fused = "qlinear_global_avgpool"
+            else:
+                out |= {k: t.attrs[k] for k in self._POOL}
+        self.emit(rw, m, fused, [x], out)
 
 
 class FoldLeakyRelu(QDQPattern):
@@ -463,17 +481,21 @@ class FoldLeakyRelu(QDQPattern):
 
 
 class DropQDQ(QDQPattern):
-    """Data movement and MaxPool on the integers (DropQDQNodesSelector): the dequantize and
-    the quantize must have the same per-tensor parameters (MaxPool: 8-bit only)."""
+    """Data movement, MaxPool and nearest Resize on the integers (DropQDQNodesSelector):
+    the dequantize and the quantize must have the same per-tensor parameters (MaxPool and
+    Resize: 8-bit only). onnxruntime keeps the QDQ around a linear or cubic Resize
+    (measured on onnxruntime 1.32; interpolating the codes would round differently)."""
 
     name = "qdq-drop"
     targets = ("reshape", "flatten", "transpose", "squeeze", "unsqueeze", "expand", "slice",
-               "gather", "maxpool2d")
+               "gather", "maxpool2d", "resize")
     dq_operands = (0,)
 
     def check(self, m: Match) -> str | None:
-        x, y = m["x0"].type, m["q"].output.type
-        allowed = _Q8 if m["target"].op == "maxpool2d" else _Q8 + (DType.i16,)
+        t, x, y = m["target"], m["x0"].type, m["q"].output.type
+        if t.op == "resize" and t.attrs["mode"] != "nearest":
+            return f"a {t.attrs['mode']} resize (onnxruntime drops the QDQ of nearest only)"
+        allowed = _Q8 if t.op in ("maxpool2d", "resize") else _Q8 + (DType.i16,)
         reason = self.dtype_reason([x, y], allowed)
         if reason is None and (not _per_tensor(x) or x.quant != y.quant):
             reason = "the dequantize and the quantize have different parameters"
