@@ -159,3 +159,21 @@ def test_device_nodes_keep_graph_order_across_stages(rng, tmp_path):
     inputs = {"x": rng.integers(-128, 128, 64).astype(np.int8)}
     program = compile(b.graph, tmp_path, hw="QC-U 8MB 16MAC x1")
     assert_bit_exact(program.run(inputs), bevir.run(b.graph, inputs))
+
+
+def test_an_unchanged_graph_compiles_from_the_cache(rng, tmp_path, monkeypatch):
+    """The second compile of a graph copies the first one's files (no planning, lowering
+    or C build), byte for byte, and runs the same; another hw plans and builds afresh."""
+    import bevir.codegen.cprogram as cp
+    monkeypatch.setenv("BEVIR_CACHE", str(tmp_path / "cache"))
+    graph, inputs = GRAPHS["chain"](rng)
+    first = compile(graph, tmp_path / "a", hw="QC-U 8MB 16MAC x2")
+    monkeypatch.setattr(cp, "write_program", lambda *a, **k: pytest.fail("built again"))
+    second = compile(graph, tmp_path / "b", hw="QC-U 8MB 16MAC x2")
+    files = sorted(p.relative_to(tmp_path / "a") for p in (tmp_path / "a").rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(tmp_path / "b") for p in (tmp_path / "b").rglob("*")
+                           if p.is_file())
+    assert all((tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes() for f in files)
+    assert_bit_exact(second.run(inputs), first.run(inputs))
+    with pytest.raises(pytest.fail.Exception, match="built again"):
+        compile(graph, tmp_path / "c", hw="QC-U 8MB 16MAC x4")

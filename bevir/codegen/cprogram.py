@@ -28,8 +28,11 @@ for the host stages). The same graph gives byte-identical sources and manifest.
 from __future__ import annotations
 
 import ctypes
+import functools
+import hashlib
 import json
 import os
+import shutil
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Mapping
@@ -42,8 +45,9 @@ from ..errors import CodegenError
 from ..ir.graph import Graph, Node, Value
 from ..progress import Progress
 from ..sim.interpreter import Interpreter
-from .build import CFLAGS, RUNTIME_C, build_shared, c_kernel_source, cache_dir, include_dirs
-from .lower import dtype_name, kernel_def, kernel_name, signature, source_key, stages
+from .build import (CFLAGS, RUNTIME_C, build_shared, c_kernel_source, cache_dir, code_digest,
+                    include_dirs)
+from .lower import dtype_name, kernel_def, kernel_name, op_code_key, signature, source_key, stages
 
 ALIGN = 64
 
@@ -264,26 +268,88 @@ def compile(graph: Graph, out: str | Path, hw: str | None = None,
     is partitioned and every value stays in DDR; with neither, the graph is taken as it is
     (partitioned already, or one core). ``progress`` shows a bar over the kernel builds
     (``None``: when stderr is a terminal). Returns the loaded program."""
-    from ..passes import make_pass, optimize
+    out = Path(out)
+    key = _plan_key(graph, hw, cores)
+    ops = sorted({n.op: n.opdef for n in graph.nodes}.items())
+    built = cache_dir().parent / "programs" / _digest(
+        key, *(f"{name}:{op_code_key(opdef)}" for name, opdef in ops), " ".join(CFLAGS),
+        os.environ.get("CC", "cc"))
+    if (built / "manifest.json").exists():     # built before: the same files, no work
+        shutil.copytree(built, out, dirs_exist_ok=True)
+        return CompiledProgram.load(out)
+    saved = None
     if hw is not None or cores is not None:
-        graph = graph.clone()
-        passes = [] if "partition" in graph.meta else [
-            make_pass("partition", cores=cores or 0, hw=hw or "")]
-        if hw is not None:
-            from ..hw import HWConfig
-            config = HWConfig.parse(hw)
-            if cores:
-                config = config.model_copy(update={"cores": cores})
-            passes.append(make_pass("plan-memory", hw=config.describe()))
-        if passes:
-            optimize(graph, passes)             # one pipeline: the input verified once
-    return write_program(graph, out, progress)
+        graph, saved = _planned(graph, hw, cores, key)
+    program = write_program(graph, out, progress, saved)
+    _publish(lambda tmp: shutil.copytree(out, tmp, dirs_exist_ok=True), built)
+    return program
 
 
-def write_program(graph: Graph, out: str | Path, progress: bool | None = None) -> CompiledProgram:
+def _digest(*parts: str) -> str:
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:20]
+
+
+def _publish(fill, cached: Path) -> None:
+    """Make the cache folder ``cached`` with ``fill(folder)``, whole or not at all."""
+    tmp = cached.with_name(f"{cached.name}.{os.getpid()}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    fill(tmp)
+    try:
+        tmp.rename(cached)                      # a racing writer's copy wins
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _plan_key(graph: Graph, hw: str | None, cores: int | None) -> str:
+    """The graph's content (text, constants, meta), ``hw``, ``cores`` and the code of the
+    passes: what planning and code generation depend on."""
+    from ..ir.serialize import meta_document
+    from ..testing import graph_digest
+    doc, arrays = meta_document(graph)
+    h = hashlib.sha256(f"{graph_digest(graph)}|{hw}|{cores}|{code_digest('passes', 'ops', 'ir', 'hw.py')}|"
+                       f"{json.dumps(doc, sort_keys=True)}".encode())
+    for k in sorted(arrays or {}):
+        h.update(k.encode() + np.ascontiguousarray(arrays[k]).tobytes())
+    return h.hexdigest()[:20]
+
+
+def planned(graph: Graph, hw: str | None = None, cores: int | None = None) -> Graph:
+    """A copy of ``graph`` partitioned (unless it is) and, with ``hw``, memory-planned, as
+    :func:`compile` does. The result is cached on disk by the graph's content (text,
+    constants, meta), ``hw``, ``cores`` and the code of the passes, so compiling an
+    unchanged graph again plans nothing."""
+    return _planned(graph, hw, cores, _plan_key(graph, hw, cores))[0]
+
+
+def _planned(graph: Graph, hw: str | None, cores: int | None, key: str) -> tuple[Graph, Path]:
+    """:func:`planned`, and where the planned graph is saved in the cache."""
+    from ..ir.serialize import load, save
+    from ..passes import make_pass, optimize
+    folder = cache_dir().parent / "plans" / key
+    if (folder / "graph.bevir").exists():
+        return load(folder / "graph.bevir"), folder / "graph.bevir"
+    graph = graph.clone()
+    passes = [] if "partition" in graph.meta else [
+        make_pass("partition", cores=cores or 0, hw=hw or "")]
+    if hw is not None:
+        from ..hw import HWConfig
+        config = HWConfig.parse(hw)
+        if cores:
+            config = config.model_copy(update={"cores": cores})
+        passes.append(make_pass("plan-memory", hw=config.describe()))
+    if passes:
+        optimize(graph, passes)             # one pipeline: the input verified once
+    _publish(lambda tmp: save(graph, tmp / "graph.bevir"), folder)
+    return graph, folder / "graph.bevir"
+
+
+def write_program(graph: Graph, out: str | Path, progress: bool | None = None,
+                  saved: Path | None = None) -> CompiledProgram:
     """Write and build the per-core programs of ``graph`` as it is (its cores are its
-    nodes' ``meta["core"]``; memory-planned or not) into folder ``out``."""
-    from ..ir.serialize import save
+    nodes' ``meta["core"]``; memory-planned or not) into folder ``out``. ``saved``: where
+    ``graph`` is saved already (as ``graph.bevir``), copied instead of saved again."""
+    from ..ir.serialize import constants_path, meta_paths, save
     out = Path(out)
     (out / "kernels").mkdir(parents=True, exist_ok=True)
     cores = graph.meta["partition"]["cores"] if "partition" in graph.meta else \
@@ -308,14 +374,22 @@ def write_program(graph: Graph, out: str | Path, progress: bool | None = None) -
     runtime_o = _object(out / "runtime.c")
     for fname, text in sources.items():
         (out / fname).write_text(text)
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
-    save(graph, out / "graph.bevir")
+    manifest_text = json.dumps(manifest, indent=1) + "\n"
+    (out / "manifest.json").write_text(manifest_text)
+    if saved is None:
+        save(graph, out / "graph.bevir")
+    else:
+        for src in (saved, constants_path(saved), *meta_paths(saved)):
+            dst = out / src.name
+            dst.unlink(missing_ok=True)
+            if src.exists():
+                shutil.copyfile(src, dst)
     for k in range(cores):
         used = sorted({s["kernel"] for s in manifest["programs"][k]["steps"] if s["kernel"]})
         core_o = _object(out / f"core{k}.c")
         build_shared([core_o, runtime_o] + [objects[u] for u in used], out / f"core{k}.so")
     # the graph just saved, not read back; the manifest as written (JSON types)
-    return CompiledProgram(out, graph, json.loads((out / "manifest.json").read_text()))
+    return CompiledProgram(out, graph, json.loads(manifest_text))
 
 
 def _object(src: Path) -> Path:
@@ -338,27 +412,45 @@ def _object(src: Path) -> Path:
 class CompiledProgram:
     """A compiled folder (see :func:`compile`): the per-core libraries and the graph."""
 
-    def __init__(self, out: Path, graph: Graph, manifest: dict):
-        self.out, self.graph, self.manifest = out, graph, manifest
+    def __init__(self, out: Path, graph: Graph | None, manifest: dict):
+        """``graph``: the compiled graph, or None to read ``out/graph.bevir`` when needed."""
+        self.out, self.manifest = out, manifest
+        if graph is not None:
+            self.graph = graph
         self.cores = manifest["cores"]
         self.libs = [ctypes.CDLL(str(out / f"core{k}.so")) for k in range(self.cores)]
         self._epoch = 0
-        self._stages = stages(graph)
-        self._values = {v.name: v for v in graph.values()}
+
+    @functools.cached_property
+    def graph(self) -> Graph:
+        from ..ir.serialize import load
+        return load(self.out / "graph.bevir")
+
+    @functools.cached_property
+    def _stages(self) -> list:
+        return stages(self.graph)
+
+    @functools.cached_property
+    def _values(self) -> dict[str, Value]:
+        return {v.name: v for v in self.graph.values()}
+
+    @functools.cached_property
+    def _crossing(self) -> set[str]:
+        """The values that cross between host and device stages, and the outputs."""
         side = {id(n): dev for dev, nodes in self._stages for n in nodes}
-        #: values that cross between host and device stages, and the outputs
-        self._crossing = {v.name for v in graph.outputs.values()} | {
-            v.name for n in graph.nodes for v in n.inputs
+        g = self.graph
+        return {v.name for v in g.outputs.values()} | {
+            v.name for n in g.nodes for v in n.inputs
             if v is not None and v.producer is not None and side[id(v.producer)] != side[id(n)]}
 
     @classmethod
     def load(cls, out: str | Path) -> CompiledProgram:
-        from ..ir.serialize import load
+        """The program compiled into folder ``out`` (its graph read when first needed)."""
         out = Path(out)
         manifest = json.loads((out / "manifest.json").read_text())
         if manifest.get("format") != "bevir-program":
             raise CodegenError(f"{out}: not a bevir program (manifest.json)")
-        return cls(out, load(out / "graph.bevir"), manifest)
+        return cls(out, None, manifest)
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The graph's outputs: host stages on the golden model, device stages on the

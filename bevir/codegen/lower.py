@@ -275,13 +275,8 @@ def code_version() -> str:
     """A digest of the code that turns a node into kernel source (the op definitions and
     their lowerings, the codegen, TVM's version): with a node's signature, a key for
     sources built before that needs no lowering."""
-    tvm, _, _ = tvm_modules()
-    root = Path(__file__).resolve().parents[1]
-    files = sorted((root / "ops").glob("*.py")) + sorted((root / "codegen").glob("*.py"))
-    h = hashlib.sha256(tvm.__version__.encode())
-    for f in files:
-        h.update(f.name.encode() + f.read_bytes())
-    return h.hexdigest()[:16]
+    from .build import code_digest
+    return code_digest("ops", "codegen")
 
 
 @functools.lru_cache(maxsize=None)
@@ -289,23 +284,26 @@ def _file_digest(path: str, mtime_ns: int) -> bytes:
     return hashlib.sha256(Path(path).read_bytes()).digest()
 
 
-def source_key(node: Node) -> str:
-    """A cache key for ``node``'s kernel source, computed without lowering: its signature,
-    :func:`code_version`, and for its op the file defining the op and the code of its
-    lowering (so a user's op, or a lowering replaced at run time, builds afresh)."""
+def op_code_key(opdef) -> str:
+    """A digest of the code behind an op's kernels: the file defining the op and the code
+    of its lowering (so a user's op, or a lowering replaced at run time, builds afresh)."""
     import inspect
-    opdef = node.opdef
-    fn = getattr(type(opdef), "tvm_lowering", None)
-    h = hashlib.sha256(f"{signature(node)}{code_version()}".encode())
+    h = hashlib.sha256(code_version().encode())
     try:
         path = inspect.getsourcefile(type(opdef))
         h.update(_file_digest(path, Path(path).stat().st_mtime_ns))
     except (TypeError, OSError):            # a class without a file: its lowering's code only
         pass
-    code = getattr(fn, "__code__", None)
+    code = getattr(getattr(type(opdef), "tvm_lowering", None), "__code__", None)
     if code is not None:
         h.update(code.co_code + repr(code.co_consts).encode() + code.co_qualname.encode())
     return h.hexdigest()[:20]
+
+
+def source_key(node: Node) -> str:
+    """A cache key for ``node``'s kernel source, computed without lowering: its signature
+    and :func:`op_code_key` of its op."""
+    return hashlib.sha256(f"{signature(node)}{op_code_key(node.opdef)}".encode()).hexdigest()[:20]
 
 
 def kernel_name(node: Node) -> str:
