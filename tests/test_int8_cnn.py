@@ -241,14 +241,8 @@ def test_cnn_int8_is_bit_exact(name, format, images, tmp_path):
 
 ZOO_CNNS = ("resnet18", "mobilenet_v3_small", "efficientnet_b0", "squeezenet1_1",
             "shufflenet_v2", "regnet_y_400mf", "convnext_tiny", "deeplabv3_mobilenet_v3")
-# onnxruntime keeps the QDQ around a linear Resize: a float resize, which bevir interpolates
-# separably and onnxruntime as one 4-term sum (docs/numerics.md, known deviations)
-_FLOAT_RESIZE = pytest.mark.xfail(strict=True, reason="float linear Resize rounds otherwise")
-
-
 def _zoo_case(name: str, format: str, per_channel: bool):
-    marks = _FLOAT_RESIZE if (name, format) == ("deeplabv3_mobilenet_v3", "qdq") else ()
-    return pytest.param(name, format, per_channel, marks=marks,
+    return pytest.param(name, format, per_channel,
                         id=f"{name}-{format}{'-per-channel' * per_channel}")
 
 
@@ -398,6 +392,23 @@ def test_8bit_resize_is_bit_exact(dtype):
                                                           ["", "sizes"])], ["y"], mode=mode,
                                      coordinate_transformation_mode=ct, nearest_mode=nearest)
         assert _differing(node, _codes(rng, dtype, shape), inits) == 0, (mode, ct, shape)
+
+
+def test_float_bilinear_resize_is_bit_exact():
+    """float32 linear resize over two axes: onnxruntime's UpsampleBilinear, bit for bit."""
+    rng = np.random.default_rng(1)
+    for ct in ("half_pixel", "pytorch_half_pixel", "asymmetric", "align_corners"):
+        for shape, out in [((2, 3, 5, 4), (2, 3, 11, 9)), ((1, 4, 7, 7), (1, 4, 64, 64)),
+                           ((1, 2, 8, 8), (1, 2, 5, 3)), ((6, 5), (13, 2)),
+                           ((1, 3, 3, 5), (1, 1, 2.5, 1.7))]:
+            scales = any(isinstance(o, float) for o in out)
+            inits = {"scales": np.float32(out)} if scales else {"sizes": np.int64(out)}
+            node = onnx.helper.make_node("Resize", ["x", "", *(["scales"] if scales else
+                                                              ["", "sizes"])], ["y"],
+                                         mode="linear", coordinate_transformation_mode=ct)
+            x = (rng.standard_normal(shape) * 10).astype(np.float32)
+            if not (scales and ct == "align_corners"):    # there bevir follows ONNX
+                assert _differing(node, x, inits) == 0, (ct, shape, out)
 
 
 def test_8bit_linear_resize_runs_on_the_codes():

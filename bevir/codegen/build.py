@@ -3,7 +3,6 @@ runtime) and the C target (sources that the system C compiler builds into librar
 needing only libc), with a disk cache keyed by the kernel's TIR."""
 from __future__ import annotations
 
-import functools
 import hashlib
 import math
 import os
@@ -22,19 +21,6 @@ def cache_dir() -> Path:
     path = Path(root) / "kernels"
     path.mkdir(parents=True, exist_ok=True)
     return path
-
-
-@functools.lru_cache(maxsize=None)
-def code_digest(*packages: str) -> str:
-    """A digest of the source files of bevir's ``packages`` (``"ops"``, ``"codegen"``...)
-    and TVM's version: part of the key of anything cached that this code produced."""
-    from importlib.metadata import version
-    root = Path(__file__).resolve().parents[1]
-    h = hashlib.sha256(version("apache-tvm").encode())
-    for package in packages:
-        for f in sorted((root / package).glob("*.py")) if (root / package).is_dir() else [root / package]:
-            h.update(f"{package}/{f.name}".encode() + f.read_bytes())
-    return h.hexdigest()[:16]
 
 
 #: the code that turns TIR into a build (this file, the schedules): part of every cache key

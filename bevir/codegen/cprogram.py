@@ -45,9 +45,9 @@ from ..errors import CodegenError
 from ..ir.graph import Graph, Node, Value
 from ..progress import Progress
 from ..sim.interpreter import Interpreter
-from .build import (CFLAGS, RUNTIME_C, build_shared, c_kernel_source, cache_dir, code_digest,
-                    include_dirs)
-from .lower import dtype_name, kernel_def, kernel_name, op_code_key, signature, source_key, stages
+from .build import CFLAGS, RUNTIME_C, build_shared, c_kernel_source, cache_dir, include_dirs
+from .lower import (code_digest, dtype_name, kernel_def, kernel_name, op_code_key, signature,
+                    source_key, stages)
 
 ALIGN = 64
 
@@ -304,8 +304,7 @@ def _publish(fill, cached: Path) -> None:
 def _plan_key(graph: Graph, hw: str | None, cores: int | None) -> str:
     """The graph's content (text, constants, meta), ``hw``, ``cores`` and the code of the
     passes: what planning and code generation depend on."""
-    from ..ir.serialize import meta_document
-    from ..testing import graph_digest
+    from ..ir.serialize import graph_digest, meta_document
     doc, arrays = meta_document(graph)
     h = hashlib.sha256(f"{graph_digest(graph)}|{hw}|{cores}|{code_digest('passes', 'ops', 'ir', 'hw.py')}|"
                        f"{json.dumps(doc, sort_keys=True)}".encode())

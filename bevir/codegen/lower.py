@@ -270,12 +270,24 @@ def kernel_def(node: Node) -> KernelDef:
                      sum(p is not None for p in operands))
 
 
+@functools.lru_cache(maxsize=None)
+def code_digest(*packages: str) -> str:
+    """A digest of the source files of bevir's ``packages`` (``"ops"``, ``"codegen"``...)
+    and TVM's version: part of the key of anything cached that this code produced."""
+    from importlib.metadata import version
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256(version("apache-tvm").encode())
+    for package in packages:
+        for f in sorted((root / package).glob("*.py")) if (root / package).is_dir() else [root / package]:
+            h.update(f"{package}/{f.name}".encode() + f.read_bytes())
+    return h.hexdigest()[:16]
+
+
 @functools.lru_cache(maxsize=1)
 def code_version() -> str:
     """A digest of the code that turns a node into kernel source (the op definitions and
     their lowerings, the codegen, TVM's version): with a node's signature, a key for
     sources built before that needs no lowering."""
-    from .build import code_digest
     return code_digest("ops", "codegen")
 
 

@@ -2,8 +2,10 @@
 meta, a JSON file of it (plus a safetensors file of the arrays the meta holds)."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,18 @@ def meta_paths(path: str | os.PathLike) -> tuple[Path, Path]:
     the arrays it holds, ``<stem>.meta.safetensors``."""
     path = Path(path)
     return path.with_suffix(".meta.json"), path.with_suffix(".meta.safetensors")
+
+
+def graph_digest(graph: Graph, inputs: Mapping[str, np.ndarray] | None = None) -> str:
+    """sha256 (hex, 16 digits) of the graph's text, its constants' bytes and ``inputs``."""
+    h = hashlib.sha256(print_graph(graph, constants="external").encode())
+    arrays = sorted((("const", k, v.const) for k, v in graph.constants.items()))
+    arrays += sorted(("input", k, np.asarray(v)) for k, v in (inputs or {}).items())
+    for kind, name, a in arrays:
+        a = np.asarray(a, order="C")
+        h.update(f"{kind}:{name}:{a.dtype.str}{a.shape}".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()[:16]
 
 
 def save(graph: Graph, path: str | os.PathLike) -> Path:

@@ -44,7 +44,7 @@ def _dilations(c):
     return getattr(c, "dilations", (1, 1))
 
 
-def _pool_out(c, x: TensorType) -> tuple[int, int]:
+def pool_out(c, x: TensorType) -> tuple[int, int]:
     (k0, k1), (s0, s1), (d0, d1) = c.kernel, c.strides, _dilations(c)
     top, left, bottom, right = c.pads
     ax = spatial_axes(x)
@@ -52,13 +52,13 @@ def _pool_out(c, x: TensorType) -> tuple[int, int]:
             pool_out_size(x.shape[ax[1]], k1, s1, left, right, d1, c.ceil_mode))
 
 
-def _pool_infer(c, x: TensorType) -> TensorType:
+def pool_infer(c, x: TensorType) -> TensorType:
     require(x.rank == 4, f"expects a 4-D input, got {x}")
     require(len(c.kernel) == 2 and len(c.strides) == 2 and len(c.pads) == 4
             and len(_dilations(c)) == 2, "kernel, strides and dilations take 2 values, pads 4")
     require(min(c.kernel + c.strides + _dilations(c)) >= 1 and min(c.pads) >= 0,
             "kernel, strides and dilations must be positive, pads non-negative")
-    oh, ow = _pool_out(c, x)
+    oh, ow = pool_out(c, x)
     require(oh > 0 and ow > 0, f"pooling window does not fit {x}")
     shape = list(x.shape)
     for a, o in zip(spatial_axes(x), (oh, ow)):
@@ -85,7 +85,7 @@ def window_taps(x: np.ndarray, axes, c, out, fill, pads=None):
         yield x[tuple(idx)]
 
 
-_POOL_ATTRS = {"kernel": Ints(), "strides": Ints((1, 1)), "pads": Ints((0, 0, 0, 0)),
+POOL_ATTRS = {"kernel": Ints(), "strides": Ints((1, 1)), "pads": Ints((0, 0, 0, 0)),
                "ceil_mode": Bool(False)}
 
 
@@ -98,11 +98,11 @@ class MaxPool2d(OpDef):
                                       "dilations": "dilations"})
     nhwc = NATIVE
     operands = ("x",)
-    attrs = {**_POOL_ATTRS, "dilations": Ints((1, 1))}
+    attrs = {**POOL_ATTRS, "dilations": Ints((1, 1))}
 
     def infer(self, c, x):
         require(x.dtype.is_float or x.dtype.is_int, f"expects a numeric operand, got {x.dtype}")
-        return _pool_infer(c, x)
+        return pool_infer(c, x)
 
     def cycle_cost(self, c):
         """One compare per window tap and result."""
@@ -112,7 +112,7 @@ class MaxPool2d(OpDef):
     def compute(self, c, x):
         fill = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
         axes = spatial_axes(c.in_types[0])
-        taps = window_taps(x, axes, c, _pool_out(c, c.in_types[0]), fill)
+        taps = window_taps(x, axes, c, pool_out(c, c.in_types[0]), fill)
         y = next(taps).copy()
         for t in taps:
             np.maximum(y, t, out=y)
@@ -147,10 +147,10 @@ class MaxPool2dIndices(OpDef):
 
     def infer(self, c, x):
         require(x.layout is not Layout.nhwc, f"expects NCHW, got {x}")
-        return TensorType(_pool_infer(c, x).shape, DType.i64)
+        return TensorType(pool_infer(c, x).shape, DType.i64)
 
     def compute(self, c, x):
-        axes, out = (2, 3), _pool_out(c, c.in_types[0])
+        axes, out = (2, 3), pool_out(c, c.in_types[0])
         n, ch, h, w = x.shape
         flat = np.arange(x.size, dtype=np.int64).reshape(x.shape)
         if c.storage_order == 1:
@@ -186,15 +186,15 @@ class AvgPool2d(OpDef):
                                           "dilations": "dilations"})
     nhwc = NATIVE
     operands = ("x",)
-    attrs = {**_POOL_ATTRS, "count_include_pad": Bool(False), "dilations": Ints((1, 1))}
+    attrs = {**POOL_ATTRS, "count_include_pad": Bool(False), "dilations": Ints((1, 1))}
 
     def infer(self, c, x):
         float_operands(x)
-        return _pool_infer(c, x)
+        return pool_infer(c, x)
 
     def compute(self, c, x):
         t = c.in_types[0]
-        axes, out = spatial_axes(t), _pool_out(c, t)
+        axes, out = spatial_axes(t), pool_out(c, t)
         y = np.zeros(c.out_types[0].shape, _acc(x.dtype))
         for tap in window_taps(x, axes, c, out, 0):
             y += tap
@@ -430,7 +430,8 @@ class Resize(OpDef):
     ONNX's scales instead where out / in differs from them, and coordinates follow ONNX's
     float64 formulas (as does cubic, with ``cubic_coeff_a`` and ``exclude_outside``).
     Linear of int8/uint8 (at most two resized axes) is onnxruntime's fixed-point bilinear
-    kernel, bit for bit (:func:`resize_linear_int8`)."""
+    kernel, bit for bit (:func:`resize_linear_int8`); float32 linear over two axes of a 2-D
+    or 4-D tensor is its float bilinear kernel (:func:`resize_bilinear_f32`)."""
 
     name = "resize"
     nhwc = LayoutRule(attrs=size_attr, check=_resize_ok)
@@ -466,6 +467,9 @@ class Resize(OpDef):
     def compute(self, c, x):
         if c.mode == "linear" and x.dtype.kind in "iu":
             return resize_linear_int8(c, x)
+        axes = bilinear_f32_axes(c, x)
+        if axes is not None:
+            return resize_bilinear_f32(c, x, axes)
         if c.scales is not None or c.mode == "cubic":
             return _resize_reference(c, x)
         dtype = x.dtype
@@ -508,6 +512,16 @@ def _taps_1024(mode: str, n_in: int, n_out: int, scale: np.float32
     """onnxruntime's SetupUpsampleBilinearInteger along one axis: per output index the two
     input taps (lo, hi) and their weights in 1/1024 (summing to 1024). The coordinate is
     upsamplebase.h's, in float32, clamped to [0, n_in - 1]; its 1/1024 units are truncated."""
+    src, lo, hi = _f32_taps(mode, n_in, n_out, scale)
+    units = (src * np.float32(1024)).astype(np.int64)
+    w_hi = np.where(lo == hi, 512, units - lo * 1024)       # a clamped edge: 512 each
+    return lo, hi, 1024 - w_hi, w_hi
+
+
+def _f32_taps(mode: str, n_in: int, n_out: int, scale: np.float32
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """onnxruntime's bilinear source coordinate of each output index along one axis
+    (upsamplebase.h, float32, clamped to [0, n_in - 1]) and its two input taps."""
     f = np.float32
     y = np.arange(n_out, dtype=f)
     if mode == "asymmetric":
@@ -519,11 +533,50 @@ def _taps_1024(mode: str, n_in: int, n_out: int, scale: np.float32
     else:                                                   # half_pixel, pytorch_half_pixel
         src = (y + f(0.5)) / scale - f(0.5)
     src = np.clip(src, f(0), f(n_in - 1))
-    units = (src * f(1024)).astype(np.int64)
     lo = np.minimum(src.astype(np.int64), n_in - 1)
-    hi = np.minimum(lo + 1, n_in - 1)
-    w_hi = np.where(lo == hi, 512, units - lo * 1024)       # a clamped edge: 512 each
-    return lo, hi, 1024 - w_hi, w_hi
+    return src, lo, np.minimum(lo + 1, n_in - 1)
+
+
+#: the coordinate modes of onnxruntime's bilinear kernels
+BILINEAR_MODES = ("half_pixel", "pytorch_half_pixel", "asymmetric", "align_corners")
+
+
+def bilinear_f32_axes(c: Ctx, x: np.ndarray) -> tuple[int, int] | None:
+    """The two axes of a float32 linear resize that onnxruntime runs as UpsampleBilinear
+    (a 2-D tensor, or a 4-D one resized along two axes only), else None."""
+    scales = _f32_scales(c, x.shape)
+    axes = tuple(a for a, s in enumerate(scales) if s != 1)
+    mode = c.coordinate_transformation_mode
+    # align_corners with ONNX's scales: onnxruntime maps with the integer output length,
+    # ONNX with scale * length; bevir follows ONNX there
+    if (c.mode == "linear" and x.dtype == np.float32 and x.ndim in (2, 4) and len(axes) == 2
+            and c.roi is None and mode in BILINEAR_MODES
+            and not (mode == "align_corners" and c.scales is not None)):
+        return axes
+    return None
+
+
+def resize_bilinear_f32(c: Ctx, x: np.ndarray, axes: tuple[int, int]) -> np.ndarray:
+    """Float32 linear resize over ``axes`` as onnxruntime's UpsampleBilinear (upsample.cc):
+    per output the four taps weighted by products of the axes' distances, summed in its
+    order, all in float32; a clamped edge weighs each tap 1/2."""
+    f = np.float32
+    scales = _f32_scales(c, x.shape)
+    parts = []
+    for axis in axes:
+        src, lo, hi = _f32_taps(c.coordinate_transformation_mode, x.shape[axis], c.size[axis],
+                                scales[axis])
+        d1, d2 = np.abs(src - lo.astype(f)), np.abs(src - hi.astype(f))
+        d1, d2 = (np.where(lo == hi, f(0.5), d).astype(f) for d in (d1, d2))
+        shape = [1] * x.ndim
+        shape[axis] = len(src)
+        parts.append((lo, hi, d1.reshape(shape), d2.reshape(shape)))
+    (yl, yh, dy1, dy2), (xl, xh, dx1, dx2) = parts
+
+    def tap(yi, xi):
+        return np.take(np.take(x, yi, axis=axes[0]), xi, axis=axes[1])
+    return (dx2 * dy2 * tap(yl, xl) + dx1 * dy2 * tap(yl, xh)
+            + dx2 * dy1 * tap(yh, xl) + dx1 * dy1 * tap(yh, xh))
 
 
 def resize_linear_int8(c: Ctx, x: np.ndarray) -> np.ndarray:

@@ -26,7 +26,7 @@ from .layout_rules import AXIS, ELEMENTWISE, NATIVE, converted, nhwc_type
 from .linalg import (CONV_ATTRS, F32_EXACT, NCHW_CHANNEL_LIMIT, Convolution, MatrixProduct,
                      conv2d_nchw, conv2d_nhwc, conv_accumulator, exact_chunk, exact_int_matmul, from_nhwc,
                      int_conv2d_nhwc, matmul_shape, to_nhwc)
-from .nn import _POOL_ATTRS, _pool_infer, _pool_out, spatial_axes, window_taps
+from .nn import POOL_ATTRS, pool_infer, pool_out, spatial_axes, window_taps
 from .numerics import (conv_multiplier, fma32, lookup_table, mlas_logistic, requantize,
                        saturate_round)
 from .onnx_export import identity, integer_product, onnx_as, qdq
@@ -652,20 +652,20 @@ class QLinearAvgPool(OpDef):
     onnx_export = qdq("avgpool2d")
     nhwc = NATIVE
     operands = ("x",)
-    attrs = {**_POOL_ATTRS, "count_include_pad": Bool(False), "out_scale": Float(),
+    attrs = {**POOL_ATTRS, "count_include_pad": Bool(False), "out_scale": Float(),
              "out_zero_point": Int(0)}
 
     def infer(self, c, x):
         _q8(x, "x")
         affine(x, "x")
-        t = _pool_infer(c, x)
+        t = pool_infer(c, x)
         return _out_type(c, t.shape, t.layout, str(x.dtype))
 
     def compute(self, c, x):
         xt, yt = c.in_types[0], c.out_types[0]
         s, z = _params(xt.quant, x.ndim)
         real = np.subtract(x, z, dtype=np.int32).astype(F32) * s
-        axes, out = spatial_axes(xt), _pool_out(c, xt)
+        axes, out = spatial_axes(xt), pool_out(c, xt)
         acc = np.zeros(yt.shape, F32)
         for tap in window_taps(real, axes, c, out, 0):
             acc += tap                  # taps in the padding add +0.0: the sum is unchanged

@@ -14,7 +14,6 @@ index, the two values there and the max abs difference. Bit-exact compares the b
 """
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from ..ir.graph import Graph
+from ..ir.serialize import graph_digest
 from ..sim.compare import ErrorReport, LayerError, compare_graphs
 
 __all__ = ["assert_bit_exact", "assert_close", "compare_graphs", "ErrorReport", "LayerError",
@@ -123,19 +123,6 @@ def assert_close(actual: Arrays, expected: Arrays, *, rtol: float = 1e-5, atol: 
     """Like :func:`assert_bit_exact` with ``np.isclose(actual, expected, rtol, atol)``
     (NaN equal to NaN) per element."""
     _raise(differences(actual, expected, rtol=rtol, atol=atol), f"close (rtol {rtol}, atol {atol})")
-
-
-def graph_digest(graph: Graph, inputs: Mapping[str, np.ndarray] | None = None) -> str:
-    """sha256 (hex, 16 digits) of the graph's text, its constants' bytes and ``inputs``."""
-    from ..ir.printer import print_graph
-    h = hashlib.sha256(print_graph(graph, constants="external").encode())
-    arrays = sorted((("const", k, v.const) for k, v in graph.constants.items()))
-    arrays += sorted(("input", k, np.asarray(v)) for k, v in (inputs or {}).items())
-    for kind, name, a in arrays:
-        a = np.asarray(a, order="C")
-        h.update(f"{kind}:{name}:{a.dtype.str}{a.shape}".encode())
-        h.update(a.tobytes())
-    return h.hexdigest()[:16]
 
 
 class GoldenStore:
