@@ -33,169 +33,6 @@ def cbn(cin: int, cout: int, k: int = 3, s: int = 1, groups: int = 1, act=nn.ReL
     return nn.Sequential(*layers, act()) if act else nn.Sequential(*layers)
 
 
-class BasicBlock(nn.Module):
-    def __init__(self, cin: int, cout: int, s: int):
-        super().__init__()
-        self.body = nn.Sequential(cbn(cin, cout, s=s), cbn(cout, cout, act=None))
-        self.down = cbn(cin, cout, 1, s, act=None) if s != 1 or cin != cout else nn.Identity()
-
-    def forward(self, x):
-        return torch.relu(self.body(x) + self.down(x))
-
-
-class ResNet(nn.Module):
-    """ResNet-18's layout at width 8: stem, max pool, basic blocks, average pool, Linear."""
-
-    def __init__(self, w: int = 8):
-        super().__init__()
-        self.features = nn.Sequential(
-            cbn(3, w, 7, 2), nn.MaxPool2d(3, 2, 1), BasicBlock(w, w, 1), BasicBlock(w, w, 1),
-            BasicBlock(w, 2 * w, 2), BasicBlock(2 * w, 4 * w, 2), nn.AdaptiveAvgPool2d(1))
-        self.fc = nn.Linear(4 * w, 10)
-
-    def forward(self, x):
-        return self.fc(torch.flatten(self.features(x), 1))
-
-
-class SqueezeExcite(nn.Module):
-    def __init__(self, c: int, act=nn.ReLU, gate=nn.Hardsigmoid):
-        super().__init__()
-        self.fc = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Conv2d(c, max(c // 4, 4), 1), act(),
-                                nn.Conv2d(max(c // 4, 4), c, 1), gate())
-
-    def forward(self, x):
-        return x * self.fc(x)
-
-
-class InvertedResidual(nn.Module):
-    """MobileNet-V3 / EfficientNet block: expand, depthwise, squeeze-excite, project."""
-
-    def __init__(self, cin, mid, cout, k, s, act, se=True, gate=nn.Hardsigmoid):
-        super().__init__()
-        self.residual = s == 1 and cin == cout
-        self.body = nn.Sequential(
-            cbn(cin, mid, 1, act=act), cbn(mid, mid, k, s, groups=mid, act=act),
-            SqueezeExcite(mid, nn.ReLU if gate is nn.Hardsigmoid else act, gate) if se
-            else nn.Identity(), cbn(mid, cout, 1, act=None))
-
-    def forward(self, x):
-        return x + self.body(x) if self.residual else self.body(x)
-
-
-class MobileNetV3(nn.Module):
-    def __init__(self):
-        super().__init__()
-        hs = nn.Hardswish
-        self.features = nn.Sequential(
-            cbn(3, 8, 3, 2, act=hs), InvertedResidual(8, 8, 8, 3, 2, nn.ReLU),
-            InvertedResidual(8, 32, 12, 3, 2, nn.ReLU, se=False),
-            InvertedResidual(12, 36, 12, 3, 1, nn.ReLU6, se=False),
-            InvertedResidual(12, 48, 16, 5, 2, hs), InvertedResidual(16, 64, 16, 5, 1, hs),
-            cbn(16, 64, 1, act=hs), nn.AdaptiveAvgPool2d(1))
-        self.classifier = nn.Sequential(nn.Linear(64, 32), hs(), nn.Dropout(0.2),
-                                        nn.Linear(32, 10))
-
-    def forward(self, x):
-        return self.classifier(torch.flatten(self.features(x), 1))
-
-
-class EfficientNet(nn.Module):
-    def __init__(self):
-        super().__init__()
-        block = lambda *a: InvertedResidual(*a, nn.SiLU, True, nn.Sigmoid)  # noqa: E731
-        self.features = nn.Sequential(
-            cbn(3, 8, 3, 2, act=nn.SiLU), block(8, 8, 8, 3, 1), block(8, 32, 12, 3, 2),
-            block(12, 48, 12, 5, 1), block(12, 48, 16, 3, 2), cbn(16, 64, 1, act=nn.SiLU),
-            nn.AdaptiveAvgPool2d(1))
-        self.classifier = nn.Sequential(nn.Dropout(0.2), nn.Linear(64, 10))
-
-    def forward(self, x):
-        return self.classifier(torch.flatten(self.features(x), 1))
-
-
-class Fire(nn.Module):
-    def __init__(self, cin: int, squeeze: int, expand: int):
-        super().__init__()
-        self.squeeze = nn.Sequential(nn.Conv2d(cin, squeeze, 1), nn.ReLU())
-        self.e1 = nn.Sequential(nn.Conv2d(squeeze, expand, 1), nn.ReLU())
-        self.e3 = nn.Sequential(nn.Conv2d(squeeze, expand, 3, padding=1), nn.ReLU())
-
-    def forward(self, x):
-        x = self.squeeze(x)
-        return torch.cat([self.e1(x), self.e3(x)], 1)
-
-
-class SqueezeNet(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.features = nn.Sequential(
-            nn.Conv2d(3, 16, 3, 2), nn.ReLU(), nn.MaxPool2d(3, 2, ceil_mode=True),
-            Fire(16, 4, 8), Fire(16, 4, 8), nn.MaxPool2d(3, 2, ceil_mode=True), Fire(16, 8, 16),
-            nn.Conv2d(32, 16, 1), nn.ReLU(), nn.AdaptiveAvgPool2d(1))
-        self.fc = nn.Linear(16, 10)
-
-    def forward(self, x):
-        return self.fc(torch.flatten(self.features(x), 1))
-
-
-class ShuffleUnit(nn.Module):
-    def __init__(self, cin: int, cout: int, s: int):
-        super().__init__()
-        b = cout // 2
-        self.branch1 = nn.Sequential(cbn(cin, cin, 3, s, groups=cin, act=None), cbn(cin, b, 1)) \
-            if s > 1 else None
-        self.branch2 = nn.Sequential(cbn(cin if s > 1 else b, b, 1),
-                                     cbn(b, b, 3, s, groups=b, act=None), cbn(b, b, 1))
-
-    def forward(self, x):
-        if self.branch1 is None:
-            x1, x2 = x.chunk(2, dim=1)
-            out = torch.cat((x1, self.branch2(x2)), 1)
-        else:
-            out = torch.cat((self.branch1(x), self.branch2(x)), 1)
-        n, c, h, w = out.shape                          # channel shuffle, 2 groups
-        return out.view(n, 2, c // 2, h, w).transpose(1, 2).reshape(n, c, h, w)
-
-
-class ShuffleNet(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.features = nn.Sequential(
-            cbn(3, 8, 3, 2), nn.MaxPool2d(3, 2, 1), ShuffleUnit(8, 16, 2), ShuffleUnit(16, 16, 1),
-            ShuffleUnit(16, 32, 2), ShuffleUnit(32, 32, 1), cbn(32, 64, 1))
-        self.fc = nn.Linear(64, 10)
-
-    def forward(self, x):
-        return self.fc(self.features(x).mean([2, 3]))
-
-
-class ConvNeXtBlock(nn.Module):
-    """Depthwise 7x7, LayerNorm and a GELU MLP on channels last, layer scale, residual."""
-
-    def __init__(self, c: int):
-        super().__init__()
-        self.dw = nn.Conv2d(c, c, 7, padding=3, groups=c)
-        self.norm = nn.LayerNorm(c, eps=1e-6)
-        self.mlp = nn.Sequential(nn.Linear(c, 4 * c), nn.GELU(), nn.Linear(4 * c, c))
-        self.scale = nn.Parameter(torch.full((c, 1, 1), 0.1))
-
-    def forward(self, x):
-        return x + self.scale * self.mlp(self.norm(self.dw(x).permute(0, 2, 3, 1))
-                                         ).permute(0, 3, 1, 2)
-
-
-class ConvNeXt(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.features = nn.Sequential(
-            nn.Conv2d(3, 16, 4, 4), ConvNeXtBlock(16), nn.Conv2d(16, 32, 2, 2), ConvNeXtBlock(32),
-            nn.AdaptiveAvgPool2d(1))
-        self.head = nn.Sequential(nn.LayerNorm(32, eps=1e-6), nn.Linear(32, 10))
-
-    def forward(self, x):
-        return self.head(torch.flatten(self.features(x), 1))
-
-
 class AvgPoolNet(nn.Module):
     """Average pools with padding, ceil_mode and count_include_pad (QLinearAveragePool)."""
 
@@ -210,13 +47,9 @@ class AvgPoolNet(nn.Module):
         return self.fc(torch.flatten(self.features(x), 1))
 
 
-MODELS = {"resnet18": ResNet, "mobilenet_v3": MobileNetV3, "efficientnet": EfficientNet,
-          "squeezenet": SqueezeNet, "shufflenet_v2": ShuffleNet, "convnext": ConvNeXt}
-
-
 def _model(name: str) -> nn.Module:
     torch.manual_seed(0)
-    return {**MODELS, "avgpool": AvgPoolNet}[name]().eval()
+    return AvgPoolNet().eval() if name == "avgpool" else build(name, untrained_norms=True)[0]
 
 
 @pytest.fixture(scope="module")
@@ -226,40 +59,32 @@ def images():
 
 
 # ---- the zoo through the flow -------------------------------------------------------------
-@pytest.mark.parametrize("format", ["qoperator", "qdq"])
-@pytest.mark.parametrize("name", MODELS)
-def test_cnn_int8_is_bit_exact(name, format, images, tmp_path):
-    model = _model(name)
-    for per_channel in (False, True):
-        qb = bevir.flows.quantize_backbone(model, images[:2], tmp_path / str(per_channel),
-                                           format=format, per_channel=per_channel,
-                                           progress=False)
-        ops = {n.op_type for n in onnx.load(str(qb.int8_onnx)).graph.node}
-        assert ("QGemm" if format == "qoperator" else "Gemm") in ops
-        assert qb.mismatches(images[2] * 2) == {"feats": 0}, (name, format, per_channel)
-
-
 ZOO_CNNS = ("resnet18", "mobilenet_v3_small", "efficientnet_b0", "squeezenet1_1",
             "shufflenet_v2", "regnet_y_400mf", "convnext_tiny", "deeplabv3_mobilenet_v3")
-def _zoo_case(name: str, format: str, per_channel: bool):
-    return pytest.param(name, format, per_channel,
-                        id=f"{name}-{format}{'-per-channel' * per_channel}")
 
 
-ZOO_CASES = [_zoo_case(name, format, per_channel)
-             for per_channel, names in ((False, ZOO_CNNS),
-                                        (True, ("mobilenet_v3_small", "deeplabv3_mobilenet_v3")))
-             for name in names for format in ("qoperator", "qdq")]
-
-
-@pytest.mark.parametrize("name,format,per_channel", ZOO_CASES)
-def test_zoo_cnn_int8_is_bit_exact(name, format, per_channel, tmp_path):
-    model, example = build(name, size="small", seed=0)
+@pytest.mark.parametrize("format", ["qoperator", "qdq"])
+@pytest.mark.parametrize("name", ZOO_CNNS)
+def test_zoo_cnn_int8_is_bit_exact(name, format, tmp_path):
+    """Every CNN of the zoo through quantize_backbone: per-tensor weights with BatchNorm
+    statistics like a trained model's, per-channel weights with untrained BatchNorm (whose
+    zero biases the exporter shares, the quantizer's old crash); 0 differing elements
+    against onnxruntime on an input outside the calibration data. QDQ with uint8
+    activations: with int8 ones onnxruntime runs some convolutions in float (see
+    docs/numerics.md, known deviations)."""
     rng = np.random.default_rng(1)
-    calib = [rng.standard_normal(tuple(example.shape)).astype(np.float32) for _ in range(2)]
-    qb = bevir.flows.quantize_backbone(model, calib, tmp_path, format=format,
-                                       per_channel=per_channel, progress=False)
-    assert qb.mismatches(example.numpy()) == {"feats": 0}
+    activations = "int8" if format == "qoperator" else "uint8"
+    for per_channel in (False, True):
+        model, example = build(name, size="small", seed=0, untrained_norms=per_channel)
+        calib = [rng.standard_normal(tuple(example.shape)).astype(np.float32) for _ in range(2)]
+        qb = bevir.flows.quantize_backbone(model, calib, tmp_path / str(per_channel),
+                                           format=format, per_channel=per_channel,
+                                           activation_type=activations, progress=False)
+        assert not any(n.op == "conv2d" for n in qb.graph.nodes)    # every conv integer
+        if name not in ("squeezenet1_1", "deeplabv3_mobilenet_v3"):  # a Linear classifier
+            ops = {n.op_type for n in onnx.load(str(qb.int8_onnx)).graph.node}
+            assert ("QGemm" if format == "qoperator" else "Gemm") in ops
+        assert qb.mismatches(example.numpy() * 2) == {"feats": 0}, (name, format, per_channel)
 
 
 def test_untrained_batch_norm_biases_are_given_their_own(images, tmp_path):

@@ -587,9 +587,12 @@ def _randomize_norms(model: nn.Module, gen: torch.Generator) -> None:
             m.bias.data.copy_(torch.randn(c, generator=gen) * 0.1)
 
 
-def build(name: str, size: str = "small", seed: int = 0) -> tuple[nn.Module, torch.Tensor]:
+def build(name: str, size: str = "small", seed: int = 0, untrained_norms: bool = False
+          ) -> tuple[nn.Module, torch.Tensor]:
     """The model ``name`` (a key of :data:`MODELS`) in eval mode with random weights (a
-    pure function of ``seed``), and an example input."""
+    pure function of ``seed``), and an example input. BatchNorm gets random statistics
+    like a trained one's, unless ``untrained_norms`` (then it is the identity, as in a
+    freshly constructed model: its folded biases are all zero)."""
     if name not in MODELS:
         raise KeyError(f"unknown zoo model {name!r}; known: {', '.join(MODELS)}")
     if size not in ("small", "full"):
@@ -597,7 +600,8 @@ def build(name: str, size: str = "small", seed: int = 0) -> tuple[nn.Module, tor
     torch.manual_seed(seed)
     model = MODELS[name][0](size == "full").eval()
     gen = torch.Generator().manual_seed(seed)
-    _randomize_norms(model, gen)
+    if not untrained_norms:
+        _randomize_norms(model, gen)
     example = torch.randn(input_shape(name, size), generator=gen)
     return model, example
 
