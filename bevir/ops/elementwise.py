@@ -19,7 +19,8 @@ def _erf(x: np.ndarray) -> np.ndarray:
     """erf through the Chebyshev-fitted erfc (fractional error < 1.2e-7), in float64:
     erfc = t * exp(-z^2 - 1.26551223 + t * (1.00002368 + t * (... + t * 0.17087277))),
     t = 1 / (1 + z / 2), z = |x|, Horner's rule evaluated in place."""
-    z = np.abs(x.astype(np.float64))
+    flat = np.asarray(x).reshape(-1)        # in-place steps need arrays, also for 0-d x
+    z = np.abs(flat.astype(np.float64))
     t = 1.0 / (1.0 + 0.5 * z)
     acc = t * 0.17087277
     for c in _ERFC_TAIL:
@@ -31,8 +32,8 @@ def _erf(x: np.ndarray) -> np.ndarray:
     erfc = np.exp(poly, out=poly)
     erfc *= t
     y = np.subtract(1.0, erfc)
-    np.subtract(erfc, 1.0, out=y, where=x < 0)
-    return y.astype(x.dtype)
+    np.subtract(erfc, 1.0, out=y, where=flat < 0)
+    return y.astype(x.dtype).reshape(np.shape(x))
 
 
 def _gelu(x: np.ndarray, approximate: str) -> np.ndarray:
@@ -48,10 +49,11 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
     # exp of -|x| never overflows: 1 / (1 + e) for x >= 0, e / (1 + e) below, as one
     # division of the numerator (1 or e) in place
     x = np.asarray(x)
-    e = np.exp(-np.abs(x))
+    flat = x.reshape(-1)                    # in-place steps need arrays, also for 0-d x
+    e = np.exp(-np.abs(flat))
     d = e + x.dtype.type(1)
-    np.copyto(e, x.dtype.type(1), where=x >= 0)
-    return np.divide(e, d, out=e)
+    np.copyto(e, x.dtype.type(1), where=flat >= 0)
+    return np.divide(e, d, out=e).reshape(x.shape)
 
 
 class Unary(OpDef):
