@@ -354,20 +354,15 @@ def write_program(graph: Graph, out: str | Path, progress: bool | None = None,
     cores = graph.meta["partition"]["cores"] if "partition" in graph.meta else \
         1 + max((_core(n) for n in graph.nodes), default=0)
     sources, kernels, manifest = generate(graph, cores)
-    sources_cached: dict[str, Path] = {}
     bar = Progress(2 * len(kernels), "kernels", progress)
-    for name, n in bar.iterate(sorted(kernels.items())):
-        src_cached = cache_dir() / f"{name}_{source_key(n)}.program.c"
-        if not src_cached.exists():          # lower, build the TIR and print its C
-            io = [(v.type.shape, dtype_name(v.type)) for v in n.inputs if v is not None] + \
-                 [(v.type.shape, dtype_name(v.type)) for v in n.outputs]
-            tmp = src_cached.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(c_kernel_source(kernel_def(n), io))
-            tmp.replace(src_cached)
-        (out / "kernels" / f"{name}.c").write_text(src_cached.read_text())
-        sources_cached[name] = src_cached
-    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:    # one C compiler per CPU
-        objects = dict(zip(sources_cached, bar.iterate(pool.map(_object, sources_cached.values()))))
+    # one C compiler per CPU, each kernel's as soon as its source is there
+    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        builds = {}
+        for name, n in bar.iterate(sorted(kernels.items())):
+            src = _kernel_source(name, n)
+            (out / "kernels" / f"{name}.c").write_text(src.read_text())
+            builds[name] = pool.submit(_object, src)
+        objects = {name: b.result() for name, b in zip(builds, bar.iterate(builds.values()))}
     bar.close()
     (out / "runtime.c").write_text(RUNTIME_C + RUNTIME_SYNC)
     runtime_o = _object(out / "runtime.c")
@@ -389,6 +384,19 @@ def write_program(graph: Graph, out: str | Path, progress: bool | None = None,
         build_shared([core_o, runtime_o] + [objects[u] for u in used], out / f"core{k}.so")
     # the graph just saved, not read back; the manifest as written (JSON types)
     return CompiledProgram(out, graph, json.loads(manifest_text))
+
+
+def _kernel_source(name: str, node: Node) -> Path:
+    """The C source of ``node``'s kernel in the cache; lowered, built to TIR and printed
+    only when the cache does not hold it (:func:`~bevir.codegen.lower.source_key`)."""
+    src = cache_dir() / f"{name}_{source_key(node)}.program.c"
+    if not src.exists():
+        io = [(v.type.shape, dtype_name(v.type)) for v in node.inputs if v is not None] + \
+             [(v.type.shape, dtype_name(v.type)) for v in node.outputs]
+        tmp = src.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(c_kernel_source(kernel_def(node), io))
+        tmp.replace(src)
+    return src
 
 
 def _object(src: Path) -> Path:
