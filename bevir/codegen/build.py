@@ -7,6 +7,7 @@ import hashlib
 import math
 import os
 import re
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -43,16 +44,55 @@ class HostKernel:
     def __init__(self, kd: KernelDef, fn):
         tvm, _, _ = tvm_modules()
         self.kd, self.fn = kd, fn
-        self._tensor = tvm.runtime.tensor
+        self._view, self._tensor = tvm.runtime.from_dlpack, tvm.runtime.tensor
         self._consts = [self._tensor(c) for c in kd.constants]
 
     def __call__(self, operands: list[np.ndarray], result_types) -> list[np.ndarray]:
         from .lower import dtype_name
-        outs = [np.empty(t.shape, dtype_name(t)) for t in result_types]
-        args = [self._tensor(np.require(a, requirements="C")) for a in operands] + self._consts
-        touts = [self._tensor(o) for o in outs]
-        self.fn(*args, *touts)
-        return [t.numpy() for t in touts]
+        # the kernel reads and writes numpy's memory in place (DLPack views, no copies),
+        # aligned as TVM's buffers assume
+        outs = [aligned_empty(t.shape, dtype_name(t)) for t in result_types]
+        args = [self._operand(a) for a in operands] + self._consts
+        self.fn(*args, *(self._view(o) for o in outs))
+        return outs
+
+    def _operand(self, a: np.ndarray):
+        if a.flags.writeable:
+            return self._view(aligned(a))
+        # DLPack cannot carry a read-only array (a graph constant): a TVM copy, made once
+        # while the array lives
+        hit = _CONSTANT_TENSORS.get(id(a))
+        if hit is None or hit[0]() is not a:
+            key = id(a)
+            hit = (weakref.ref(a, lambda _: _CONSTANT_TENSORS.pop(key, None)), self._tensor(a))
+            _CONSTANT_TENSORS[key] = hit
+        return hit[1]
+
+
+#: TVM copies of read-only operands while they live, by id
+_CONSTANT_TENSORS: dict[int, tuple[weakref.ref, object]] = {}
+
+
+#: the data alignment TVM's buffers assume (runtime::kAllocAlignment)
+ALIGNMENT = 64
+
+
+def aligned_empty(shape, dtype) -> np.ndarray:
+    """An uninitialized C-contiguous array whose data starts at an ALIGNMENT boundary."""
+    dtype = np.dtype(dtype)
+    n = max(int(np.prod(shape, dtype=np.int64)), 1) * dtype.itemsize
+    raw = np.empty(n + ALIGNMENT, np.uint8)
+    start = -raw.ctypes.data % ALIGNMENT
+    return raw[start:start + n].view(dtype)[:int(np.prod(shape, dtype=np.int64))].reshape(shape)
+
+
+def aligned(a: np.ndarray) -> np.ndarray:
+    """``a`` itself when C-contiguous and aligned, else an aligned copy."""
+    if a.flags.c_contiguous and a.ctypes.data % ALIGNMENT == 0:
+        return a
+    out = aligned_empty(a.shape, a.dtype)
+    out[...] = a
+    return out
 
 
 def host_target():
