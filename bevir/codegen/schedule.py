@@ -7,8 +7,8 @@ kernels stay bit-exact, and the per-kernel check says so.
   register tiles of 4 output columns by 16 output channels (vectorized, contiguous in the
   packed weights), the requantizing epilogue per tile, output rows in parallel;
 - matrix products (``acc``: matmul, and linear with its weights packed to [K, N]):
-  register tiles of 4 rows by 16 columns (vectorized), the epilogue per tile, rows in
-  parallel;
+  register tiles of 4 rows by 16 columns (8 or 4 where 16 does not divide; vectorized),
+  the epilogue per tile, rows in parallel;
 - everything else: the outermost loops of each large block in parallel.
 
 Small kernels stay as they are: a thread launch costs more than they do.
@@ -74,16 +74,18 @@ def conv(sch, block, vector: int = 16, columns: int = 4) -> None:
 
 def product(sch, block, vector: int = 16, rows: int = 4) -> bool:
     """A matrix product (batch..., m, n | k), b contiguous along n: register tiles of
-    ``rows`` x ``vector`` (vectorized along n) in local accumulators, the epilogue per tile,
-    the outer rows in parallel. False (nothing done) where n is not a multiple of
-    ``vector`` or there is no row axis."""
+    ``rows`` x ``vector`` (vectorized along n; ``vector`` halved, down to 4, until it divides
+    n) in local accumulators, the epilogue per tile, the outer rows in parallel. False
+    (nothing done) where 4 does not divide n or there is no row axis."""
     loops = sch.get_loops(block)
     consumers = sch.get_consumers(block)
     reductions = [int(iv.iter_type) for iv in sch.get(block).iter_vars].count(2)
     if reductions != 1 or len(loops) < 3 or len(consumers) != 1:
         return False
     *outer, m, n, k = loops
-    if _extent(sch, n) % vector:
+    # the widest vector of at most ``vector`` lanes that divides n (attention's 900 keys: 4)
+    vector = next((v for v in (vector, vector // 2, vector // 4) if _extent(sch, n) % v == 0), 0)
+    if vector < 4:
         return False
     no, ni = sch.split(n, factors=[None, vector])
     mo, mi = sch.split(m, factors=[None, rows]) if _extent(sch, m) % rows == 0 else (m, None)
