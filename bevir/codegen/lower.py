@@ -272,7 +272,7 @@ def kernel_def(node: Node) -> KernelDef:
 
 @functools.lru_cache(maxsize=None)
 def code_digest(*packages: str) -> str:
-    """A digest of the source files of bevir's ``packages`` (``"ops"``, ``"codegen"``...)
+    """A digest of the source files of bevir's ``packages`` (``"ops"``; a file: ``"hw.py"``)
     and TVM's version: part of the key of anything cached that this code produced."""
     from importlib.metadata import version
     root = Path(__file__).resolve().parents[1]
@@ -286,9 +286,10 @@ def code_digest(*packages: str) -> str:
 @functools.lru_cache(maxsize=1)
 def code_version() -> str:
     """A digest of the code that turns a node into kernel source (the op definitions and
-    their lowerings, the codegen, TVM's version): with a node's signature, a key for
-    sources built before that needs no lowering."""
-    return code_digest("ops", "codegen")
+    their lowerings, the lowering toolkit and the C printer, TVM's version; not the host
+    schedules nor the program writer): with a node's signature, a key for sources built
+    before that needs no lowering."""
+    return code_digest("ops", "codegen/lower.py", "codegen/build.py")
 
 
 @functools.lru_cache(maxsize=None)
