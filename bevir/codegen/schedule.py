@@ -4,8 +4,9 @@ loops (reorder, fuse, split, parallel, vectorize), so it never changes a result:
 kernels stay bit-exact, and the per-kernel check says so.
 
 - convolution (``conv_acc``, the packed direct convolution of ``conv_accumulator``):
-  register tiles of 4 output columns by 16 output channels (vectorized, contiguous in the
-  packed weights), the requantizing epilogue per tile, output rows in parallel;
+  register tiles of 4 output columns by 32 output channels (16 where 32 does not divide;
+  vectorized, contiguous in the packed weights), the requantizing epilogue per tile,
+  output rows in parallel;
 - matrix products (``acc``: matmul, and linear with its weights packed to [K, N]):
   register tiles of 4 rows by 16 columns (8 or 4 where 16 does not divide; vectorized),
   the epilogue per tile, rows in parallel;
@@ -49,13 +50,15 @@ def _parallel_outer(sch, block, spatial: int) -> None:
     sch.parallel(sch.fuse(*take) if len(take) > 1 else take[0])
 
 
-def conv(sch, block, vector: int = 16, columns: int = 4) -> None:
+def conv(sch, block, vector: int = 32, columns: int = 4) -> None:
     """The packed convolution (b, oy, ox, oc | ry, rx, rc): tiles of ``columns`` output
-    columns by ``vector`` output channels whose accumulators stay in registers (local),
-    the requantizing epilogue computed per tile, output rows in parallel. Channels that
-    ``vector`` does not divide keep the loop order with channels innermost."""
+    columns by ``vector`` output channels (halved to 16 where 32 does not divide them)
+    whose accumulators stay in registers (local), the requantizing epilogue computed per
+    tile, output rows in parallel. Channels that 16 does not divide keep the loop order
+    with channels innermost."""
     b, oy, ox, oc, ry, rx, rc = sch.get_loops(block)
     consumers = sch.get_consumers(block)
+    vector = vector if _extent(sch, oc) % vector == 0 else vector // 2
     if _extent(sch, oc) % vector or len(consumers) != 1:
         sch.reorder(b, oy, ox, ry, rx, rc, oc)
         sch.parallel(sch.fuse(b, oy))
