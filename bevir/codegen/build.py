@@ -7,12 +7,12 @@ import hashlib
 import math
 import os
 import re
-import weakref
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import CodegenError
+from ..ops.common import ArrayCache
 from .lower import KernelDef, tvm_modules
 
 
@@ -61,16 +61,12 @@ class HostKernel:
             return self._view(aligned(a))
         # DLPack cannot carry a read-only array (a graph constant): a TVM copy, made once
         # while the array lives
-        hit = _CONSTANT_TENSORS.get(id(a))
-        if hit is None or hit[0]() is not a:
-            key = id(a)
-            hit = (weakref.ref(a, lambda _: _CONSTANT_TENSORS.pop(key, None)), self._tensor(a))
-            _CONSTANT_TENSORS[key] = hit
-        return hit[1]
+        hit = _CONSTANT_TENSORS.get(a)
+        return hit if hit is not None else _CONSTANT_TENSORS.put(a, self._tensor(a))
 
 
-#: TVM copies of read-only operands while they live, by id
-_CONSTANT_TENSORS: dict[int, tuple[weakref.ref, object]] = {}
+#: TVM copies of read-only operands
+_CONSTANT_TENSORS = ArrayCache()
 
 
 #: the data alignment TVM's buffers assume (runtime::kAllocAlignment)
@@ -80,10 +76,10 @@ ALIGNMENT = 64
 def aligned_empty(shape, dtype) -> np.ndarray:
     """An uninitialized C-contiguous array whose data starts at an ALIGNMENT boundary."""
     dtype = np.dtype(dtype)
-    n = max(int(np.prod(shape, dtype=np.int64)), 1) * dtype.itemsize
+    n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     raw = np.empty(n + ALIGNMENT, np.uint8)
     start = -raw.ctypes.data % ALIGNMENT
-    return raw[start:start + n].view(dtype)[:int(np.prod(shape, dtype=np.int64))].reshape(shape)
+    return raw[start:start + n].view(dtype).reshape(shape)
 
 
 def aligned(a: np.ndarray) -> np.ndarray:

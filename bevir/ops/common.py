@@ -1,6 +1,9 @@
 """Small helpers shared by op definitions: type checks that raise VerifyError."""
 from __future__ import annotations
 
+import weakref
+from typing import Any
+
 import numpy as np
 
 from ..errors import VerifyError
@@ -42,3 +45,24 @@ def broadcast_types(*types: TensorType, dtype: DType | None = None) -> TensorTyp
 
 def cast_like(x: np.ndarray, t: TensorType) -> np.ndarray:
     return np.asarray(x, dtype=t.dtype.np)
+
+
+class ArrayCache:
+    """Values derived from arrays, each kept while its array lives (keyed by the array's id,
+    confirmed by a weak reference): work done once per graph constant."""
+
+    def __init__(self):
+        self._entries: dict[int, tuple[weakref.ref, Any]] = {}
+
+    def __contains__(self, key: int) -> bool:
+        """Whether an entry is kept for the array whose id is ``key``."""
+        return key in self._entries
+
+    def get(self, a: np.ndarray) -> Any | None:
+        hit = self._entries.get(id(a))
+        return hit[1] if hit is not None and hit[0]() is a else None
+
+    def put(self, a: np.ndarray, value: Any) -> Any:
+        key = id(a)
+        self._entries[key] = (weakref.ref(a, lambda _: self._entries.pop(key, None)), value)
+        return value

@@ -1,13 +1,11 @@
 """Convolution and matrix products: the ops that carry the MACs, all through BLAS."""
 from __future__ import annotations
 
-import weakref
-
 import numpy as np
 
 from ..ir.types import Layout, TensorType
 from ..ir.opdef import Bool, FixedLowering, Float, Int, Ints, OpDef, Piece, aligned_range
-from .common import float_operands, require
+from .common import ArrayCache, float_operands, require
 from .cost import PEMapping, Work
 from .layout_rules import NATIVE
 from .onnx_export import onnx_as
@@ -122,8 +120,8 @@ def depthwise_conv_nhwc(xp: np.ndarray, w: np.ndarray, strides, dilations,
                 band += prod
 
 
-#: the GEMM operands of read-only weights (graph constants) while they live, by id
-_GEMM_WEIGHTS: dict[int, tuple[weakref.ref, np.ndarray]] = {}
+#: the GEMM operands of read-only weights (graph constants) while they live
+_GEMM_WEIGHTS = ArrayCache()
 
 
 def _read_only(a) -> bool:
@@ -140,16 +138,15 @@ def gemm_weights(w: np.ndarray, groups: int, dtype) -> np.ndarray:
     order (kh, kw, c): a transposed view of 1x1 kernels, a copy of larger ones. A copy of
     a weight nothing can change (a graph constant) is made once and kept while it lives.
     (A contiguous 1x1 operand would run faster in BLAS, but change the float sums.)"""
-    hit = _GEMM_WEIGHTS.get(id(w))
-    if hit is not None and hit[0]() is w and hit[1].dtype == dtype and len(hit[1]) == groups:
-        return hit[1]
+    hit = _GEMM_WEIGHTS.get(w)
+    if hit is not None and hit.dtype == dtype and len(hit) == groups:
+        return hit
     o, cg, kh, kw = w.shape
     m = np.ascontiguousarray(w, dtype).reshape(groups, o // groups, cg, kh, kw)
     m = m.transpose(0, 3, 4, 2, 1).reshape(groups, kh * kw * cg, -1)
     if _read_only(w) and not np.may_share_memory(m, w):
         m.setflags(write=False)
-        key = id(w)
-        _GEMM_WEIGHTS[key] = (weakref.ref(w, lambda _: _GEMM_WEIGHTS.pop(key, None)), m)
+        _GEMM_WEIGHTS.put(w, m)
     return m
 
 

@@ -15,7 +15,6 @@ fraction of a second; ``size="full"`` the published widths and depths at 224x224
 """
 from __future__ import annotations
 
-import math
 from typing import Callable
 
 import torch
@@ -604,7 +603,3 @@ def build(name: str, size: str = "small", seed: int = 0, untrained_norms: bool =
         _randomize_norms(model, gen)
     example = torch.randn(input_shape(name, size), generator=gen)
     return model, example
-
-
-def parameter_count(model: nn.Module) -> int:
-    return sum(math.prod(p.shape) for p in model.parameters())
