@@ -28,6 +28,7 @@ The pieces, in order below:
 """
 from __future__ import annotations
 
+import abc
 import dataclasses
 import fnmatch
 import json
@@ -94,13 +95,16 @@ class ValueKey:
 
 # ---- histograms ---------------------------------------------------------------------------
 class Histogram:
-    """Counts in equal bins spanning ``[-threshold, threshold]``; zero lies on the middle edge.
+    """Counts in ``num_bins`` equal bins spanning ``[-threshold, threshold)``; zero lies on the
+    middle edge.
 
-    Like onnxruntime's ``HistogramCollector``: the first data fixes the bin width; larger
-    values later add bins on both sides (the width stays), so earlier counts stay exact.
-    When the bins outgrow ``4 * num_bins``, neighbouring pairs merge (the width doubles).
-    While every value seen is exactly 0, ``threshold`` is 0 and they count in the bin
-    right of zero.
+    The bin width is a power of two, the smallest with ``max |x| < threshold = half * width``,
+    and a value's bin is ``floor(x / width)`` computed exactly. So the counts of a set of
+    values do not depend on the order or the split they arrive in: when larger values widen
+    the bins, neighbouring bins (never straddling zero) are summed, which is what counting
+    at the wider bins would have given, and two histograms :meth:`merge` exactly (the
+    statistics of data sets split over workers add up to those of one pass). While every
+    value seen is exactly 0, ``threshold`` is 0 and they count in the bin right of zero.
     """
 
     def __init__(self, num_bins: int = 2048, counts: np.ndarray | None = None,
@@ -143,40 +147,60 @@ class Histogram:
         if x.size == 0:
             return
         absmax = float(np.abs(x).max()) if absmax is None else absmax
-        if absmax > self.threshold:
-            self._fit(absmax)
+        if absmax >= self.threshold and absmax > 0.0:
+            self._widen(self._exponent_for(absmax))
         if self.threshold == 0.0:
             self.counts[self.half] += x.size
             return
-        work = x if x.dtype in (np.float32, np.float64) else x.astype(np.float32)
-        idx = np.floor(work * (self.half / self.threshold)).astype(np.int64)
+        # float64 scaling by a power of two is exact: the bin never depends on rounding
+        idx = np.floor(np.ldexp(x.astype(np.float64), -self._exponent)).astype(np.int64)
         idx += self.half
-        np.clip(idx, 0, self.counts.size - 1, out=idx)
         self.counts += np.bincount(idx, minlength=self.counts.size)
 
-    def _fit(self, absmax: float) -> None:
-        """Widen the span to cover ``absmax``, merging bins if there would be too many."""
-        if self.threshold == 0.0:           # only zeros so far: they stay in the bin right of 0
-            self.threshold = absmax
-            return
-        limit = 4 * self.num_bins
-        while 2 * (self.half + math.ceil((absmax - self.threshold) / self.width)) > limit:
-            self._coarsen()
-        grow = max(math.ceil((absmax - self.threshold) / self.width), 0)
-        width = self.width
-        self.counts = np.pad(self.counts, grow)
-        self.threshold += grow * width
-        if self.threshold < absmax:         # float rounding of the sum
-            self.counts = np.pad(self.counts, 1)
-            self.threshold += width
+    def merge(self, other: Histogram) -> Histogram:
+        """Add ``other``'s counts (the wider of the two bin widths wins); returns self."""
+        if other.counts.size != self.counts.size:
+            raise CalibrationError(f"cannot merge histograms of {self.counts.size} and "
+                                   f"{other.counts.size} bins")
+        if other.threshold > self.threshold:
+            self._widen(other._exponent)
+        theirs = Histogram(self.num_bins, other.counts, other.threshold)
+        if theirs.threshold != 0.0 and self.threshold != 0.0:
+            theirs._widen(self._exponent)
+        self.counts += theirs.counts
+        return self
 
-    def _coarsen(self) -> None:
-        """Merge neighbouring bins (pairs never straddle zero)."""
-        if self.half % 2:
-            width = self.width
-            self.counts = np.pad(self.counts, 1)
-            self.threshold += width
-        self.counts = self.counts.reshape(-1, 2).sum(axis=1)
+    @property
+    def _exponent(self) -> int:
+        """``log2(width)``; CalibrationError where the width is not a power of two (a
+        histogram saved by an older bevir can be read, not extended)."""
+        mantissa, exponent = math.frexp(self.width)
+        if mantissa != 0.5 or self.counts.size != self.num_bins:
+            raise CalibrationError(f"{self!r} is not on the power-of-two grid (saved by an "
+                                   "older bevir?): calibrate again to extend it")
+        return exponent - 1
+
+    def _exponent_for(self, absmax: float) -> int:
+        """The smallest ``e`` with ``absmax < half * 2**e``."""
+        e = math.frexp(absmax / self.half)[1]
+        while self.half * math.ldexp(1.0, e - 1) > absmax:
+            e -= 1
+        while self.half * math.ldexp(1.0, e) <= absmax:
+            e += 1
+        return e
+
+    def _widen(self, exponent: int) -> None:
+        """Re-bin to width ``2**exponent`` (not narrower than now): bin ``k`` (counted from
+        zero) becomes ``floor(k / 2**shift)``."""
+        if self.threshold == 0.0:           # only zeros so far: they stay in the bin right of 0
+            self.threshold = self.half * math.ldexp(1.0, exponent)
+            return
+        shift = exponent - self._exponent
+        if shift <= 0:
+            return
+        k = np.arange(-self.half, self.half, dtype=np.int64) >> min(shift, 63)
+        self.counts = _summed(self.counts, k + self.half)
+        self.threshold = self.half * math.ldexp(1.0, exponent)
 
     def __eq__(self, other: object) -> bool:
         return (isinstance(other, Histogram) and self.threshold == other.threshold
@@ -184,6 +208,13 @@ class Histogram:
 
     def __repr__(self) -> str:
         return f"Histogram({self.counts.size} bins over ±{self.threshold:g}, {self.total} values)"
+
+
+def _summed(counts: np.ndarray, into: np.ndarray) -> np.ndarray:
+    """``counts[i]`` summed into bins ``into[i]`` (exact integers)."""
+    out = np.zeros_like(counts)
+    np.add.at(out, into, counts)
+    return out
 
 
 # ---- one value's statistics ---------------------------------------------------------------
@@ -268,6 +299,32 @@ class TensorRange:
         else:
             self.channel_min = np.fmin(self.channel_min, cmin)
             self.channel_max = np.fmax(self.channel_max, cmax)
+
+    def merge(self, other: TensorRange) -> TensorRange:
+        """Fold in the statistics of the same value measured on other samples (another
+        worker's share of a data set); returns self. Exact: the result does not depend on
+        how the samples were split or in which order the parts merge."""
+        if (other.key.name, other.shape, other.axis) != (self.key.name, self.shape, self.axis):
+            raise CalibrationError(f"cannot merge statistics of %{other.key.name} "
+                                   f"{other.shape} axis {other.axis} into %{self.key.name} "
+                                   f"{self.shape} axis {self.axis}")
+        if (self.histogram is None) != (other.histogram is None):
+            raise CalibrationError(f"cannot merge statistics of %{self.name} with and "
+                                   "without a histogram")
+        self.min, self.max = min(self.min, other.min), max(self.max, other.max)
+        self.count += other.count
+        self.nonfinite += other.nonfinite
+        self.samples += other.samples
+        if other.channel_min is not None:
+            if self.channel_min is None:
+                self.channel_min, self.channel_max = (other.channel_min.copy(),
+                                                      other.channel_max.copy())
+            else:
+                self.channel_min = np.fmin(self.channel_min, other.channel_min)
+                self.channel_max = np.fmax(self.channel_max, other.channel_max)
+        if other.histogram is not None:
+            self.histogram.merge(other.histogram)
+        return self
 
     def copy(self) -> TensorRange:
         """A snapshot: later observations of this entry (or changes to its arrays) do not
@@ -908,6 +965,16 @@ class CalibrationObserver:
                 point.observe(np.asarray(inputs[v.name]).astype(v.type.dtype.np, copy=False))
 
 
+class Feed(abc.ABC):
+    """Calibration samples that measure themselves: :meth:`feed` computes the statistics of
+    ``calibrator``'s points on its samples (anywhere: other processes, other machines) and
+    merges them in (:meth:`Calibrator.merge`); returns how many samples it fed."""
+
+    @abc.abstractmethod
+    def feed(self, calibrator: Calibrator) -> int:
+        ...
+
+
 class Calibrator:
     """Calibration points on the values ``select`` chooses (all float activations by
     default, minus those ``skip`` already has); :meth:`feed` runs samples through the
@@ -920,8 +987,10 @@ class Calibrator:
         chosen = (select or Selector()).values(graph)
         if skip is not None:
             chosen = [v for v in chosen if skip.get(v) is None]
+        self.options = dict(per_channel=per_channel, axis=axis, histogram=histogram,
+                            num_bins=num_bins)
         self.points: dict[int, TensorRange] = {
-            id(v): self._point(v, per_channel, axis, histogram, num_bins) for v in chosen}
+            id(v): self._point(v, **self.options) for v in chosen}
 
     @staticmethod
     def _point(v: Value, per_channel: bool, axis: Axis, histogram: bool, num_bins: int
@@ -930,8 +999,35 @@ class Calibrator:
                            shape=v.type.shape, axis=channel_axis(v, axis) if per_channel else None,
                            histogram=Histogram(num_bins) if histogram else None)
 
-    def feed(self, inputs: Mapping[str, np.ndarray] | Iterable[Mapping[str, np.ndarray]]) -> int:
-        """Run one input dict, or each of an iterable of them; returns how many ran."""
+    def spec(self) -> dict[str, Any]:
+        """Keyword arguments that make an empty Calibrator with the same points on a copy of
+        the graph (another process's): ``Calibrator(copy, **cal.spec())``."""
+        names = tuple(p.key.name for p in self.points.values())
+        return dict(select=Selector(names=names), **self.options)
+
+    def statistics(self) -> list[TensorRange]:
+        """A snapshot of every point's statistics, in graph order."""
+        return [p.copy() for p in self.points.values()]
+
+    def merge(self, statistics: Iterable[TensorRange], samples: int) -> None:
+        """Fold in statistics another Calibrator (``spec()``'s twin) measured on ``samples``
+        other samples: the result is the same as feeding those samples here."""
+        by_name = {p.key.name: p for p in self.points.values()}
+        for s in statistics:
+            point = by_name.get(s.key.name)
+            if point is None:
+                raise CalibrationError(f"cannot merge statistics of %{s.key.name}: not a "
+                                       "calibration point here")
+            point.merge(s)
+        self.samples += samples
+
+    def feed(self, inputs: Mapping[str, np.ndarray] | Iterable[Mapping[str, np.ndarray]] | Feed
+             ) -> int:
+        """Run one input dict, or each of an iterable of them; returns how many ran. A
+        :class:`Feed` (samples measured elsewhere, e.g. ``bevir.scale``'s frames on Ray)
+        folds its statistics in itself."""
+        if isinstance(inputs, Feed):
+            return inputs.feed(self)
         if not isinstance(inputs, Iterable):
             raise CalibrationError(f"calibration inputs must be a mapping of input name to array "
                                    f"or an iterable of them, got {type(inputs).__name__}")
@@ -969,15 +1065,16 @@ class Calibrator:
 
 
 # ---- the function, the analysis and the pass ----------------------------------------------
-def calibrate(graph: Graph, inputs: Mapping[str, np.ndarray] | Iterable[Mapping[str, np.ndarray]],
+def calibrate(graph: Graph,
+              inputs: Mapping[str, np.ndarray] | Iterable[Mapping[str, np.ndarray]] | Feed,
               *, method: str = "minmax", percentile: float = 99.99, symmetric: bool = False,
               bits: int = 8, num_bins: int = 2048, histogram: bool | None = None,
               per_channel: bool = False, axis: Axis = "auto", ops: Sequence[str] = (),
               loc: str | None = None, names: Sequence[str] = (),
               seed: Ranges | str | Path | None = None, progress: bool | None = None,
               attach: bool = True) -> Ranges:
-    """Measure activation ranges of ``graph`` on ``inputs`` (one dict or an iterable of
-    dicts) with the golden interpreter.
+    """Measure activation ranges of ``graph`` on ``inputs`` (one dict, an iterable of
+    dicts, or a :class:`Feed` such as ``bevir.scale.Frames``) with the golden interpreter.
 
     ``method``/``percentile``/``symmetric``/``bits``: see :class:`RangeMethod`;
     ``histogram`` (default: when the method needs one) and ``num_bins``: the histograms;
