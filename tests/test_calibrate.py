@@ -138,7 +138,8 @@ def test_statistics_measured_apart_merge_into_those_of_one_pass(rng, per_channel
     for method in ("minmax", "percentile", "entropy"):
         assert merged.ranges(method) == whole.ranges(method)
     with pytest.raises(CalibrationError, match="not a calibration point"):
-        Calibrator(g, select=Selector(names=("x",)), histogram=True).merge(whole.statistics(), 1)
+        Calibrator(g, select=Selector(names=("x",)), histogram=True,
+                   per_channel=per_channel).merge(whole.statistics(), 1)
 
 
 # ---- histograms ---------------------------------------------------------------------------

@@ -1,58 +1,33 @@
-"""NMS-free decode (spec section 2.9), detection printing and detection comparison, in numpy.
-
-Box layout of ``decode``: [cx, cy, cz (bottom centre), w, l, h, rot, vx, vy] in the LiDAR
-frame, as ``LiDARInstance3DBoxes`` (mmdet3d v0.17) receives it from ``get_bboxes``.
-
-BEV footprints for the IoU follow mmdet3d v0.17's LiDAR box corners: extent ``w`` along the
-box's local x axis, ``l`` along its local y axis, rotated by ``-rot`` (v0.17's
-``rotation_3d_in_axis(..., axis=2)``). The IoU of two boxes does not depend on that sign
-convention as long as both boxes use the same one.
+"""BEVFormer's detection post-processing: the NMS-free decode (spec section 2.9) with the
+config's parameters, detection printing in the seed notebook's format, and the comparison
+printout. The model-independent parts (decode, rotated BEV IoU, comparison) live in
+:mod:`bevir.sim.detections`, whose docstring gives the box layout; they are re-exported here.
 """
 from __future__ import annotations
 
-import numpy as np
+from bevir.sim.detections import (DetectionHead, bev_corners, bev_iou, compare_both_ways,
+                                  compare_detections)
 
 from .config import CLASS_NAMES, BEVFormerConfig
 
+# the re-exports keep e2e.py, visualize.py and the tests importing from here
+__all__ = ["DetectionHead", "bev_corners", "bev_iou", "compare_both_ways", "compare_detections",
+           "decode", "detection_head", "format_detections", "print_comparison",
+           "print_detections"]
 
-def _np(x) -> np.ndarray:
-    if hasattr(x, "detach"):
-        x = x.detach().cpu().numpy()
-    return np.asarray(x)
 
-
-def _sigmoid(x: np.ndarray) -> np.ndarray:
-    return 1.0 / (1.0 + np.exp(-x))
+def detection_head(config: BEVFormerConfig) -> DetectionHead:
+    """The config's NMSFreeCoder parameters (graph outputs cls_scores, bbox_preds)."""
+    return DetectionHead(num_classes=config.num_classes, max_num=config.max_num,
+                         post_center_range=tuple(config.post_center_range),
+                         score_threshold=config.score_threshold)
 
 
 def decode(cls_scores, bbox_preds, config: BEVFormerConfig, score_threshold: float | None = None) -> dict:
-    """cls_scores (Nq, num_classes) logits, bbox_preds (Nq, 10) denormalized (section 2.8)
-    -> dict(labels int64 (N,), scores float32 (N,), bboxes float32 (N, 9)), sorted by score.
-
-    NMSFreeCoder: sigmoid, top-k (max_num) over all query x class scores, label = idx %
-    num_classes, query = idx // num_classes, post_center_range filter on the gravity centre,
-    no score threshold by default (``score_threshold`` overrides the config's None); then the
-    gravity-centre z is moved to the bottom centre (z - h/2)."""
-    cls = _np(cls_scores).astype(np.float32)
-    bb = _np(bbox_preds).astype(np.float32)
-    nc = config.num_classes
-    s = _sigmoid(cls).reshape(-1)
-    k = min(config.max_num, s.size)
-    idx = np.argsort(-s, kind="stable")[:k]
-    scores = s[idx]
-    labels = (idx % nc).astype(np.int64)
-    b = bb[idx // nc]
-    rot = np.arctan2(b[:, 6], b[:, 7])
-    boxes = np.stack([b[:, 0], b[:, 1], b[:, 4], np.exp(b[:, 2]), np.exp(b[:, 3]), np.exp(b[:, 5]),
-                      rot, b[:, 8], b[:, 9]], -1).astype(np.float32)
-    pcr = np.asarray(config.post_center_range, dtype=np.float32)
-    keep = (boxes[:, :3] >= pcr[:3]).all(1) & (boxes[:, :3] <= pcr[3:]).all(1)
-    thr = config.score_threshold if score_threshold is None else score_threshold
-    if thr is not None:
-        keep &= scores > thr
-    boxes, scores, labels = boxes[keep], scores[keep], labels[keep]
-    boxes[:, 2] = boxes[:, 2] - boxes[:, 5] * 0.5
-    return {"labels": labels, "scores": scores.astype(np.float32), "bboxes": boxes}
+    """:meth:`DetectionHead.decode` with ``config``'s parameters: cls_scores (Nq, num_classes)
+    logits, bbox_preds (Nq, 10) denormalized (section 2.8) -> dict(labels, scores, bboxes),
+    sorted by score; ``score_threshold`` overrides the config's (None: no threshold)."""
+    return detection_head(config).decode(cls_scores, bbox_preds, score_threshold)
 
 
 def format_detections(det: dict, top: int = 10, class_names=CLASS_NAMES) -> str:
@@ -74,80 +49,6 @@ def print_detections(det: dict, top: int = 10, class_names=CLASS_NAMES) -> str:
     text = format_detections(det, top, class_names)
     print(text)
     return text
-
-
-# ---------------------------------------------------------------------------------------------
-# rotated BEV IoU (Sutherland-Hodgman clipping of convex polygons)
-# ---------------------------------------------------------------------------------------------
-
-def bev_corners(box) -> np.ndarray:
-    """(4, 2) counter-clockwise BEV corners of [cx, cy, cz, w, l, h, rot, ...]."""
-    cx, cy, w, l, rot = float(box[0]), float(box[1]), float(box[3]), float(box[4]), float(box[6])
-    local = np.array([[-w / 2, -l / 2], [w / 2, -l / 2], [w / 2, l / 2], [-w / 2, l / 2]])
-    c, s = np.cos(-rot), np.sin(-rot)
-    r = np.array([[c, -s], [s, c]])
-    return local @ r.T + np.array([cx, cy])
-
-
-def polygon_area(p: np.ndarray) -> float:
-    if len(p) < 3:
-        return 0.0
-    x, y = p[:, 0], p[:, 1]
-    return 0.5 * float(np.dot(x, np.roll(y, -1)) - np.dot(y, np.roll(x, -1)))
-
-
-def clip_polygon(subject: np.ndarray, clip: np.ndarray) -> np.ndarray:
-    """Sutherland-Hodgman: ``subject`` clipped by the convex counter-clockwise ``clip``."""
-    out = [tuple(p) for p in subject]
-    m = len(clip)
-    for i in range(m):
-        if not out:
-            break
-        a, b = clip[i], clip[(i + 1) % m]
-        ex, ey = b[0] - a[0], b[1] - a[1]
-
-        def side(p):
-            return ex * (p[1] - a[1]) - ey * (p[0] - a[0])      # > 0: left of a->b (inside)
-
-        inp, out = out, []
-        for j in range(len(inp)):
-            p, q = inp[j], inp[(j + 1) % len(inp)]
-            sp, sq = side(p), side(q)
-            if sp >= 0:
-                out.append(p)
-            if (sp >= 0) != (sq >= 0):
-                t = sp / (sp - sq)
-                out.append((p[0] + t * (q[0] - p[0]), p[1] + t * (q[1] - p[1])))
-    return np.asarray(out, dtype=np.float64).reshape(-1, 2)
-
-
-def bev_iou(box_a, box_b) -> float:
-    pa, pb = bev_corners(box_a), bev_corners(box_b)
-    inter = abs(polygon_area(clip_polygon(pa, pb)))
-    union = abs(polygon_area(pa)) + abs(polygon_area(pb)) - inter
-    return inter / union if union > 0 else 0.0
-
-
-def compare_detections(det_a: dict, det_b: dict, top: int = 10, iou_threshold: float = 0.5) -> dict:
-    """Top-``top`` comparison of two score-sorted detection sets:
-    top10_label_match: positions k < top where the labels agree;
-    score_diff_max / score_diff_mean: |score_a[k] - score_b[k]| over those positions;
-    bev_iou_match: boxes of A's top whose best rotated BEV IoU with B's top is > iou_threshold;
-    mean_iou: mean of those best IoUs (over A's top)."""
-    na, nb = min(top, len(det_a["scores"])), min(top, len(det_b["scores"]))
-    n = min(na, nb)
-    la, lb = np.asarray(det_a["labels"][:n]), np.asarray(det_b["labels"][:n])
-    sd = np.abs(np.asarray(det_a["scores"][:n], np.float64) - np.asarray(det_b["scores"][:n], np.float64))
-    best = np.zeros(na)
-    for i in range(na):
-        for j in range(nb):
-            best[i] = max(best[i], bev_iou(det_a["bboxes"][i], det_b["bboxes"][j]))
-    return {"top10_label_match": int((la == lb).sum()),
-            "score_diff_max": float(sd.max()) if n else 0.0,
-            "score_diff_mean": float(sd.mean()) if n else 0.0,
-            "bev_iou_match": int((best > iou_threshold).sum()),
-            "mean_iou": float(best.mean()) if na else 0.0,
-            "num_a": int(len(det_a["scores"])), "num_b": int(len(det_b["scores"]))}
 
 
 def print_comparison(cmp: dict, name_a: str = "A", name_b: str = "B", top: int = 10) -> str:
