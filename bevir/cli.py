@@ -1,5 +1,5 @@
 """The ``bevir`` command: import, quantize-backbone, show, opt, run, compile, exec, sim,
-sweep, passes.
+sweep, calibrate, evaluate, passes.
 
     bevir import model.onnx -o model.bevir
     bevir quantize-backbone backbone_fp32.onnx --calibration calib.safetensors -o out/
@@ -9,7 +9,9 @@ sweep, passes.
     bevir run opt.bevir --inputs in.safetensors -o out.safetensors [--cores 4] [--hw CONFIG]
     bevir show opt.bevir --partition --cores 4 --plan-out plan.json
     bevir sim opt.bevir --hw "QC-U 8MB 16MAC x4" --out perf/ [--fit profile_core0.json]
-    bevir sweep opt.bevir --cores 1,2,4,8 --macs 8,16 --ocm 4MB,8MB,16MB --out sweep/
+    bevir sweep opt.bevir --cores 1,2,4,8 --macs 8,16 --ocm 4MB,8MB,16MB --out sweep/ [--ray]
+    bevir calibrate model.bevir --frames frames/ -o ranges.json [--method entropy] [--ray [ADDR]]
+    bevir evaluate model.bevir model_int8.bevir --frames frames/ --out eval/ [--ray [ADDR]]
     bevir compile int8.bevir --hw "QC-U 8MB 16MAC x4" -o prog/
     bevir exec prog/ --inputs in.safetensors -o out.safetensors [--check] [--host]
     bevir passes
@@ -34,10 +36,15 @@ import numpy as np
 
 from . import __version__
 from .errors import BevirError, CodegenError
+from .plugins import load_plugins
 
 
 class CliError(BevirError):
     """A command-line usage problem found after argument parsing."""
+
+
+class ScaleFailure(BevirError):
+    """Some frames of a data set failed (each reported); the rest completed."""
 
 
 def _out(text: str) -> None:
@@ -49,38 +56,6 @@ def _err(text: str) -> None:
 
 
 # ---- loading -----------------------------------------------------------------------------
-def load_plugins(files: Sequence[str] = (), modules: Sequence[str] = ()) -> None:
-    """Import user plugins: Python files and importable modules whose Pass and OpDef
-    subclasses register themselves when defined (like mlir-opt's --load-pass-plugin)."""
-    import importlib
-    import importlib.util
-    for path in files:
-        if not Path(path).is_file():
-            raise CliError(f"--load: no such file '{path}'")
-        resolved = Path(path).resolve()
-        name = "bevir_plugin_" + "".join(c if c.isalnum() else "_" for c in resolved.stem)
-        loaded = sys.modules.get(name)
-        if loaded is not None and getattr(loaded, "__file__", None) == str(resolved):
-            continue                # loaded already in this process: its classes exist
-        spec = importlib.util.spec_from_file_location(name, resolved)
-        if spec is None or spec.loader is None:
-            raise CliError(f"--load: '{path}' is not a Python file")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        _import_plugin(f"--load {path}", lambda: spec.loader.exec_module(module))
-    for name in modules:
-        _import_plugin(f"--load-module {name}", lambda: importlib.import_module(name))
-
-
-def _import_plugin(what: str, do) -> None:
-    try:
-        do()
-    except BevirError as e:
-        raise CliError(f"{what}: {e}") from None
-    except Exception as e:      # the plugin's own code failed: say where, in one line
-        raise CliError(f"{what} failed: {type(e).__name__}: {e}") from None
-
-
 def load_graph(path: str):
     """A model file as a Graph: a ``.bevir`` file, or an ``.onnx`` file imported (and
     verified) with ``from_onnx``."""
@@ -431,16 +406,73 @@ def _list(text: str | None, flag: str, read) -> list:
 def cmd_sweep(args) -> int:
     import bevir
     from .hw import parse_size
-    from .flows.sweep import format_table, sweep, write
+    from .flows.sweep import format_table, write
+    from .scale import sweep
     base = _hw(args.hw)
     cores, macs = _list(args.cores, "--cores", int), _list(args.macs, "--macs", int)
     ocm = _list(args.ocm, "--ocm", parse_size)
     graph = bevir.load(args.model)
-    points = sweep(graph, base, cores, macs, ocm, progress=lambda i, n, p: _err(
-        f"sweep {i}/{n}: {p.label}: {p.makespan:,} cycles ({p.seconds:.2f} s)"))
+    points = sweep(graph, base, cores, macs, ocm, workers=_workers(args),
+                   progress=lambda i, n, p: _err(f"sweep {i}/{n}: {p.label}: "
+                                                 f"{p.makespan:,} cycles ({p.seconds:.2f} s)"))
     _out(format_table(points))
     for path in write(points, args.out, plot=not args.no_plots):
         _out(f"wrote {path}")
+    return 0
+
+
+# ---- many frames: calibrate, evaluate ----------------------------------------------------
+def _workers(args):
+    """Where the frames' work runs: --ray [ADDRESS] (Ray), else this process."""
+    from .scale import Plugins, Workers
+    return Workers(ray=args.ray, cpus=args.workers,
+                   plugins=Plugins(tuple(args.load), tuple(args.load_module)))
+
+
+def _indices(args, frames) -> list[int]:
+    return list(range(min(len(frames), args.limit) if args.limit else len(frames)))
+
+
+def _failed(failures, what: str) -> None:
+    """Report each failed frame on stderr; then fail the command, naming what was kept."""
+    if failures:
+        for f in failures:
+            _err(f"bevir: {f}")
+        raise ScaleFailure(f"{len(failures)} frame(s) failed (first: {failures[0]}); {what}")
+
+
+def cmd_calibrate(args) -> int:
+    import time
+    from .scale import Frames, calibrate
+    graph = load_graph(args.model)
+    frames = Frames(args.frames)
+    indices = _indices(args, frames)
+    ops = tuple(o for o in (args.ops or "").split(",") if o)
+    t = time.perf_counter()
+    ranges, failures = calibrate(graph, frames, workers=_workers(args), indices=indices,
+                                 progress=None, method=args.method, percentile=args.percentile,
+                                 symmetric=args.symmetric, num_bins=args.num_bins,
+                                 per_channel=args.per_channel, ops=ops, loc=args.loc,
+                                 attach=False)
+    seconds = time.perf_counter() - t
+    path = ranges.save(args.output)
+    done = len(indices) - len(failures)
+    _out(f"wrote {path}: {len(ranges)} ranges ({args.method}) from {done} frames in "
+         f"{seconds:.1f} s ({done / seconds:.2f} frames/s)")
+    _failed(failures, f"the ranges over the other {done} are in {path}")
+    return 0
+
+
+def cmd_evaluate(args) -> int:
+    from .scale import Frames, evaluate
+    frames = Frames(args.frames)
+    ev = evaluate(load_graph(args.reference), load_graph(args.candidate), frames, args.out,
+                  workers=_workers(args), program=args.program, indices=_indices(args, frames),
+                  restart=args.restart, plot=not args.no_plots)
+    _out(ev.table())
+    _out(f"wrote {Path(args.out) / 'frames.jsonl'}, summary.json"
+         + ("" if args.no_plots else ", iou_matches.png"))
+    _failed(ev.failures, f"the other frames' results are in {args.out}")
     return 0
 
 
@@ -463,6 +495,15 @@ def _plugin_options(s: argparse.ArgumentParser) -> None:
                    "register themselves (repeatable)")
     s.add_argument("--load-module", action="append", default=[], metavar="NAME",
                    help="import this module first, like --load (repeatable)")
+
+
+def _scale_options(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
+                   help="run on Ray: alone, an embedded Ray on this machine's cores; with an "
+                   "address (e.g. ray://head:10001 or auto), that cluster")
+    s.add_argument("--workers", type=int, metavar="N",
+                   help="cores of the embedded Ray (default: all of this machine's)")
+    _plugin_options(s)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -599,7 +640,41 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", default="sweep", metavar="DIR", help="where to write sweep.json "
                    "and sweep.png (default: sweep/)")
     s.add_argument("--no-plots", action="store_true", help="skip sweep.png")
+    _scale_options(s)
     s.set_defaults(fn=cmd_sweep)
+
+    s = sub.add_parser("calibrate", help="measure activation ranges over a frame set")
+    s.add_argument("model", help="a .bevir or .onnx file (float)")
+    s.add_argument("--frames", required=True, metavar="DIR", help="a frame set (frames.json "
+                   "and its shards), keyed by the model's input names")
+    s.add_argument("-o", "--output", default="ranges.json", metavar="FILE",
+                   help="the ranges file (default: ranges.json, with ranges.safetensors)")
+    s.add_argument("--method", default="minmax", help="minmax, percentile, mse or entropy")
+    s.add_argument("--percentile", type=float, default=99.99)
+    s.add_argument("--symmetric", action="store_true")
+    s.add_argument("--per-channel", action="store_true")
+    s.add_argument("--num-bins", type=int, default=2048)
+    s.add_argument("--ops", metavar="OP,...", help="only values these ops produce")
+    s.add_argument("--loc", metavar="GLOB", help="only values of nodes whose loc matches")
+    s.add_argument("--limit", type=int, metavar="N", help="only the first N frames")
+    _scale_options(s)
+    s.set_defaults(fn=cmd_calibrate)
+
+    s = sub.add_parser("evaluate", help="compare a candidate model (INT8) with its "
+                       "reference (float) frame by frame over a frame set")
+    s.add_argument("reference", help="the reference model (.bevir or .onnx)")
+    s.add_argument("candidate", help="the model to judge (.bevir or .onnx)")
+    s.add_argument("--frames", required=True, metavar="DIR", help="a frame set")
+    s.add_argument("--out", default="evaluation", metavar="DIR",
+                   help="per-frame results, summary and plot (default: evaluation/); an "
+                   "earlier run there of the same models and frames is resumed")
+    s.add_argument("--program", metavar="DIR", help="also run this compiled program (bevir "
+                   "compile) and count its differing elements against the candidate")
+    s.add_argument("--restart", action="store_true", help="discard earlier results in --out")
+    s.add_argument("--limit", type=int, metavar="N", help="only the first N frames")
+    s.add_argument("--no-plots", action="store_true", help="skip iou_matches.png")
+    _scale_options(s)
+    s.set_defaults(fn=cmd_evaluate)
 
     s = sub.add_parser("passes", help="list the registered passes and their options")
     _plugin_options(s)

@@ -12,15 +12,15 @@ T = TypeVar("T")
 class Progress:
     """A one-line progress bar on stderr, redrawn at most 10 times a second.
 
-    ``enabled=None`` shows it only when stderr is a terminal. A context manager: leaving
-    the block closes the bar.
+    ``enabled=None`` shows it only when stderr is a terminal; with a ``unit`` it shows the
+    rate too (e.g. ``2.41 frames/s``). A context manager: leaving the block closes the bar.
     """
 
     def __init__(self, total: int | None, desc: str = "", enabled: bool | None = None,
-                 stream: TextIO | None = None):
+                 stream: TextIO | None = None, unit: str | None = None):
         self.stream = stream or sys.stderr
         self.enabled = self.stream.isatty() if enabled is None else enabled
-        self.total, self.desc, self.n = total, desc, 0
+        self.total, self.desc, self.n, self.unit = total, desc, 0, unit
         self._start = self._drawn = time.perf_counter()
 
     def update(self, n: int = 1) -> None:
@@ -44,6 +44,8 @@ class Progress:
             text = f"{self.desc} [{bar:<24}] {self.n}/{self.total} {elapsed}"
         else:
             text = f"{self.desc} {self.n} {elapsed}"
+        if self.unit and now > self._start:
+            text += f" {self.n / (now - self._start):.2f} {self.unit}/s"
         self.stream.write("\r" + text + end)
         self.stream.flush()
 

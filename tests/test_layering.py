@@ -4,7 +4,8 @@ another module's private names.
 
 The layers, lowest first (``bevir/<layer>/...`` or ``bevir/<layer>.py``)::
 
-    errors < hw < ir < ops < sim < passes < frontends < codegen < flows < cli, __init__, __main__
+    errors < progress < plugins < hw < ir < ops < sim < passes < frontends < codegen < flows
+    < scale < testing < cli, __init__, __main__
 
 Frontends sit above passes in the order but may not import them: an importer builds a
 graph, a flow (``bevir/flows``) decides what runs on it.
@@ -18,8 +19,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "bevir"
 
-LAYERS = ["errors", "progress", "hw", "ir", "ops", "sim", "passes", "frontends", "codegen", "flows",
-          "testing", "top"]
+LAYERS = ["errors", "progress", "plugins", "hw", "ir", "ops", "sim", "passes", "frontends",
+          "codegen", "flows", "scale", "testing", "top"]
 #: layers that may not import a lower layer although the order would allow it
 FORBIDDEN = {("frontends", "passes"), ("frontends", "sim")}
 

@@ -51,27 +51,44 @@ def partitioned(graph: Graph, cores: int) -> Graph:
     return optimize(graph.clone(), [make_pass("partition", cores=cores)])
 
 
+def grid(base: HWConfig, cores: Sequence[int] = (), macs: Sequence[int] = (),
+         ocm: Sequence[int] = ()) -> list[HWConfig]:
+    """Every (cores, MACs per PE, OCM bytes) of the grid as a config, cores slowest; an
+    empty axis keeps the base's value."""
+    configs = []
+    for n, m, o in itertools.product(cores or [base.cores], macs or [base.macs_per_pe],
+                                     ocm or [base.ocm_bytes]):
+        hw = base.model_copy(update={"cores": n, "macs_per_pe": m, "ocm_bytes": o,
+                                     "name": f"{base.name} {format_size(o)} {m}MAC x{n}"})
+        configs.append(HWConfig(**hw.model_dump()))    # validate the updated fields
+    return configs
+
+
+def model_point(graph: Graph, hw: HWConfig, by_cores: dict[int, Graph] | None = None
+                ) -> SweepPoint:
+    """``graph`` partitioned for ``hw.cores`` (kept in ``by_cores`` for the next config
+    with as many cores) and modelled on ``hw``."""
+    t = time.perf_counter()
+    by_cores = {} if by_cores is None else by_cores
+    if hw.cores not in by_cores:
+        by_cores[hw.cores] = partitioned(graph, hw.cores)
+    profile = model(by_cores[hw.cores], hw)
+    return SweepPoint(hw, profile.makespan, profile.cycles_per_core, profile.utilisation,
+                      time.perf_counter() - t)
+
+
 def sweep(graph: Graph, base: HWConfig, cores: Sequence[int] = (), macs: Sequence[int] = (),
           ocm: Sequence[int] = (),
           progress: Callable[[int, int, SweepPoint], None] | None = None) -> list[SweepPoint]:
-    """Model ``graph`` on every (cores, MACs per PE, OCM bytes) of the grid, cores slowest;
-    an empty axis keeps the base's value. ``progress(i, total, point)`` after each point."""
-    grid = list(itertools.product(cores or [base.cores], macs or [base.macs_per_pe],
-                                  ocm or [base.ocm_bytes]))
+    """Model ``graph`` on every config of :func:`grid`. ``progress(i, total, point)``
+    after each point."""
+    configs = grid(base, cores, macs, ocm)
     by_cores: dict[int, Graph] = {}
     points = []
-    for i, (n, m, o) in enumerate(grid, 1):
-        hw = base.model_copy(update={"cores": n, "macs_per_pe": m, "ocm_bytes": o,
-                                     "name": f"{base.name} {format_size(o)} {m}MAC x{n}"})
-        hw = HWConfig(**hw.model_dump())               # validate the updated fields
-        t = time.perf_counter()
-        if n not in by_cores:
-            by_cores[n] = partitioned(graph, n)
-        profile = model(by_cores[n], hw)
-        points.append(SweepPoint(hw, profile.makespan, profile.cycles_per_core,
-                                 profile.utilisation, time.perf_counter() - t))
+    for i, hw in enumerate(configs, 1):
+        points.append(model_point(graph, hw, by_cores))
         if progress:
-            progress(i, len(grid), points[-1])
+            progress(i, len(configs), points[-1])
     return points
 
 

@@ -1,0 +1,289 @@
+"""Evaluation over a frame set: a reference model (float) against a candidate (INT8, or
+any other), frame by frame, in this process or on Ray.
+
+    ev = bevir.scale.evaluate(float_graph, int8_graph, Frames("frames/"), "eval/",
+                              workers=Workers(ray="local"))
+    print(ev.table()); ev.worst(5)
+
+Per frame: the SQNR of every output the two models share (the candidate's dequantized),
+and where the frame set (or ``head``) describes a detection head, the reference flow's
+check both ways: top-10 label agreement, score differences, and how many of the
+reference's top-10 boxes the candidate's top 10 match by rotated BEV IoU > 0.5 and vice
+versa. With ``program`` (a folder from ``bevir compile``), the generated program runs too
+and its differing elements against the candidate's golden outputs are counted.
+
+Results go to ``out/frames.jsonl`` (one line per frame, written as chunks finish) under
+``out/run.json`` (which models and frames they belong to): a run that stops, or a worker
+that fails, loses only unfinished chunks, and running again resumes. ``out/summary.json``
+and ``out/iou_matches.png`` hold the aggregate.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..ir.graph import Graph
+from ..progress import Progress
+from ..sim.compare import dequantize, layer_error
+from ..sim.detections import DetectionHead, compare_both_ways
+from ..sim.interpreter import Interpreter
+from .calibrate import FrameFailure, describe
+from .frames import Frames
+from .runner import GraphRef, ScaleError, Workers
+
+RESULTS, RUN, SUMMARY, PLOT = "frames.jsonl", "run.json", "summary.json", "iou_matches.png"
+
+
+@dataclass(frozen=True)
+class Job:
+    """What every worker needs: the two models, the frames, the head, the program."""
+
+    reference: GraphRef
+    candidate: GraphRef
+    frames: Frames
+    head: DetectionHead | None
+    program: str | None
+    top: int = 10
+
+
+def _frame_metrics(job: Job, i: int) -> dict[str, Any]:
+    frame = job.frames[i]
+    ref = Interpreter(job.reference.graph).run(frame)
+    got = Interpreter(job.candidate.graph).run(frame)
+    types = {k: v.type for k, v in job.candidate.graph.outputs.items()}
+    real = {k: dequantize(a, types[k]) for k, a in got.items()}
+    m: dict[str, Any] = {}
+    for name in (k for k in ref if k in real):
+        m[f"sqnr_{name}"] = layer_error(ref[name], real[name])[0]
+    if job.head is not None:
+        h = job.head
+        a = h.decode(ref[h.cls], ref[h.bbox])
+        b = h.decode(real[h.cls], real[h.bbox])
+        m.update(compare_both_ways(a, b, top=job.top))
+    if job.program is not None:
+        out = _program(job.program).run(frame)
+        m["program_differing"] = sum(int(np.count_nonzero(out[k] != got[k])) for k in got)
+    return m
+
+
+_PROGRAMS: dict[str, Any] = {}
+
+
+def _program(path: str):
+    if path not in _PROGRAMS:
+        from ..codegen.cprogram import CompiledProgram
+        _PROGRAMS[path] = CompiledProgram.load(path)
+    return _PROGRAMS[path]
+
+
+def _evaluate_chunk(job: Job, indices: list[int]) -> list[dict[str, Any]]:
+    rows = []
+    for i in indices:
+        row: dict[str, Any] = {"frame": i, **job.frames.tags[i]}
+        try:
+            row.update(_frame_metrics(job, i))
+        except Exception as e:                  # reported by index; the rest go on
+            row["error"] = describe(e)
+        rows.append(row)
+    return rows
+
+
+@dataclass
+class Evaluation:
+    """Per-frame results (``rows``, by frame index) and their aggregate."""
+
+    rows: list[dict[str, Any]]
+    out: Path | None = None
+    failures: list[FrameFailure] = field(default_factory=list)
+
+    def __post_init__(self):
+        self.rows = sorted(self.rows, key=lambda r: r["frame"])
+        self.failures = [FrameFailure(r["frame"], r["error"]) for r in self.rows if "error" in r]
+
+    @property
+    def done(self) -> list[dict[str, Any]]:
+        """The rows of frames that ran."""
+        return [r for r in self.rows if "error" not in r]
+
+    def metrics(self) -> list[str]:
+        keys: dict[str, None] = {}
+        for r in self.done:
+            keys.update((k, None) for k, v in r.items()
+                        if k != "frame" and isinstance(v, (int, float)) and not isinstance(v, bool)
+                        and k not in ("scene", "t", "num_a", "num_b"))
+        return list(keys)
+
+    def column(self, metric: str) -> np.ndarray:
+        return np.array([r[metric] for r in self.done if metric in r], np.float64)
+
+    def summary(self) -> dict[str, Any]:
+        """Per metric: mean, min, 5th percentile, median, max; IoU-match distributions."""
+        stats = {}
+        for m in self.metrics():
+            c = self.column(m)
+            finite = c[np.isfinite(c)]
+            stats[m] = {"mean": _num(finite.mean()) if finite.size else None,
+                        "min": _num(c.min()), "p5": _num(np.percentile(c, 5)),
+                        "median": _num(np.median(c)), "max": _num(c.max()),
+                        "inf": int(np.isinf(c).sum())}
+        hist = {m: _counts(self.column(m)) for m in ("bev_iou_match", "bev_iou_match_ba")
+                if m in stats}
+        return {"frames": len(self.rows), "done": len(self.done),
+                "failed": [str(f) for f in self.failures], "metrics": stats,
+                "iou_match_counts": hist, "worst": self.worst()}
+
+    def worst(self, n: int = 5) -> list[dict[str, Any]]:
+        """The ``n`` worst frames: fewest BEV IoU matches (the lower direction), then
+        lowest SQNR of the first output."""
+        sqnr = next((m for m in self.metrics() if m.startswith("sqnr_")), None)
+
+        def badness(r):
+            matches = min(r.get("bev_iou_match", 0), r.get("bev_iou_match_ba", 0))
+            return (matches, r.get(sqnr, 0.0) if sqnr else 0.0)
+        return sorted(self.done, key=badness)[:n]
+
+    def table(self) -> str:
+        """The aggregate as text: one line per metric, the IoU-match distributions, the
+        worst frames, the failures."""
+        s = self.summary()
+        lines = [f"{s['done']} of {s['frames']} frames evaluated",
+                 f"  {'metric':<22} {'mean':>10} {'min':>10} {'p5':>10} {'median':>10} {'max':>10}"]
+        for m, st in s["metrics"].items():
+            cells = " ".join(f"{_fmt(st[k]):>10}" for k in ("mean", "min", "p5", "median", "max"))
+            lines.append(f"  {m:<22} {cells}")
+        for m, counts in s["iou_match_counts"].items():
+            dist = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items(), key=lambda kv: int(kv[0])))
+            lines.append(f"  frames by {m}: {dist}")
+        if s["worst"]:
+            lines.append("  worst frames: " + "; ".join(_row_brief(r) for r in s["worst"]))
+        for f in self.failures:
+            lines.append(f"  failed: {f}")
+        return "\n".join(lines)
+
+    def plot(self, path: str | Path) -> Path:
+        """A histogram of per-frame top-10 BEV IoU matches, both ways, beside one of the
+        per-frame SQNR of each output."""
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+        ways = [m for m in ("bev_iou_match", "bev_iou_match_ba") if m in self.metrics()]
+        labels = {"bev_iou_match": "reference boxes found in candidate",
+                  "bev_iou_match_ba": "candidate boxes found in reference"}
+        top = 10
+        for j, m in enumerate(ways):
+            counts = np.bincount(self.column(m).astype(int), minlength=top + 1)
+            left.bar(np.arange(counts.size) + (j - 0.5 * (len(ways) - 1)) * 0.4, counts,
+                     width=0.4, label=labels[m])
+        left.set(xlabel=f"top-{top} boxes matched (BEV IoU > 0.5)", ylabel="frames",
+                 title=f"{len(self.done)} frames")
+        if ways:
+            left.legend(fontsize=8)
+        for m in (m for m in self.metrics() if m.startswith("sqnr_")):
+            c = self.column(m)
+            right.hist(c[np.isfinite(c)], bins=30, alpha=0.6, label=m[5:])
+        right.set(xlabel="SQNR (dB)", ylabel="frames", title="output SQNR per frame")
+        right.legend(fontsize=8)
+        fig.tight_layout()
+        path = Path(path)
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        return path
+
+
+def _num(x: Any) -> float | None:
+    x = float(x)
+    return None if math.isnan(x) else x
+
+
+def _counts(c: np.ndarray) -> dict[str, int]:
+    values, counts = np.unique(c.astype(int), return_counts=True)
+    return {str(v): int(n) for v, n in zip(values, counts)}
+
+
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.4g}"
+
+
+def _row_brief(r: Mapping[str, Any]) -> str:
+    tags = ",".join(f"{k}={r[k]}" for k in ("scene", "t") if k in r)
+    iou = "/".join(str(r[k]) for k in ("bev_iou_match", "bev_iou_match_ba") if k in r)
+    return f"#{r['frame']}" + (f" ({tags})" if tags else "") + (f" iou {iou}" if iou else "")
+
+
+def evaluate(reference: Graph, candidate: Graph, frames: Frames | str, out: str | Path, *,
+             workers: Workers | None = None, head: DetectionHead | None = None,
+             program: str | Path | None = None, indices: Sequence[int] | None = None,
+             restart: bool = False, progress: bool | None = None, plot: bool = True
+             ) -> Evaluation:
+    """Evaluate ``candidate`` against ``reference`` on the frames ``indices`` (default
+    all) of ``frames`` with ``workers`` (default: this process); see the module docstring.
+    ``head``: the detection head (default: the frame set's ``meta["detections"]``, if
+    any). Frames already in ``out`` from an earlier run of the same models and frames are
+    kept (``restart``: start over)."""
+    frames = Frames(frames) if isinstance(frames, (str, os.PathLike)) else frames
+    if head is None and "detections" in frames.meta:
+        head = DetectionHead.from_json(frames.meta["detections"])
+    job = Job(GraphRef(reference), GraphRef(candidate), frames, head,
+              None if program is None else str(Path(program).resolve()))
+    out = Path(out)
+    rows = _resume(out, job, restart)
+    indices = list(range(len(frames))) if indices is None else list(indices)
+    todo = [i for i in indices if i not in rows]
+    workers = workers or Workers()
+    with open(out / RESULTS, "a") as f, \
+            Progress(len(indices), "evaluate", progress, unit="frames") as bar:
+        bar.update(len(indices) - len(todo))
+        for _, chunk_rows in workers.map(_evaluate_chunk, job, workers.chunks(todo, 8)):
+            for r in chunk_rows:
+                rows[r["frame"]] = r
+                f.write(json.dumps(r) + "\n")
+            f.flush()
+            bar.update(len(chunk_rows))
+    ev = Evaluation([rows[i] for i in indices], out)
+    (out / SUMMARY).write_text(json.dumps(ev.summary(), indent=1) + "\n")
+    if plot:
+        ev.plot(out / PLOT)
+    return ev
+
+
+def _fingerprint(job: Job) -> dict[str, Any]:
+    return {"reference": job.reference.digest, "candidate": job.candidate.digest,
+            "frames": str(job.frames.path.resolve()), "count": len(job.frames),
+            "head": None if job.head is None else job.head.to_json(), "program": job.program}
+
+
+def _resume(out: Path, job: Job, restart: bool) -> dict[int, dict[str, Any]]:
+    """The rows of frames that ran in an earlier run of the same job (none if
+    ``restart``); writes ``run.json`` for this one."""
+    out.mkdir(parents=True, exist_ok=True)
+    run, results = out / RUN, out / RESULTS
+    mine = _fingerprint(job)
+    if restart or not run.exists():
+        results.unlink(missing_ok=True)
+        run.write_text(json.dumps(mine, indent=1) + "\n")
+        return {}
+    try:
+        theirs = json.loads(run.read_text())
+    except json.JSONDecodeError:
+        theirs = None
+    if theirs != mine:
+        raise ScaleError(f"{out} holds results of other models or frames ({RUN} differs); "
+                         "evaluate into another folder, or restart")
+    rows: dict[int, dict[str, Any]] = {}
+    if results.exists():
+        for line in results.read_text().splitlines():
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError:        # a line cut short when a run stopped
+                continue
+            if isinstance(r, dict) and "error" not in r and isinstance(r.get("frame"), int):
+                rows[r["frame"]] = r
+    return rows

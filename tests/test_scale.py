@@ -1,0 +1,265 @@
+"""bevir.scale on a local Ray with 2 CPUs: frame sets, distributed calibration and
+evaluation equal to single-process, the sweep equal to the local sweep, a killed worker
+and a failing frame, resuming, and the CLI."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import bevir
+from bevir import Builder, TensorType
+from bevir.cli import main
+from bevir.scale import (Frames, FrameSetError, FrameWriter, Plugins, ScaleError, Workers,
+                         calibrate, evaluate)
+
+ray = pytest.importorskip("ray")
+
+#: a plugin op: raises on a frame whose first element is 666; while ``armed`` exists in
+#: its folder, kills the Ray worker running it once (writing ``killed``), never the test
+#: process itself
+FAULTY = '''
+import os
+from pathlib import Path
+import numpy as np
+from bevir import OpDef
+
+FOLDER, DRIVER = Path({folder!r}), {driver}
+
+
+class Faulty(OpDef):
+    name = "test_scale_faulty"
+    operands = ("x",)
+
+    def infer(self, c, x):
+        return x
+
+    def compute(self, c, x):
+        if x.flat[0] == 666.0:
+            raise ValueError("this frame says no")
+        armed, killed = FOLDER / "armed", FOLDER / "killed"
+        if os.getpid() != DRIVER and armed.exists() and not killed.exists():
+            killed.touch()
+            os._exit(1)                 # the worker dies mid-task
+        return x
+'''
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """A local Ray with 2 CPUs for the module (started here, stopped after)."""
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    yield Workers(ray="local")
+    ray.shutdown()
+
+
+def small_graph(extra: str | None = None) -> bevir.Graph:
+    """(the ``extra`` op ->) conv -> relu -> matmul: float outputs ``y`` and ``z``."""
+    rng = np.random.default_rng(0)
+    b = Builder("small")
+    x = b.input("x", TensorType((1, 3, 8, 8)))
+    if extra:
+        x = b.op(extra, x, loc="extra")
+    y = b.relu(b.conv2d(x, b.const(rng.normal(size=(4, 3, 3, 3)).astype(np.float32), "w"),
+                        pads=(1, 1, 1, 1), loc="conv"), loc="relu")
+    b.output("y", y)
+    t = b.reshape(y, shape=(4, 64), loc="flat")
+    b.output("z", b.matmul(t, b.const(rng.normal(size=(64, 5)).astype(np.float32), "fc"),
+                           loc="fc"))
+    return b.graph
+
+
+def noisy(graph: bevir.Graph, seed: int = 1) -> bevir.Graph:
+    """A candidate: ``graph`` with its weights perturbed (a stand-in for quantization)."""
+    g = graph.clone()
+    rng = np.random.default_rng(seed)
+    for v in g.constants.values():
+        v.const = (v.const + rng.normal(scale=0.02, size=v.const.shape)).astype(v.const.dtype)
+    return g
+
+
+def write_frames(path: Path, n: int = 12, per_shard: int = 5, poison: int | None = None) -> Frames:
+    rng = np.random.default_rng(7)
+    with FrameWriter(path, frames_per_shard=per_shard, meta={"what": "test"}) as w:
+        for i in range(n):
+            x = (rng.normal(size=(1, 3, 8, 8)) * (1 + i % 3)).astype(np.float32)
+            if i == poison:
+                x.flat[0] = 666.0
+            w.add({"x": x}, scene=i // 4, t=i % 4)
+    return Frames(path)
+
+
+@pytest.fixture(scope="module")
+def faulty_plugin(tmp_path_factory) -> Plugins:
+    folder = tmp_path_factory.mktemp("faulty")
+    plugin = folder / "faulty_plugin.py"
+    plugin.write_text(FAULTY.format(folder=str(folder), driver=os.getpid()))
+    plugins = Plugins((str(plugin),))
+    plugins.load()
+    return plugins
+
+
+# ---- frame sets ---------------------------------------------------------------------------
+def test_frame_sets_round_trip_one_frame_at_a_time(tmp_path):
+    frames = write_frames(tmp_path / "f", n=12, per_shard=5)
+    assert len(frames) == 12 and len(frames.shards) == 3 and frames.meta == {"what": "test"}
+    assert frames.tags[6] == {"scene": 1, "t": 2}
+    again = write_frames(tmp_path / "g", n=12, per_shard=12)
+    for a, b in zip(frames, again):
+        np.testing.assert_array_equal(a["x"], b["x"])
+    assert frames[-1]["x"].shape == (1, 3, 8, 8)
+    with pytest.raises(IndexError):
+        frames[12]
+
+
+def test_frame_set_errors_say_what_is_wrong(tmp_path):
+    with pytest.raises(FrameSetError, match="not a frame set"):
+        Frames(tmp_path)
+    w = FrameWriter(tmp_path / "f")
+    w.add({"x": np.zeros((2, 2), np.float32)})
+    with pytest.raises(FrameSetError, match="frame 1 has inputs"):
+        w.add({"x": np.zeros((2, 3), np.float32)})
+    w.close()
+    with pytest.raises(FrameSetError, match="already holds a frame set"):
+        FrameWriter(tmp_path / "f")
+    (tmp_path / "f" / "shard-00000.safetensors").unlink()
+    with pytest.raises(FrameSetError, match="cannot read shard"):
+        Frames(tmp_path / "f")[0]
+    index = tmp_path / "f" / "frames.json"
+    index.write_text(index.read_text().replace('"version": 1', '"version": 9'))
+    with pytest.raises(FrameSetError, match="version 9"):
+        Frames(tmp_path / "f")
+
+
+def test_a_ray_dataset_reads_a_frame_set(tmp_path, local_ray):
+    pytest.importorskip("pyarrow")
+    frames = write_frames(tmp_path / "f", n=6, per_shard=4)
+    rows = sorted(frames.to_ray_dataset().take_all(), key=lambda r: r["frame"])
+    assert [r["frame"] for r in rows] == list(range(6))
+    for r in rows:
+        np.testing.assert_array_equal(r["x"], frames[r["frame"]]["x"])
+
+
+# ---- calibration --------------------------------------------------------------------------
+@pytest.mark.parametrize("options", [dict(method="minmax", per_channel=True),
+                                     dict(method="entropy"), dict(method="percentile")])
+def test_distributed_calibration_is_bit_identical(tmp_path, local_ray, options):
+    g, frames = small_graph(), write_frames(tmp_path / "f")
+    single = bevir.calibrate(g, list(frames), attach=False, **options)
+    ranges, failed = calibrate(g, frames, workers=local_ray, attach=False, **options)
+    assert failed == [] and ranges == single
+    assert all(e.samples == 12 for e in ranges)
+    local, _ = calibrate(g, frames, attach=False, **options)       # this process, same code
+    assert local == single
+
+
+def test_a_killed_worker_is_retried_and_changes_nothing(tmp_path, local_ray, faulty_plugin):
+    g, frames = small_graph("test_scale_faulty"), write_frames(tmp_path / "f")
+    single = bevir.calibrate(g, list(frames), method="entropy", attach=False)
+    workers = Workers(ray="local", plugins=faulty_plugin)
+    folder = Path(faulty_plugin.files[0]).parent
+    (folder / "armed").touch()
+    try:
+        ranges, failed = calibrate(g, frames, workers=workers, method="entropy", attach=False)
+    finally:
+        (folder / "armed").unlink()
+    assert (folder / "killed").exists()                            # a worker did die
+    assert failed == [] and ranges == single
+
+
+def test_a_failing_frame_is_reported_and_the_rest_complete(tmp_path, local_ray, faulty_plugin):
+    g, frames = small_graph("test_scale_faulty"), write_frames(tmp_path / "f", poison=5)
+    workers = Workers(ray="local", plugins=faulty_plugin)
+    ranges, failed = calibrate(g, frames, workers=workers, attach=False)
+    assert [f.frame for f in failed] == [5] and "this frame says no" in failed[0].error
+    others = [frames[i] for i in range(12) if i != 5]
+    assert ranges == bevir.calibrate(g, others, attach=False)
+    ev = evaluate(g, noisy(g), frames, tmp_path / "eval", workers=workers, plot=False)
+    assert [f.frame for f in ev.failures] == [5] and len(ev.done) == 11
+
+
+# ---- evaluation ---------------------------------------------------------------------------
+def test_distributed_evaluation_equals_single_process(tmp_path, local_ray):
+    g, frames = small_graph(), write_frames(tmp_path / "f")
+    cand = noisy(g)
+    single = evaluate(g, cand, frames, tmp_path / "one")
+    dist = evaluate(g, cand, frames, tmp_path / "ray", workers=local_ray)
+    assert dist.rows == single.rows and len(dist.rows) == 12
+    assert set(dist.metrics()) == {"sqnr_y", "sqnr_z"}
+    assert all(10 < r["sqnr_z"] < 80 for r in dist.rows)
+    assert (tmp_path / "ray" / "iou_matches.png").stat().st_size > 10_000
+    summary = json.loads((tmp_path / "ray" / "summary.json").read_text())
+    assert summary["done"] == 12 and summary["metrics"]["sqnr_y"]["min"] == min(
+        r["sqnr_y"] for r in single.rows)
+    assert "12 of 12 frames evaluated" in dist.table()
+
+
+def test_evaluation_resumes_and_refuses_other_models(tmp_path):
+    g, frames = small_graph(), write_frames(tmp_path / "f")
+    cand = noisy(g)
+    first = evaluate(g, cand, frames, tmp_path / "e", indices=range(6), plot=False)
+    results = tmp_path / "e" / "frames.jsonl"
+    lines = results.read_text().splitlines()
+    marked = json.loads(lines[2]) | {"sqnr_y": -1.0}               # not recomputed on resume
+    results.write_text("\n".join(lines[:2] + [json.dumps(marked)]) + "\n{\"frame\": 3, \"sq")
+    again = evaluate(g, cand, frames, tmp_path / "e", plot=False)
+    assert len(again.rows) == 12 and again.rows[2]["sqnr_y"] == -1.0
+    assert again.rows[3:6] == first.rows[3:6]                      # a cut line is redone
+    with pytest.raises(ScaleError, match="other models or frames"):
+        evaluate(g, noisy(g, seed=2), frames, tmp_path / "e", plot=False)
+    fresh = evaluate(g, noisy(g, seed=2), frames, tmp_path / "e", restart=True, plot=False)
+    assert len(fresh.rows) == 12 and fresh.rows[2]["sqnr_y"] != -1.0
+
+
+# ---- sweep and the CLI --------------------------------------------------------------------
+def test_distributed_sweep_equals_the_local_sweep(local_ray):
+    from bevir.flows.sweep import sweep as local_sweep
+    from bevir.hw import HWConfig
+    from bevir.scale import sweep
+    g = small_graph()
+    base = HWConfig.preset("qc-u")
+    grid = dict(cores=[1, 2, 4], macs=[8, 16])
+    here = local_sweep(g, base, **grid)
+    there = sweep(g, base, **grid, workers=local_ray)
+    strip = [{k: v for k, v in p.to_json().items() if k != "model_seconds"}
+             for p in here]
+    assert [{k: v for k, v in p.to_json().items() if k != "model_seconds"}
+            for p in there] == strip and len(strip) == 6
+
+
+def test_cli_calibrate_evaluate_and_sweep_on_ray(tmp_path, local_ray, capsys):
+    g = small_graph()
+    bevir.save(g, tmp_path / "m.bevir")
+    bevir.save(noisy(g), tmp_path / "q.bevir")
+    frames = write_frames(tmp_path / "f")
+    assert main(["calibrate", str(tmp_path / "m.bevir"), "--frames", str(frames.path),
+                 "-o", str(tmp_path / "r.json"), "--method", "mse", "--ray"]) == 0
+    assert "frames/s" in capsys.readouterr().out
+    saved = bevir.passes.calibrate.Ranges.load(tmp_path / "r.json")
+    assert saved == bevir.calibrate(g, list(frames), method="mse", attach=False)
+    assert main(["evaluate", str(tmp_path / "m.bevir"), str(tmp_path / "q.bevir"), "--frames",
+                 str(frames.path), "--out", str(tmp_path / "e"), "--ray", "--limit", "4"]) == 0
+    assert "4 of 4 frames evaluated" in capsys.readouterr().out
+    assert main(["sweep", str(tmp_path / "m.bevir"), "--cores", "1,2", "--out",
+                 str(tmp_path / "s"), "--no-plots", "--ray"]) == 0
+    assert len(json.loads((tmp_path / "s" / "sweep.json").read_text())["points"]) == 2
+
+
+def test_cli_reports_failed_frames_one_line_each(tmp_path, capsys, faulty_plugin):
+    g = small_graph("test_scale_faulty")
+    bevir.save(g, tmp_path / "m.bevir")
+    frames = write_frames(tmp_path / "f", poison=3)
+    assert main(["calibrate", str(tmp_path / "m.bevir"), "--frames", str(frames.path), "-o",
+                 str(tmp_path / "r.json"), "--load", faulty_plugin.files[0]]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0] == ("bevir: frame 3: op 'test_scale_faulty' node %0 from 'extra': "
+                      "ValueError: this frame says no")
+    assert err[-1].startswith("bevir: error: 1 frame(s) failed") and "r.json" in err[-1]
+    assert (tmp_path / "r.json").exists()
+    assert main(["calibrate", str(tmp_path / "m.bevir"), "--frames", str(tmp_path)]) == 1
+    assert "not a frame set" in capsys.readouterr().err
