@@ -41,6 +41,7 @@ if __package__ in (None, ""):
 import bevir  # noqa: E402
 from bevir.passes.quant_config import QuantConfig  # noqa: E402
 from bevir.passes.quantize import load_config  # noqa: E402
+from bevir.scale import FrameFeed, ScaleError  # noqa: E402
 from bevir.sim.compare import compare_graphs  # noqa: E402
 
 from .config import CONFIGS, BEVFormerConfig  # noqa: E402
@@ -101,26 +102,38 @@ CONVERSIONS = ("quantize", "dequantize", "fx_quantize", "fx_dequantize", "fx_req
                "fx_bridge")
 
 
-def int8_graph(model: BEVFormer, inputs: dict, feed: dict, workdir: Path,
+#: frames whose images calibrate the backbone (onnxruntime's calibrator, one process)
+BACKBONE_CALIBRATION_FRAMES = 8
+
+
+def int8_graph(model: BEVFormer, inputs: dict, feed: dict | FrameFeed, workdir: Path,
                config: QuantConfig | str = "reference-flow", progress: bool | None = None
                ) -> tuple[bevir.Graph, dict, bevir.flows.QuantizedBackbone | None]:
     """The model quantized as the reference flow does: the backbone to INT8 ONNX by
     onnxruntime (calibrated on the frame's images) and imported, the head linked to it, one
     calibration forward pass, the head lowered to fixed point by ``config``, the hand-over
     bridged. The config's rule with affine activations (``backbone``) says how: its weights
-    per tensor or per channel, or excluded (the FP32 backbone stays). Returns (graph,
-    quantize statistics, the backbone flow's result or None)."""
+    per tensor or per channel, or excluded (the FP32 backbone stays). ``feed``: the frame's
+    golden inputs, or a frame set's frames (a ``bevir.scale.FrameFeed``: the head
+    calibrated on all of them, on its workers; the backbone on the images of the first
+    ``BACKBONE_CALIBRATION_FRAMES``). Returns (graph, quantize statistics, the backbone
+    flow's result or None)."""
     from bevir.passes.quantize import quantize
     config = load_config(config)
     affine = next((r for r in config.rules if r.activations == "affine"), None)
     qb = None
     if affine is not None and not affine.exclude:
-        qb = bevir.flows.quantize_backbone(split_model(model)[0], inputs["img"].numpy(), workdir,
-                                     per_channel=affine.weights == "per_channel",
-                                     progress=progress)
+        images = (inputs["img"].numpy() if not isinstance(feed, FrameFeed) else
+                  [feed.frames[i]["img"] for i in feed.indices[:BACKBONE_CALIBRATION_FRAMES]])
+        qb = bevir.flows.quantize_backbone(split_model(model)[0], images, workdir,
+                                           per_channel=affine.weights == "per_channel",
+                                           progress=progress)
     q = build_graph(model, inputs, workdir, backbone=qb.graph if qb else None)
     bevir.optimize(q, INT8_PREPARE)
     bevir.calibrate(q, feed, progress=progress)
+    if isinstance(feed, FrameFeed) and feed.failures:
+        raise ScaleError(f"{len(feed.failures)} calibration frame(s) failed; the first: "
+                         f"{feed.failures[0]}")
     stats = quantize(q, config)
     bevir.optimize(q, INT8_FINISH)
     bevir.verify(q)
