@@ -191,12 +191,16 @@ def render_camera(P: np.ndarray, h: int, w: int, boxes: list[dict], rng: np.rand
     return np.clip(img, 0, 255)
 
 
-def make_images(config: BEVFormerConfig, seed: int, lidar2img: np.ndarray | None = None) -> torch.Tensor:
-    """(num_cams, 3, img_h, img_w) float32, normalized RGB, zero-padded at the bottom."""
+def make_images(config: BEVFormerConfig, seed: int, lidar2img: np.ndarray | None = None,
+                boxes: list[dict] | None = None) -> torch.Tensor:
+    """(num_cams, 3, img_h, img_w) float32, normalized RGB, zero-padded at the bottom.
+    ``boxes`` (lidar frame, as :func:`make_scene` gives them) default to ``make_scene(seed)``;
+    ``seed`` also drives the skyline and the noise."""
     if lidar2img is None:
         lidar2img = lidar2img_for(config)
     rng = np.random.default_rng(seed)
-    boxes = make_scene(seed)
+    if boxes is None:
+        boxes = make_scene(seed)
     h, w = config.resized_h, config.img_w
     mean = np.asarray(config.img_mean)
     std = np.asarray(config.img_std)
