@@ -263,3 +263,24 @@ def test_cli_reports_failed_frames_one_line_each(tmp_path, capsys, faulty_plugin
     assert (tmp_path / "r.json").exists()
     assert main(["calibrate", str(tmp_path / "m.bevir"), "--frames", str(tmp_path)]) == 1
     assert "not a frame set" in capsys.readouterr().err
+
+
+# ---- the BEVFormer test config ------------------------------------------------------------
+def test_bevformer_signoff_on_ray_equals_one_process(tmp_path, local_ray):
+    """The INT8 model calibrated on 4 frames of a sequence on Ray is the one calibrated in
+    this process (same digest), and so are the per-frame metrics of the evaluation."""
+    import sys
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from examples.bevformer.sequence import write_sequence
+    from examples.bevformer.signoff import models
+    from bevir.ir.serialize import graph_digest
+    frames = write_sequence("test", tmp_path / "frames", scenes=2, frames=3, progress=False)
+    here = models(frames, tmp_path / "here", Workers(), calibration_frames=4)
+    there = models(frames, tmp_path / "there", local_ray, calibration_frames=4)
+    assert graph_digest(here[1]) == graph_digest(there[1])
+    one = evaluate(here[0], here[1], frames, tmp_path / "e1", plot=False)
+    two = evaluate(there[0], there[1], frames, tmp_path / "e2", workers=local_ray, plot=False)
+    assert one.rows == two.rows and len(one.done) == 6
+    assert {"sqnr_cls_scores", "sqnr_bbox_preds", "bev_iou_match", "bev_iou_match_ba",
+            "top10_label_match"} <= set(one.metrics())
+    assert all(r["sqnr_bbox_preds"] > 20 and 0 <= r["bev_iou_match"] <= 10 for r in one.rows)

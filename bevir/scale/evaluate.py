@@ -39,6 +39,8 @@ from .frames import Frames
 from .runner import GraphRef, ScaleError, Workers
 
 RESULTS, RUN, SUMMARY, PLOT = "frames.jsonl", "run.json", "summary.json", "iou_matches.png"
+#: the reference flow's check: at least this many of the top 10 matched, both ways
+PASS_MATCHES = 8
 
 
 @dataclass(frozen=True)
@@ -135,9 +137,19 @@ class Evaluation:
                         "inf": int(np.isinf(c).sum())}
         hist = {m: _counts(self.column(m)) for m in ("bev_iou_match", "bev_iou_match_ba")
                 if m in stats}
-        return {"frames": len(self.rows), "done": len(self.done),
-                "failed": [str(f) for f in self.failures], "metrics": stats,
-                "iou_match_counts": hist, "worst": self.worst()}
+        summary = {"frames": len(self.rows), "done": len(self.done),
+                   "failed": [str(f) for f in self.failures], "metrics": stats,
+                   "iou_match_counts": hist, "worst": self.worst()}
+        if hist:
+            summary["passing"] = {"min_matches": PASS_MATCHES, "frames": self.passing()}
+        return summary
+
+    def passing(self, min_matches: int = 0) -> int:
+        """Frames that pass the reference flow's check: at least ``min_matches`` (default
+        :data:`PASS_MATCHES`) of the top 10 matched by BEV IoU both ways."""
+        k = min_matches or PASS_MATCHES
+        return sum(1 for r in self.done
+                   if min(r.get("bev_iou_match", -1), r.get("bev_iou_match_ba", -1)) >= k)
 
     def worst(self, n: int = 5) -> list[dict[str, Any]]:
         """The ``n`` worst frames: fewest BEV IoU matches (the lower direction), then
@@ -161,6 +173,9 @@ class Evaluation:
         for m, counts in s["iou_match_counts"].items():
             dist = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items(), key=lambda kv: int(kv[0])))
             lines.append(f"  frames by {m}: {dist}")
+        if "passing" in s:
+            lines.append(f"  frames passing the reference flow's check (>= {PASS_MATCHES} of "
+                         f"10 both ways): {s['passing']['frames']} of {s['done']}")
         if s["worst"]:
             lines.append("  worst frames: " + "; ".join(_row_brief(r) for r in s["worst"]))
         for f in self.failures:
@@ -182,8 +197,9 @@ class Evaluation:
             counts = np.bincount(self.column(m).astype(int), minlength=top + 1)
             left.bar(np.arange(counts.size) + (j - 0.5 * (len(ways) - 1)) * 0.4, counts,
                      width=0.4, label=labels[m])
-        left.set(xlabel=f"top-{top} boxes matched (BEV IoU > 0.5)", ylabel="frames",
-                 title=f"{len(self.done)} frames")
+        left.axvline(PASS_MATCHES - 0.5, color="grey", ls="--", lw=1)
+        left.set(xlabel=f"top-{top} boxes matched (BEV IoU > 0.5); the check passes right "
+                 "of the line", ylabel="frames", title=f"{len(self.done)} frames")
         if ways:
             left.legend(fontsize=8)
         for m in (m for m in self.metrics() if m.startswith("sqnr_")):
