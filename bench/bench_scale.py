@@ -1,0 +1,83 @@
+"""Frames per second of calibration and evaluation over a BEVFormer frame set: one process
+against a local Ray with N workers on this machine, in one run; and what a 64-core cluster
+would take for nuScenes' 6,019 validation frames at the measured per-worker rate (one core
+per worker, perfect scaling: a lower bound).
+
+    python bench/bench_scale.py [--configs test tiny] [--frames-test 24] [--frames-tiny 4]
+                                [--workers 2]
+
+Both sides run the same task code (bevir.scale); the Ray side is measured warm (its
+workers started and holding the models, as they are after the first chunks of a long
+run). Calibration measures the float model (min/max of every activation); evaluation runs
+the float and the INT8 model on every frame and compares them.
+
+Goal (issue 21): Ray with 2 workers >= 1.7x one process.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bevir.scale import Workers, calibrate, evaluate  # noqa: E402
+from examples.bevformer.sequence import write_sequence  # noqa: E402
+from examples.bevformer.signoff import models  # noqa: E402
+
+NUSCENES_VAL_FRAMES, CLUSTER_CORES = 6019, 64
+
+
+def rate(fn, frames: int) -> float:
+    """Frames per second of ``fn()`` over ``frames`` frames."""
+    t = time.perf_counter()
+    fn()
+    return frames / (time.perf_counter() - t)
+
+
+def bench_config(config: str, count: int, workers: int, tmp: Path) -> list[str]:
+    frames = write_sequence(config, tmp / config / "frames", scenes=2, frames=(count + 1) // 2,
+                            progress=False)
+    graph, q, _ = models(frames, tmp / config, Workers(), calibration_frames=2)
+    ray = Workers(ray="local", cpus=workers)
+    n = len(frames)
+    # warm the workers: started, the models loaded (each worker caches them by digest)
+    evaluate(graph, q, frames, tmp / config / "warm", workers=ray, indices=range(workers),
+             plot=False)
+    calibrate(graph, frames, workers=ray, indices=range(workers), attach=False)
+    lines = []
+    for what, run in (
+            ("calibrate", lambda w, out: calibrate(graph, frames, workers=w, attach=False)),
+            ("evaluate", lambda w, out: evaluate(graph, q, frames, out, workers=w,
+                                                 restart=True, plot=False))):
+        one = rate(lambda: run(Workers(), tmp / config / f"{what}1"), n)
+        many = rate(lambda: run(ray, tmp / config / f"{what}{workers}"), n)
+        per_worker = many / workers         # a Ray worker runs on one core
+        cluster_min = NUSCENES_VAL_FRAMES / (per_worker * CLUSTER_CORES) / 60
+        lines.append(f"{what} {config}: 1 process {one:.3f} frames/s ({1 / one:.2f} s/frame), "
+                     f"Ray {workers} workers {many:.3f} frames/s: speedup {many / one:.2f}x "
+                     f"(goal >= 1.7x); {NUSCENES_VAL_FRAMES} frames on {CLUSTER_CORES} "
+                     f"cores ~{cluster_min:.1f} min")
+        print(lines[-1], flush=True)
+    return lines
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--configs", nargs="+", default=["test", "tiny"])
+    p.add_argument("--frames-test", type=int, default=24)
+    p.add_argument("--frames-tiny", type=int, default=4)
+    p.add_argument("--workers", type=int, default=2)
+    args = p.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="bench-scale-") as d:
+        lines = []
+        for config in args.configs:
+            count = args.frames_tiny if config == "tiny" else args.frames_test
+            lines += bench_config(config, count, args.workers, Path(d))
+    print("\n".join(["", "summary:"] + lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
