@@ -134,17 +134,25 @@ def apply_meta_document(graph: Graph, doc_and_arrays: tuple[dict[str, Any], dict
     graph.meta = decode(doc["graph"], arrays, f"graph @{graph.name}", enc)
 
 
+def check_document(doc: Any, path: str | os.PathLike, format: str, version: int,
+                   error: type[BevirError]) -> dict[str, Any]:
+    """``doc`` (read from ``path``) if it is a JSON object of ``format`` at ``version``;
+    else ``error`` saying which it is not."""
+    if not isinstance(doc, dict) or doc.get("format") != format:
+        raise error(f"{path}: not a {format} file")
+    if doc.get("version") != version:
+        raise error(f"{path}: {format} version {doc.get('version')!r} is not supported "
+                    f"(this bevir reads version {version})")
+    return doc
+
+
 def _read_meta(doc_path: Path, arrays_path: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     try:
         doc = json.loads(doc_path.read_text())
         arrays = load_file(str(arrays_path)) if arrays_path.exists() else {}
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, SafetensorError, ValueError) as e:
         raise MetaError(f"cannot read meta {doc_path}: {e}") from None
-    if not isinstance(doc, dict) or doc.get("format") != META_FORMAT:
-        raise MetaError(f"{doc_path}: not a {META_FORMAT} file")
-    if doc.get("version") != META_VERSION:
-        raise MetaError(f"{doc_path}: {META_FORMAT} version {doc.get('version')!r} is not "
-                        f"supported (this bevir reads version {META_VERSION})")
+    check_document(doc, doc_path, META_FORMAT, META_VERSION, MetaError)
     if not all(isinstance(doc.get(k), t) for k, t in (("graph", dict), ("values", dict),
                                                       ("nodes", list))):
         raise MetaError(f"{doc_path}: malformed: needs 'graph', 'values' and 'nodes'")

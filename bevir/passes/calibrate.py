@@ -45,6 +45,7 @@ import numpy as np
 from ..errors import BevirError, PassError
 from ..ir.graph import Graph, Node, Value
 from ..ir.meta import register_meta_key
+from ..ir.serialize import check_document
 from ..progress import Progress
 from ..sim.interpreter import Interpreter
 from .analysis import AnalysisManager
@@ -673,9 +674,7 @@ class Ranges:
         if doc.get("format") != FORMAT:
             raise CalibrationError(f"{path}: not a bevir ranges file (format "
                                    f"{doc.get('format')!r}, expected '{FORMAT}' or '{TRANGES_FORMAT}')")
-        if doc.get("version") != VERSION:
-            raise CalibrationError(f"{path}: {FORMAT} version {doc.get('version')!r} is not "
-                                   f"supported (this bevir reads version {VERSION})")
+        check_document(doc, path, FORMAT, VERSION, CalibrationError)
         with _reading(path):
             arrays = _read_arrays(path.with_name(doc["arrays"])) if doc["arrays"] else {}
             ranges = cls(method=RangeMethod(**doc["method"]))

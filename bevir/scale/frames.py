@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import BevirError
+from ..ir.serialize import check_document
 
 FORMAT, VERSION = "bevir-frames", 1
 INDEX = "frames.json"
@@ -129,11 +130,7 @@ class Frames(Sequence):
             doc = json.loads(index.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise FrameSetError(f"{index}: not JSON ({e})") from None
-        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-            raise FrameSetError(f"{index}: not a {FORMAT} index")
-        if doc.get("version") != VERSION:
-            raise FrameSetError(f"{index}: version {doc.get('version')!r}; this bevir reads "
-                                f"version {VERSION}")
+        check_document(doc, index, FORMAT, VERSION, FrameSetError)
         try:
             self.inputs = {k: (tuple(int(d) for d in v["shape"]), np.dtype(v["dtype"]))
                            for k, v in doc["inputs"].items()}
