@@ -425,6 +425,8 @@ def cmd_sweep(args) -> int:
 def _workers(args):
     """Where the frames' work runs: --ray [ADDRESS] (Ray), else this process."""
     from .scale import Plugins, Workers
+    if args.workers is not None and args.ray is None:
+        raise CliError("--workers sets the cores of an embedded Ray: add --ray")
     return Workers(ray=args.ray, cpus=args.workers,
                    plugins=Plugins(tuple(args.load), tuple(args.load_module)))
 

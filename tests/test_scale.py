@@ -263,6 +263,9 @@ def test_cli_reports_failed_frames_one_line_each(tmp_path, capsys, faulty_plugin
     assert (tmp_path / "r.json").exists()
     assert main(["calibrate", str(tmp_path / "m.bevir"), "--frames", str(tmp_path)]) == 1
     assert "not a frame set" in capsys.readouterr().err
+    assert main(["calibrate", str(tmp_path / "m.bevir"), "--frames", str(frames.path),
+                 "--workers", "2"]) == 1
+    assert "add --ray" in capsys.readouterr().err
 
 
 # ---- the BEVFormer test config ------------------------------------------------------------
