@@ -3,12 +3,14 @@ against a local Ray with N workers on this machine, in one run; and what a 64-co
 would take for nuScenes' 6,019 validation frames at the measured per-worker rate (one core
 per worker, perfect scaling: a lower bound).
 
-    python bench/bench_scale.py [--configs test tiny] [--frames-test 24] [--frames-tiny 4]
-                                [--workers 2]
+    python bench/bench_scale.py [--configs test tiny] [--frames-test 96] [--frames-tiny 4]
+                                [--workers 2] [--threads 1]
 
 Both sides run the same task code (bevir.scale); the Ray side is measured warm (its
 workers started and holding the models, as they are after the first chunks of a long
-run). Calibration measures the float model (min/max of every activation); evaluation runs
+run). The one process uses numpy's BLAS threads on every core (its float convolutions and
+matrix products run on both cores here), Ray's workers one thread each; ``--threads 1``
+gives the one process one thread too, which measures how Ray's workers scale. Calibration measures the float model (min/max of every activation); evaluation runs
 the float and the INT8 model on every frame and compares them.
 
 Goal (issue 21): Ray with 2 workers >= 1.7x one process.
@@ -16,10 +18,23 @@ Goal (issue 21): Ray with 2 workers >= 1.7x one process.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+
+def _threads(argv: list[str]) -> str | None:
+    """--threads, read before numpy starts its BLAS threads."""
+    for i, a in enumerate(argv):
+        if a.startswith("--threads"):
+            return a.split("=", 1)[1] if "=" in a else argv[i + 1]
+    return None
+
+
+if _threads(sys.argv):           # the process and its Ray workers alike
+    os.environ["OPENBLAS_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"] = _threads(sys.argv)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bevir.scale import Workers, calibrate, evaluate  # noqa: E402
@@ -66,9 +81,11 @@ def bench_config(config: str, count: int, workers: int, tmp: Path) -> list[str]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--configs", nargs="+", default=["test", "tiny"])
-    p.add_argument("--frames-test", type=int, default=24)
+    p.add_argument("--frames-test", type=int, default=96)
     p.add_argument("--frames-tiny", type=int, default=4)
     p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--threads", help="BLAS threads of the one process (default: numpy's, "
+                   "all cores); Ray's workers use 1 each")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-scale-") as d:
         lines = []

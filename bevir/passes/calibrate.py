@@ -895,12 +895,13 @@ class Selector:
         from ..ops import all_ops
         object.__setattr__(self, "ops", tuple(self.ops))
         object.__setattr__(self, "names", tuple(self.names))
+        object.__setattr__(self, "_names", frozenset(self.names))    # fast membership
         unknown = sorted(set(self.ops) - set(all_ops()))
         if unknown:
             raise CalibrationError(f"selector: unknown op(s) {unknown}")
 
     def chooses(self, v: Value) -> bool:
-        if not v.type.dtype.is_float or v.is_const or (self.names and v.name not in self.names):
+        if not v.type.dtype.is_float or v.is_const or (self.names and v.name not in self._names):
             return False
         p = v.producer
         if p is None:
