@@ -3,7 +3,7 @@ against a local Ray with N workers on this machine, in one run; and what a 64-co
 would take for nuScenes' 6,019 validation frames at the measured per-worker rate (one core
 per worker, perfect scaling: a lower bound).
 
-    python bench/bench_scale.py [--configs test tiny] [--frames-test 96] [--frames-tiny 4]
+    python bench/bench_scale.py [--configs test tiny] [--frames-test 96] [--frames-tiny 6]
                                 [--workers 2] [--threads 1]
 
 Both sides run the same task code (bevir.scale); the Ray side is measured warm (its
@@ -37,6 +37,7 @@ if _threads(sys.argv):           # the process and its Ray workers alike
     os.environ["OPENBLAS_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"] = _threads(sys.argv)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import bevir  # noqa: E402
 from bevir.scale import Workers, calibrate, evaluate  # noqa: E402
 from examples.bevformer.sequence import write_sequence  # noqa: E402
 from examples.bevformer.signoff import models  # noqa: E402
@@ -54,13 +55,17 @@ def rate(fn, frames: int) -> float:
 def bench_config(config: str, count: int, workers: int, tmp: Path) -> list[str]:
     frames = write_sequence(config, tmp / config / "frames", scenes=2, frames=(count + 1) // 2,
                             progress=False)
-    graph, q, _ = models(frames, tmp / config, Workers(), calibration_frames=2)
+    models(frames, tmp / config, Workers(), calibration_frames=2)
+    # both sides run the saved models, as a user's run would
+    graph, q = (bevir.load(tmp / config / f) for f in ("model.bevir", "model_int8.bevir"))
     ray = Workers(ray="local", cpus=workers)
     n = len(frames)
-    # warm the workers: started, the models loaded (each worker caches them by digest)
-    evaluate(graph, q, frames, tmp / config / "warm", workers=ray, indices=range(workers),
-             plot=False)
-    calibrate(graph, frames, workers=ray, indices=range(workers), attach=False)
+    # warm both sides: constants prepared, Ray's workers started and holding the models
+    warm = list(range(min(n, 2 * workers)))
+    for w in (Workers(), ray, ray):          # Ray twice: every worker holds the models
+        evaluate(graph, q, frames, tmp / config / "warm", workers=w, indices=warm,
+                 restart=True, plot=False)
+        calibrate(graph, frames, workers=w, indices=warm, attach=False)
     lines = []
     for what, run in (
             ("calibrate", lambda w, out: calibrate(graph, frames, workers=w, attach=False)),
@@ -82,7 +87,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--configs", nargs="+", default=["test", "tiny"])
     p.add_argument("--frames-test", type=int, default=96)
-    p.add_argument("--frames-tiny", type=int, default=4)
+    p.add_argument("--frames-tiny", type=int, default=6)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--threads", help="BLAS threads of the one process (default: numpy's, "
                    "all cores); Ray's workers use 1 each")

@@ -119,8 +119,8 @@ class Workers:
 
     def chunks(self, items: Sequence[T], per_worker: int = 4) -> list[list[T]]:
         """``items`` cut into contiguous chunks, ``per_worker`` per worker that can run
-        (one chunk when not distributed)."""
-        n = min(len(items), self.count * per_worker) if self.distributed else 1
+        (one per item when not distributed: progress and results as each finishes)."""
+        n = min(len(items), self.count * per_worker) if self.distributed else len(items)
         bounds = [round(i * len(items) / max(n, 1)) for i in range(n + 1)]
         return [list(items[a:b]) for a, b in zip(bounds, bounds[1:]) if b > a]
 
