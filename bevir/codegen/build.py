@@ -194,10 +194,12 @@ def c_kernel_source(kd: KernelDef, io_types: list[tuple[tuple[int, ...], str]]) 
     with tvm.transform.PassContext(config=config):
         ex = tvm.compile(tvm.IRModule({kd.name: kd.func}), target="c")
     src = exact_float_literals(ex.mod.inspect_source(), kd.func.script())
-    # one file per kernel, several per library: keep TVM's module-level symbols private
+    # several kernels per library and per translation unit: TVM's module-level symbols
+    # private and named after the kernel
     src = src.replace("void* __tvm_ffi__library_ctx = NULL;",
                       f"static void* __tvm_ffi__library_ctx_{kd.name} = NULL;")
-    src = src.replace("TVM_DLL int32_t __tvm_ffi_main(", "static int32_t __tvm_ffi_main_(")
+    src = src.replace("TVM_DLL int32_t __tvm_ffi_main(",
+                      f"static int32_t __tvm_ffi_main_{kd.name}(")
     n_in = kd.operands
     args = io_types[:n_in] + [(c.shape, c.dtype.name) for c in kd.constants] + io_types[n_in:]
     data = [f"data[{k}]" for k in range(n_in)] + \

@@ -354,20 +354,28 @@ def write_program(graph: Graph, out: str | Path, progress: bool | None = None,
     cores = graph.meta["partition"]["cores"] if "partition" in graph.meta else \
         1 + max((_core(n) for n in graph.nodes), default=0)
     sources, kernels, manifest = generate(graph, cores)
-    bar = Progress(2 * len(kernels), "kernels", progress)
-    # one C compiler per CPU, each kernel's as soon as its source is there
+    (out / "runtime.c").write_text(RUNTIME_C + RUNTIME_SYNC)
+    for fname, text in sources.items():
+        (out / fname).write_text(text)
+    bar = Progress(len(kernels), "kernels", progress)
+    # one C compiler per CPU: the per-core programs (the largest files) first, then the
+    # kernels in batches of KERNELS_PER_UNIT as their sources come, while the next ones
+    # are lowered (one translation unit per batch: the compiler starts and reads TVM's
+    # headers once per batch, not once per kernel)
     with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
-        builds = {}
+        programs = {f: pool.submit(_object, out / f) for f in ["runtime.c", *sources]}
+        batches, batch = [], []
         for name, n in bar.iterate(sorted(kernels.items())):
             src = _kernel_source(name, n)
             (out / "kernels" / f"{name}.c").write_text(src.read_text())
-            builds[name] = pool.submit(_object, src)
-        objects = {name: b.result() for name, b in zip(builds, bar.iterate(builds.values()))}
+            batch.append((name, src))
+            if len(batch) == KERNELS_PER_UNIT or len(batch) == len(kernels) - len(batches) * \
+                    KERNELS_PER_UNIT:
+                batches.append((batch, pool.submit(_objects, [src for _, src in batch])))
+                batch = []
+        objects = {name: built.result() for batch, built in batches for name, _ in batch}
+        objects.update((f, built.result()) for f, built in programs.items())
     bar.close()
-    (out / "runtime.c").write_text(RUNTIME_C + RUNTIME_SYNC)
-    runtime_o = _object(out / "runtime.c")
-    for fname, text in sources.items():
-        (out / fname).write_text(text)
     manifest_text = json.dumps(manifest, indent=1) + "\n"
     (out / "manifest.json").write_text(manifest_text)
     if saved is None:
@@ -379,9 +387,9 @@ def write_program(graph: Graph, out: str | Path, progress: bool | None = None,
             if src.exists():
                 shutil.copyfile(src, dst)
     for k in range(cores):
-        used = sorted({s["kernel"] for s in manifest["programs"][k]["steps"] if s["kernel"]})
-        core_o = _object(out / f"core{k}.c")
-        build_shared([core_o, runtime_o] + [objects[u] for u in used], out / f"core{k}.so")
+        used = sorted({objects[s["kernel"]] for s in manifest["programs"][k]["steps"]
+                       if s["kernel"]})
+        build_shared([objects[f"core{k}.c"], objects["runtime.c"], *used], out / f"core{k}.so")
     # the graph just saved, not read back; the manifest as written (JSON types)
     return CompiledProgram(out, graph, json.loads(manifest_text))
 
@@ -399,19 +407,41 @@ def _kernel_source(name: str, node: Node) -> Path:
     return src
 
 
+#: kernels compiled together in one translation unit
+KERNELS_PER_UNIT = 16
+
+
 def _object(src: Path) -> Path:
     """``src`` compiled to an object file, cached by the hash of its text."""
-    import hashlib
+    return _compiled(src.stem, src.read_bytes(), lambda unit: unit.write_bytes(src.read_bytes()),
+                     src.name)
+
+
+def _objects(srcs: list[Path]) -> Path:
+    """The kernel sources ``srcs`` (cached files) compiled as one translation unit into one
+    object file, cached by the hash of their texts."""
+    texts = b"".join(src.read_bytes() for src in srcs)
+    unit = "".join(f'#include "{src.resolve()}"\n' for src in srcs)
+    return _compiled("kernels", texts, lambda path: path.write_text(unit),
+                     f"{len(srcs)} kernels from {srcs[0].name}")
+
+
+def _compiled(stem: str, text: bytes, write, what: str) -> Path:
+    """An object file cached by ``text`` (and the flags): ``write(path)`` writes the C
+    translation unit to compile when it is not cached."""
     import subprocess
-    key = hashlib.sha256(src.read_bytes() + " ".join(CFLAGS).encode()).hexdigest()[:20]
-    obj = cache_dir() / f"{src.stem}_{key}.o"
+    key = hashlib.sha256(text + " ".join(CFLAGS).encode()).hexdigest()[:20]
+    obj = cache_dir() / f"{stem}_{key}.o"
     if not obj.exists():
-        tmp = obj.with_suffix(f".{os.getpid()}.tmp.o")
+        tmp = obj.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp.o")
+        unit = tmp.with_suffix(".c")
+        write(unit)
         cmd = [os.environ.get("CC", "cc"), *CFLAGS, "-c", *(f"-I{d}" for d in include_dirs()),
-               str(src), "-o", str(tmp)]
+               str(unit), "-o", str(tmp)]
         done = subprocess.run(cmd, capture_output=True, text=True)
+        unit.unlink(missing_ok=True)
         if done.returncode != 0:
-            raise CodegenError(f"C build of {src.name} failed: {done.stderr.strip()[-500:]}")
+            raise CodegenError(f"C build of {what} failed: {done.stderr.strip()[-500:]}")
         tmp.replace(obj)
     return obj
 
