@@ -449,7 +449,7 @@ def cmd_calibrate(args) -> int:
     graph = load_graph(args.model)
     frames = Frames(args.frames)
     indices = _indices(args, frames)
-    ops = tuple(o for o in (args.ops or "").split(",") if o)
+    ops = _list(args.ops, "--ops", str.strip)
     t = time.perf_counter()
     ranges, failures = calibrate(graph, frames, workers=_workers(args), indices=indices,
                                  progress=None, method=args.method, percentile=args.percentile,

@@ -369,10 +369,11 @@ def write_program(graph: Graph, out: str | Path, progress: bool | None = None,
             src = _kernel_source(name, n)
             (out / "kernels" / f"{name}.c").write_text(src.read_text())
             batch.append((name, src))
-            if len(batch) == KERNELS_PER_UNIT or len(batch) == len(kernels) - len(batches) * \
-                    KERNELS_PER_UNIT:
+            if len(batch) == KERNELS_PER_UNIT:
                 batches.append((batch, pool.submit(_objects, [src for _, src in batch])))
                 batch = []
+        if batch:
+            batches.append((batch, pool.submit(_objects, [src for _, src in batch])))
         objects = {name: built.result() for batch, built in batches for name, _ in batch}
         objects.update((f, built.result()) for f, built in programs.items())
     bar.close()
@@ -411,39 +412,35 @@ def _kernel_source(name: str, node: Node) -> Path:
 KERNELS_PER_UNIT = 16
 
 
-def _object(src: Path) -> Path:
-    """``src`` compiled to an object file, cached by the hash of its text."""
-    return _compiled(src.stem, src.read_bytes(), lambda unit: unit.write_bytes(src.read_bytes()),
-                     src.name)
+def _object(src: Path, key_text: bytes | None = None, what: str | None = None) -> Path:
+    """``src`` compiled to an object file, cached by the hash of ``key_text`` (default: its
+    text) and the flags."""
+    import subprocess
+    text = src.read_bytes() if key_text is None else key_text
+    key = hashlib.sha256(text + " ".join(CFLAGS).encode()).hexdigest()[:20]
+    obj = cache_dir() / f"{src.stem}_{key}.o"
+    if not obj.exists():
+        tmp = obj.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp.o")
+        cmd = [os.environ.get("CC", "cc"), *CFLAGS, "-c", *(f"-I{d}" for d in include_dirs()),
+               str(src), "-o", str(tmp)]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise CodegenError(f"C build of {what or src.name} failed: "
+                               f"{done.stderr.strip()[-500:]}")
+        tmp.replace(obj)
+    return obj
 
 
 def _objects(srcs: list[Path]) -> Path:
-    """The kernel sources ``srcs`` (cached files) compiled as one translation unit into one
-    object file, cached by the hash of their texts."""
+    """The kernel sources ``srcs`` (cached files) compiled as one translation unit, which
+    includes them, into one object file cached by the hash of their texts."""
     texts = b"".join(src.read_bytes() for src in srcs)
-    unit = "".join(f'#include "{src.resolve()}"\n' for src in srcs)
-    return _compiled("kernels", texts, lambda path: path.write_text(unit),
-                     f"{len(srcs)} kernels from {srcs[0].name}")
-
-
-def _compiled(stem: str, text: bytes, write, what: str) -> Path:
-    """An object file cached by ``text`` (and the flags): ``write(path)`` writes the C
-    translation unit to compile when it is not cached."""
-    import subprocess
-    key = hashlib.sha256(text + " ".join(CFLAGS).encode()).hexdigest()[:20]
-    obj = cache_dir() / f"{stem}_{key}.o"
-    if not obj.exists():
-        tmp = obj.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp.o")
-        unit = tmp.with_suffix(".c")
-        write(unit)
-        cmd = [os.environ.get("CC", "cc"), *CFLAGS, "-c", *(f"-I{d}" for d in include_dirs()),
-               str(unit), "-o", str(tmp)]
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        unit.unlink(missing_ok=True)
-        if done.returncode != 0:
-            raise CodegenError(f"C build of {what} failed: {done.stderr.strip()[-500:]}")
-        tmp.replace(obj)
-    return obj
+    unit = cache_dir() / f"kernels_{hashlib.sha256(texts).hexdigest()[:20]}.c"
+    if not unit.exists():
+        tmp = unit.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp.write_text("".join(f'#include "{src.resolve()}"\n' for src in srcs))
+        tmp.replace(unit)
+    return _object(unit, texts, f"{len(srcs)} kernels from {srcs[0].name}")
 
 
 class CompiledProgram:

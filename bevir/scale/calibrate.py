@@ -16,13 +16,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import BevirError
+from ..ir.graph import Graph
 from ..passes.calibrate import Calibrator, Feed, Ranges, TensorRange
 from ..passes.calibrate import calibrate as calibrate_inputs
-from ..ir.graph import Graph
 from ..progress import Progress
 from .frames import Frames
-from .runner import GraphRef, ScaleError, Workers
+from .runner import GraphRef, ScaleError, Workers, describe
 
 
 @dataclass(frozen=True)
@@ -34,12 +33,6 @@ class FrameFailure:
 
     def __str__(self) -> str:
         return f"frame {self.frame}: {self.error}"
-
-
-def describe(e: BaseException) -> str:
-    """An exception in one line: a BevirError's message, else ``Type: message``."""
-    text = str(e) if isinstance(e, BevirError) else f"{type(e).__name__}: {e}"
-    return " ".join(text.split())
 
 
 class FrameFeed(Feed):

@@ -23,7 +23,7 @@ import json
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +34,9 @@ from ..progress import Progress
 from ..sim.compare import dequantize, layer_error
 from ..sim.detections import DetectionHead, compare_both_ways
 from ..sim.interpreter import Interpreter
-from .calibrate import FrameFailure, describe
+from .calibrate import FrameFailure
 from .frames import Frames
-from .runner import GraphRef, ScaleError, Workers
+from .runner import GraphRef, ScaleError, Workers, describe
 
 RESULTS, RUN, SUMMARY, PLOT = "frames.jsonl", "run.json", "summary.json", "iou_matches.png"
 #: the reference flow's check: at least this many of the top 10 matched, both ways
@@ -88,7 +88,7 @@ def _program(path: str):
 def _evaluate_chunk(job: Job, indices: list[int]) -> list[dict[str, Any]]:
     rows = []
     for i in indices:
-        row: dict[str, Any] = {"frame": i, **job.frames.tags[i]}
+        row: dict[str, Any] = {"frame": i, "tags": job.frames.tags[i]}
         try:
             row.update(_frame_metrics(job, i))
         except Exception as e:                  # reported by index; the rest go on
@@ -103,11 +103,14 @@ class Evaluation:
 
     rows: list[dict[str, Any]]
     out: Path | None = None
-    failures: list[FrameFailure] = field(default_factory=list)
 
     def __post_init__(self):
         self.rows = sorted(self.rows, key=lambda r: r["frame"])
-        self.failures = [FrameFailure(r["frame"], r["error"]) for r in self.rows if "error" in r]
+
+    @property
+    def failures(self) -> list[FrameFailure]:
+        """The frames that raised, with their errors."""
+        return [FrameFailure(r["frame"], r["error"]) for r in self.rows if "error" in r]
 
     @property
     def done(self) -> list[dict[str, Any]]:
@@ -115,11 +118,12 @@ class Evaluation:
         return [r for r in self.rows if "error" not in r]
 
     def metrics(self) -> list[str]:
+        """The per-frame numbers, in the order first seen (detection counts left out)."""
         keys: dict[str, None] = {}
         for r in self.done:
             keys.update((k, None) for k, v in r.items()
                         if k != "frame" and isinstance(v, (int, float)) and not isinstance(v, bool)
-                        and k not in ("scene", "t", "num_a", "num_b"))
+                        and k not in ("num_a", "num_b"))
         return list(keys)
 
     def column(self, metric: str) -> np.ndarray:
@@ -229,7 +233,7 @@ def _fmt(x: float | None) -> str:
 
 
 def _row_brief(r: Mapping[str, Any]) -> str:
-    tags = ",".join(f"{k}={r[k]}" for k in ("scene", "t") if k in r)
+    tags = ",".join(f"{k}={v}" for k, v in r.get("tags", {}).items())
     iou = "/".join(str(r[k]) for k in ("bev_iou_match", "bev_iou_match_ba") if k in r)
     return f"#{r['frame']}" + (f" ({tags})" if tags else "") + (f" iou {iou}" if iou else "")
 

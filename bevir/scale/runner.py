@@ -16,6 +16,7 @@ process.
 """
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
@@ -39,6 +40,12 @@ class ScaleError(BevirError):
     """Distributed work that cannot start or did not finish."""
 
 
+def describe(e: BaseException) -> str:
+    """An exception in one line: a BevirError's message, else ``Type: message``."""
+    text = str(e) if isinstance(e, BevirError) else f"{type(e).__name__}: {e}"
+    return " ".join(text.split())
+
+
 class GraphRef:
     """A graph that can be sent to other processes: pickled as its saved files (text,
     constants, meta), loaded at most once per process on first :attr:`graph` access (after
@@ -46,8 +53,12 @@ class GraphRef:
 
     def __init__(self, graph: Graph):
         self._graph: Graph | None = graph
-        self.digest = graph_digest(graph)
         self._files: dict[str, bytes] | None = None
+
+    @functools.cached_property
+    def digest(self) -> str:
+        """The graph's content digest (:func:`~bevir.ir.serialize.graph_digest`)."""
+        return graph_digest(self._graph)
 
     @property
     def graph(self) -> Graph:
@@ -153,7 +164,7 @@ def _run_task(task: Callable[[Any, T], R], plugins: Plugins, shared: Any, chunk:
         plugins.load()
         return task(shared, chunk)
     except BevirError as e:         # travels as one line: not every error class pickles
-        raise ScaleError(" ".join(str(e).split())) from None
+        raise ScaleError(describe(e)) from None
 
 
 def _result(ref) -> Any:

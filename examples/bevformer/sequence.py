@@ -204,7 +204,8 @@ def write_sequence(config: BEVFormerConfig | str, out: str | Path, scenes: int, 
                 if k > 0:                                   # k = 0 is the warm-up frame
                     writer.add({**frame, "prev_bev": prev_bev}, scene=s, t=k - 1)
                     bar.update()
-                prev_bev = bev_embed(model, frame, prev_bev)
+                if k < frames:                              # the last one's is not used
+                    prev_bev = bev_embed(model, frame, prev_bev)
     return writer.close()
 
 
