@@ -14,6 +14,7 @@ import numpy as np
 from ..errors import CodegenError
 from ..ops.common import ArrayCache
 from .lower import KernelDef, tvm_modules
+from .micro import objects as micro_objects
 
 
 def cache_dir() -> Path:
@@ -24,9 +25,11 @@ def cache_dir() -> Path:
     return path
 
 
-#: the code that turns TIR into a build (this file, the schedules): part of every cache key
-_BUILDER = hashlib.sha256(b"".join((Path(__file__).parent / f).read_bytes()
-                                   for f in ("build.py", "schedule.py"))).hexdigest()
+#: the code that turns TIR into a build (this file, the schedules, the micro-kernels): part
+#: of every cache key
+_BUILDER = hashlib.sha256(b"".join(
+    p.read_bytes() for p in [Path(__file__).parent / f for f in ("build.py", "schedule.py")]
+    + sorted((Path(__file__).parent / "micro").iterdir()) if p.suffix in (".py", ".c"))).hexdigest()
 
 
 def tir_hash(kd: KernelDef, target: str) -> str:
@@ -98,14 +101,15 @@ def host_target():
     return tvm.target.Target({"kind": "llvm", **({"mcpu": cpu()} if cpu else {})})
 
 
-def build_host(kds: list[KernelDef]) -> dict[str, HostKernel]:
+def build_host(kds: list[KernelDef], micro: bool = False) -> dict[str, HostKernel]:
     """The kernels built together for the llvm target, as one library cached on disk by
     the hash of every kernel's TIR and constants (a rebuild of an unchanged graph loads
-    it). By kernel name."""
+    it), linked with the micro-kernels where ``micro``. By kernel name."""
     tvm, _, _ = tvm_modules()
     kds = sorted({kd.name: kd for kd in kds}.values(), key=lambda kd: kd.name)
     target = host_target()
-    key = hashlib.sha256("".join(tir_hash(kd, str(target)) for kd in kds).encode()).hexdigest()[:20]
+    key = hashlib.sha256("".join(tir_hash(kd, str(target)) for kd in kds).encode()
+                         + bytes([micro])).hexdigest()[:20]
     lib = cache_dir() / f"host_{key}.so"
     if not lib.exists():
         from .schedule import apply
@@ -113,7 +117,7 @@ def build_host(kds: list[KernelDef]) -> dict[str, HostKernel]:
         try:
             ex = tvm.compile(mod, target=target)
             tmp = lib.with_suffix(f".{os.getpid()}.tmp.so")
-            ex.export_library(str(tmp))
+            ex.export_library(str(tmp), addons=micro_objects() if micro else None)
         except Exception as e:
             raise CodegenError(f"llvm build failed: {type(e).__name__}: {e}") from e
         tmp.replace(lib)

@@ -89,11 +89,13 @@ def signature(node: Node) -> str:
 
 
 class Lowering:
-    """The toolkit an op's lowering builds with (see the module docstring)."""
+    """The toolkit an op's lowering builds with (see the module docstring). ``micro``:
+    whether the kernel may call the host build's micro-kernels (:mod:`bevir.codegen.micro`)."""
 
-    def __init__(self):
+    def __init__(self, micro: bool = False):
         self.tvm, self.te, self.tirx = tvm_modules()
         self.constants: list[tuple[object, np.ndarray]] = []
+        self.micro = micro
 
     # ---- tensors ---------------------------------------------------------------------
     def placeholder(self, t: TensorType, name: str):
@@ -111,6 +113,15 @@ class Lowering:
         """te.compute of a result of type ``t``; ``fn(*indices)`` gives its element."""
         dtype = dtype_name(t)
         return self.te.compute(t.shape, lambda *i: self.cast(fn(*i), dtype), name=name)
+
+    def micro_conv(self, c, x, w, x_zero: int):
+        """The exact int32 accumulator of an 8-bit convolution (x - x_zero, raw weight
+        codes) in the result's layout, computed by a micro-kernel; None where this build
+        has none for it."""
+        if not self.micro:
+            return None
+        from .micro import conv_accumulator
+        return conv_accumulator(c, self, x, w, x_zero)
 
     # ---- scalar expressions ------------------------------------------------------------
     def cast(self, v, dtype: str):
@@ -241,14 +252,15 @@ class KernelDef:
     operands: int          # how many of the arguments are operands (then constants, results)
 
 
-def kernel_def(node: Node) -> KernelDef:
+def kernel_def(node: Node, micro: bool = False) -> KernelDef:
     """Lower ``node`` through its op's ``tvm_lowering`` (raises CodegenError naming the
-    node, op and source for an op without one or a lowering that fails)."""
+    node, op and source for an op without one or a lowering that fails). ``micro``: the
+    kernel may call the host build's micro-kernels."""
     opdef = node.opdef
     where = {"op": node.op, "node": node.name, "loc": node.loc}
     if opdef.tvm_lowering is None:
         raise CodegenError(f"op '{node.op}' has no lowering", **where)
-    L = Lowering()
+    L = Lowering(micro)
     operands = [None if v is None else L.placeholder(v.type, f"in{i}")
                 for i, v in enumerate(node.inputs)]
     try:
@@ -324,14 +336,14 @@ def kernel_name(node: Node) -> str:
     return f"{node.op}_{signature(node)}"
 
 
-def kernel_defs(nodes) -> tuple[dict[str, tuple[KernelDef, Node]], dict[str, str]]:
+def kernel_defs(nodes, micro: bool = False) -> tuple[dict[str, tuple[KernelDef, Node]], dict[str, str]]:
     """The kernels of ``nodes``, each signature lowered once: (signature -> (kernel, the
-    first node using it), node name -> signature)."""
+    first node using it), node name -> signature). ``micro``: as :func:`kernel_def`."""
     defs: dict[str, tuple[KernelDef, Node]] = {}
     of_node: dict[str, str] = {}
     for n in nodes:
         sig = signature(n)
         if sig not in defs:
-            defs[sig] = (kernel_def(n), n)
+            defs[sig] = (kernel_def(n, micro), n)
         of_node[n.name] = sig
     return defs, of_node

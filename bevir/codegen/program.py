@@ -20,6 +20,7 @@ from ..ir.graph import Graph, Node
 from ..sim.interpreter import Interpreter
 from .build import CKernel, HostKernel, build_host
 from .lower import kernel_defs, lowerable
+from .micro import available as micro_available
 
 
 @dataclass
@@ -60,16 +61,21 @@ TARGETS = ("llvm", "c")
 class Program:
     """A graph compiled for ``target`` ("llvm" or "c"): one kernel per distinct signature
     (op, attributes, types); raises CodegenError naming the node for an integer op
-    without a lowering."""
+    without a lowering. ``micro``: whether the host build's kernels call the micro-kernels
+    of :mod:`bevir.codegen.micro` (None: where this processor has their instructions);
+    the results are the same bits either way."""
 
-    def __init__(self, graph: Graph, target: str = "llvm"):
+    def __init__(self, graph: Graph, target: str = "llvm", micro: bool | None = None):
         if target not in TARGETS:
             raise CodegenError(f"unknown target '{target}': one of {', '.join(TARGETS)}")
+        if micro and target != "llvm":
+            raise CodegenError("micro-kernels are for the host build (target 'llvm')")
         self.graph, self.target = graph, target
+        self.micro = target == "llvm" and (micro_available() if micro is None else micro)
         self.kernels: dict[str, HostKernel | CKernel] = {}
-        defs, self.node_kernel = kernel_defs(n for n in graph.nodes if lowerable(n))
+        defs, self.node_kernel = kernel_defs((n for n in graph.nodes if lowerable(n)), self.micro)
         if target == "llvm":
-            built = build_host([kd for kd, _ in defs.values()])
+            built = build_host([kd for kd, _ in defs.values()], self.micro)
             self.kernels = {sig: built[kd.name] for sig, (kd, _) in defs.items()}
         else:
             self.kernels = {sig: CKernel(kd, [v.type for v in n.inputs if v is not None],

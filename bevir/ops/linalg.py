@@ -560,14 +560,20 @@ def batch_index(t: TensorType, batch: tuple, i) -> tuple:
                  for a in range(t.rank - 2))
 
 
-def conv_accumulator(c, L, x, w, dtype: str, x_zero: int = 0, w_zero=None):
+def conv_accumulator(c, L, x, w, dtype: str, x_zero: int = 0, w_zero: np.ndarray | None = None):
     """The exact accumulator of a convolution (NCHW or NHWC x, w [O, C/groups, KH, KW]) of
-    the centered codes x - x_zero and w - w_zero (w_zero: None, or a tensor of one zero
-    point per output channel or one for all): a function from result index to its
-    element. Padding reads as a centered 0. Ungrouped: x is packed into a padded NHWC
-    buffer and w into [KH, KW, C, O], so the inner loop runs over output channels along
-    contiguous memory (the ``conv_acc`` block the schedule vectorizes); grouped: one
+    the centered codes x - x_zero and w - w_zero (w_zero: None, or one zero point per
+    output channel or one for all): a function from result index to its element. Padding
+    reads as a centered 0. Where the build has a micro-kernel for it (an int32 sum of
+    8-bit codes, weights centered at 0), that; else, ungrouped: x is packed into a padded
+    NHWC buffer and w into [KH, KW, C, O], so the inner loop runs over output channels
+    along contiguous memory (the ``conv_acc`` block the schedule vectorizes); grouped: one
     guarded load per product."""
+    w_zero = None if w_zero is None or not np.any(w_zero) else w_zero
+    if dtype == "int32" and w_zero is None:
+        acc = L.micro_conv(c, x, w, int(x_zero))
+        if acc is not None:
+            return lambda i: acc[i]
     t, out = c.in_types[0], c.out_types[0]
     nhwc = t.layout is Layout.nhwc
     n, ch, hh, ww = (t.shape[0], t.shape[3], t.shape[1], t.shape[2]) if nhwc else t.shape
@@ -580,11 +586,13 @@ def conv_accumulator(c, L, x, w, dtype: str, x_zero: int = 0, w_zero=None):
         load = x[(b, y, xx, cin) if nhwc else (b, cin, y, xx)]
         return L.cast(load, dtype) - L.const_or_cast(x_zero, dtype) if x_zero else L.cast(load, dtype)
 
+    wz = None if w_zero is None else L.const(np.asarray(w_zero, np.int32).reshape(-1), "wzp")
+
     def wv(oc, rc, ry, rx):
         v = L.cast(w[oc, rc, ry, rx], dtype)
-        if w_zero is None:
+        if wz is None:
             return v
-        return v - L.cast(w_zero[oc if int(w_zero.shape[0]) > 1 else 0], dtype)
+        return v - L.cast(wz[oc if int(wz.shape[0]) > 1 else 0], dtype)
 
     if c.groups > 1:
         og = o // c.groups

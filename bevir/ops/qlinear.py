@@ -292,11 +292,11 @@ class QLinearConv(Convolution):
     def tvm_lowering(self, c, L, x, w, b=None):
         xt, wt, yt = c.in_types[0], c.in_types[1], c.out_types[0]
         xz, wz = _zero_points(c)
-        wz = L.const(np.asarray(wz, np.int32).reshape(-1), "wzp")
         mult = L.const(conv_multiplier(xt.quant, wt.quant, yt.quant), "mult")
         o, cg, kh, kw = wt.shape
         exact32 = 255 * 255 * cg * kh * kw < 1 << 31
-        acc = conv_accumulator(c, L, x, w, "int32" if exact32 else "int64", int(xz), wz)
+        acc = conv_accumulator(c, L, x, w, "int32" if exact32 else "int64", int(xz),
+                               np.asarray(wz, np.int32).reshape(-1))
         axis = 3 if xt.layout is Layout.nhwc else 1
 
         def fn(*i):
