@@ -121,5 +121,19 @@ def apply(func, name: str):
     for block in sch.get_child_blocks(root):
         if sch.get(block).name_hint not in placed:
             iters = sch.get(block).iter_vars
-            _parallel_outer(sch, block, sum(1 for iv in iters if int(iv.iter_type) == 0))
+            spatial = sum(1 for iv in iters if int(iv.iter_type) == 0)
+            _vectorize_inner(sch, block, spatial)
+            _parallel_outer(sch, block, spatial)
     return sch.mod[name]
+
+
+def _vectorize_inner(sch, block, spatial: int, lanes: int = 8) -> None:
+    """An elementwise block (every loop spatial): its innermost loop split by ``lanes``
+    and vectorized, where ``lanes`` divides it and there are outer loops left to share."""
+    loops = sch.get_loops(block)
+    if not loops or spatial != len(loops) or len(sch.get(block).iter_vars) != spatial:
+        return
+    inner = loops[-1]
+    if _extent(sch, inner) % lanes or _extent(sch, inner) == lanes and len(loops) == 1:
+        return
+    sch.vectorize(sch.split(inner, factors=[None, lanes])[1])
