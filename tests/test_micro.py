@@ -14,6 +14,7 @@ from bevir import DType, Layout
 from bevir.codegen import micro
 from bevir.codegen.program import Program
 from bevir.errors import CodegenError
+from test_codegen import fx
 from test_codegen_qlinear import q
 
 I8, U8 = DType.i8, DType.u8
@@ -60,11 +61,11 @@ def test_vnni_conv_matches_golden(case, layout, rng):
     g, feeds = conv_graph(case, layout, rng, bias=case.startswith("i8"))
     program = Program(g, "llvm", micro=True)
     (kernel,) = program.kernels.values()
-    assert "bevir_vnni_conv_row" in kernel.kd.func.script()
+    assert "bevir_vnni_conv" in kernel.kd.func.script()
     report = program.check(feeds)
     assert report.ok and report.checked == 1, report.mismatch
     plain = Program(g, "llvm", micro=False)
-    assert "bevir_vnni_conv_row" not in next(iter(plain.kernels.values())).kd.func.script()
+    assert "bevir_vnni_conv" not in next(iter(plain.kernels.values())).kd.func.script()
     want = bevir.run(g, feeds)["y"]
     assert np.array_equal(plain.run(feeds)["y"], want)
     assert np.array_equal(program.run(feeds)["y"], want)
@@ -84,7 +85,7 @@ def test_vnni_conv_not_used_where_it_does_not_apply(wd, co, groups, rng):
         out_scale=0.5, out_zero_point=0))
     g.set_output("y", node.output)
     program = Program(g, "llvm", micro=True)
-    assert "bevir_vnni_conv_row" not in next(iter(program.kernels.values())).kd.func.script()
+    assert "bevir_vnni_conv" not in next(iter(program.kernels.values())).kd.func.script()
     info, winfo = np.iinfo(xd.np), np.iinfo(wd.np)
     feeds = {"x": rng.integers(info.min, info.max + 1, (1, 4, 6, 6)).astype(xd.np),
              "w": rng.integers(winfo.min, winfo.max + 1, (co, 4 // groups, 3, 3)).astype(wd.np)}
@@ -96,3 +97,39 @@ def test_micro_kernels_are_for_the_host_build():
     g.set_output("y", g.add_input("x", q(I8, (4,), 1.0, 0)))
     with pytest.raises(CodegenError, match="host build"):
         Program(g, "c", micro=True)
+
+
+@needs_vnni
+@pytest.mark.parametrize("x_shape,n,k", [((3, 37, 38), 48, 38), ((100, 256), 64, 256),
+                                         ((7,), 16, 5)], ids=["batched-k38", "rows100", "vector"])
+def test_vnni_linear_matches_golden(x_shape, n, k, rng):
+    """fx_linear as a 1x1 convolution of one long row (48 columns per call; rows of 111,
+    100 and 1): every code at the ends, K padded to 4, an i32 bias that saturates."""
+    x_shape = x_shape[:-1] + (k,)
+    b = bevir.Builder("linear")
+    x = b.input("x", fx(x_shape, 5))
+    w = b.const(rng.integers(-128, 128, (n, k)).astype(np.int8), "w", fx((n, k), 7))
+    bias = np.full(n, 2 ** 31 - 1, np.int32)
+    bias[1::2] = rng.integers(-3000, 3000, n // 2)
+    y = b.fx_linear(x, w, b.const(bias, "b", bevir.TensorType((n,), DType.i32)),
+                    out_frac_bits=3)
+    b.output("y", y)
+    feeds = {"x": rng.integers(-128, 128, x_shape).astype(np.int8)}
+    feeds["x"].reshape(-1)[:2] = -128, 127
+    program = Program(b.graph, "llvm", micro=True)
+    assert "bevir_vnni_conv" in next(iter(program.kernels.values())).kd.func.script()
+    assert program.check(feeds).ok
+    assert np.array_equal(program.run(feeds)["y"], bevir.run(b.graph, feeds)["y"])
+
+
+@needs_vnni
+def test_vnni_fx_conv_matches_golden(rng):
+    b = bevir.Builder("conv")
+    x = b.input("x", fx((1, 6, 9, 11), 4))
+    w = b.const(rng.integers(-128, 128, (32, 6, 3, 3)).astype(np.int8), "w", fx((32, 6, 3, 3), 7))
+    b.output("y", b.fx_conv2d(x, w, strides=(2, 1), pads=(1, 1, 1, 1), dilations=(1, 1),
+                              groups=1, out_frac_bits=2))
+    program = Program(b.graph, "llvm", micro=True)
+    assert "bevir_vnni_conv" in next(iter(program.kernels.values())).kd.func.script()
+    feeds = {"x": rng.integers(-128, 128, (1, 6, 9, 11)).astype(np.int8)}
+    assert program.check(feeds).ok

@@ -123,6 +123,15 @@ class Lowering:
         from .micro import conv_accumulator
         return conv_accumulator(c, self, x, w, x_zero)
 
+    def micro_matmul(self, x, w, shape):
+        """The exact int32 accumulator x @ w^T of 8-bit codes (x [..., K] centered at 0,
+        w [N, K] raw codes), of result ``shape``, computed by a micro-kernel; None where
+        this build has none for it."""
+        if not self.micro:
+            return None
+        from .micro import matmul_accumulator
+        return matmul_accumulator(self, x, w, shape)
+
     # ---- scalar expressions ------------------------------------------------------------
     def cast(self, v, dtype: str):
         return v if getattr(v, "dtype", None) == dtype else self.tirx.Cast(dtype, v)

@@ -418,11 +418,14 @@ class FxLinear(_FxProduct):
         return x.shape[:-1] + (w.shape[0],)
 
     def accumulator(self, c, L, x, w):
+        dt = self.acc_dtype(c)
+        acc = L.micro_matmul(x, w, c.out_types[0].shape) if dt == "int32" else None
+        if acc is not None:
+            return lambda i: acc[i]
         # w packed to [K, N], so that output channels run along contiguous memory (as b of
         # a matmul): one schedule serves both
         n, kk = c.in_types[1].shape
         wt = L.te.compute((kk, n), lambda k, o: w[o, k], name="w_packed")
-        dt = self.acc_dtype(c)
 
         def element(*i):
             k = L.reduce_axis(kk)

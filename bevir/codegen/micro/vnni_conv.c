@@ -1,6 +1,6 @@
 /* The int8 convolution accumulator of the host build on processors with AVX512-VNNI,
- * called by the kernels the lowering of an 8-bit convolution builds (an extern call, one
- * output row per call, the rows in TVM's parallel loop).
+ * called by the kernels the lowerings of 8-bit convolutions and matrix products build (an
+ * extern call per output row, or per block of columns of a row, in TVM's parallel loop).
  *
  *   acc[r, ox, oc] = sum_{ky, kx, c} u[b, oy*sy + ky*dy, ox*sx + kx*dx, c] * w[oc, c, ky, kx]
  *                    - corr[oc],              r = b*oh + oy
@@ -122,20 +122,21 @@ static void transpose_row(const int32_t* s, int32_t ow, int32_t o, int32_t* out,
 /* int32 elements of the scratch block an NCHW result is transposed from (on the stack) */
 #define SCRATCH 32768
 
-/* output row r = b*oh + oy (returns 0). NCHW: in passes of up to SCRATCH / o columns
- * (a multiple of 16; the lowering keeps o <= SCRATCH / 16) */
-int32_t bevir_vnni_conv_row(const uint8_t* u, const int8_t* w, const int32_t* corr,
-                            int32_t* acc, int32_t r, int32_t hp, int32_t wp, int32_t cp,
-                            int32_t oh, int32_t ow, int32_t o, int32_t kh, int32_t kw,
-                            int32_t sy, int32_t sx, int32_t dy, int32_t dx, int32_t nchw) {
+/* columns [x_begin, x_end) of output row r = b*oh + oy (returns 0). NCHW: in passes of up
+ * to SCRATCH / o columns (a multiple of 16; the lowering keeps o <= SCRATCH / 16). A matrix
+ * product [M, K] x [N, K]^T is the 1x1 convolution of one row of M columns. */
+int32_t bevir_vnni_conv(const uint8_t* u, const int8_t* w, const int32_t* corr, int32_t* acc,
+                        int32_t r, int32_t x_begin, int32_t x_end, int32_t hp, int32_t wp,
+                        int32_t cp, int32_t oh, int32_t ow, int32_t o, int32_t kh, int32_t kw,
+                        int32_t sy, int32_t sx, int32_t dy, int32_t dx, int32_t nchw) {
   int32_t scratch[SCRATCH] __attribute__((aligned(64)));
   const int32_t b = r / oh, oy = r % oh;
   const uint8_t* row = u + (((int64_t)b * hp + (int64_t)oy * sy) * wp) * cp;
   const int64_t wblock = (int64_t)kh * kw * cp * 16;    /* bytes per block of 16 channels */
   const int32_t blocks = o / 16;
-  const int32_t chunk = nchw ? SCRATCH / o / 16 * 16 : ow;
-  for (int32_t x0 = 0; x0 < ow; x0 += chunk) {
-    const int32_t nx = ow - x0 < chunk ? ow - x0 : chunk;
+  const int32_t chunk = nchw ? SCRATCH / o / 16 * 16 : x_end - x_begin;
+  for (int32_t x0 = x_begin; x0 < x_end; x0 += chunk) {
+    const int32_t nx = x_end - x0 < chunk ? x_end - x0 : chunk;
     const uint8_t* src = row + (int64_t)x0 * sx * cp;
     int32_t* dst = nchw ? scratch : acc + ((int64_t)r * ow + x0) * o;
     int32_t ob = 0;
