@@ -36,10 +36,14 @@ def test_generated_kernels_are_bit_exact(rng, name, cores, target):
     program = Program(g, target)
     report = program.check(inputs)
     assert report.ok, report.mismatch
-    assert report.checked == sum(lowerable(n) for n in g.nodes) > 0
+    # the host build passes the operands of barriers (and transfers) on, running no kernel
+    passed_on = target == "llvm" and cores > 1
+    assert report.checked == sum(lowerable(n) and not (passed_on and n.op == "barrier")
+                                 for n in g.nodes) > 0
     assert_bit_exact(program.run(inputs), bevir.run(graph, inputs))
     if cores > 1:
-        assert {"core_slice", "core_gather", "barrier"} <= lowered_ops(program)
+        assert {"core_slice", "core_gather"} <= lowered_ops(program)
+        assert ("barrier" in lowered_ops(program)) is (target == "c")
 
 
 def all_codes(shape, dtype=np.int8) -> np.ndarray:

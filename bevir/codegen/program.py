@@ -63,7 +63,8 @@ class Program:
     (op, attributes, types); raises CodegenError naming the node for an integer op
     without a lowering. ``micro``: whether the host build's kernels call the micro-kernels
     of :mod:`bevir.codegen.micro` (None: where this processor has their instructions);
-    the results are the same bits either way."""
+    the results are the same bits either way. The host build runs no kernel for the ops
+    whose results are their operands (``OpDef.values_unchanged``: DMA transfers, barriers)."""
 
     def __init__(self, graph: Graph, target: str = "llvm", micro: bool | None = None):
         if target not in TARGETS:
@@ -73,7 +74,10 @@ class Program:
         self.graph, self.target = graph, target
         self.micro = target == "llvm" and (micro_available() if micro is None else micro)
         self.kernels: dict[str, HostKernel | CKernel] = {}
-        defs, self.node_kernel = kernel_defs((n for n in graph.nodes if lowerable(n)), self.micro)
+        # one memory and one thread: transfers and barriers pass their operands on
+        run = [n for n in graph.nodes if lowerable(n)
+               and not (target == "llvm" and n.opdef.values_unchanged)]
+        defs, self.node_kernel = kernel_defs(run, self.micro)
         if target == "llvm":
             built = build_host([kd for kd, _ in defs.values()], self.micro)
             self.kernels = {sig: built[kd.name] for sig, (kd, _) in defs.items()}

@@ -18,6 +18,7 @@ class DmaCopy(OpDef):
     #: a transfer the plan placed on purpose: never folded, merged or removed
     pure = False
     moves_data = True
+    values_unchanged = True
     operands = ("x",)
     attrs = {"src": Str(choices=MEMORIES), "dst": Str(choices=MEMORIES)}
 

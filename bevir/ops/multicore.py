@@ -106,6 +106,7 @@ class Barrier(OpDef):
 
     name = "barrier"
     pure = False
+    values_unchanged = True
     operands = ("*xs",)
     cycle_cost = view_cost          # moves nothing; the model charges the cores' waits
 
@@ -117,6 +118,7 @@ class Barrier(OpDef):
         return list(xs)
 
     def tvm_lowering(self, c, L, *xs):
-        # on the host the pieces are already there: the barrier's results are copies
+        # the C programs synchronize around it; the kernel itself copies (the host build
+        # passes the operands on instead: values_unchanged)
         return [L.compute(t, lambda *i, x=x: x[i], name=f"y{k}")
                 for k, (x, t) in enumerate(zip(xs, c.out_types))]
