@@ -73,17 +73,62 @@ def test_the_search_moves_the_worst_group_until_the_target_holds(evaluate):
     assert again.metrics == steps[-1].metrics
 
 
-def test_moves_that_do_not_help_are_undone_and_the_search_ends(evaluate):
-    """A target no move brings closer: every move is tried from the start config, undone,
-    and the search stops when none is left; the result is the start."""
-    steps = search(per_layer_config(), evaluate, Target.parse("y_sqnr<0"), max_steps=40,
-                   log=None)
-    assert len(steps) == 1 + 2 * LAYERS                # per channel and float, per group
-    assert not any(s.kept for s in steps[1:]) and best(steps) is steps[0]
-    assert {s.change for s in steps[1:]} == {f"layer{k}: {what}" for k in range(LAYERS)
-                                             for what in ("weights per channel", "out of INT8 (float)")}
+def test_without_a_closer_move_the_search_escalates_until_nothing_is_left(evaluate):
+    """A target no move brings closer: from each config every move is tried; the closest
+    is kept and the search goes on from it until no group can take more precision; the
+    result is the kept step closest to the target."""
+    target = Target.parse("y_sqnr<0")
+    steps = search(per_layer_config(), evaluate, target, max_steps=40, log=None)
+    last = [s for s in steps if s.kept][-1]
+    assert not any(s.met for s in steps)
+    assert next_move(last.config, [f"layer{k}" for k in range(LAYERS)]) is None
+    assert all(last.config.group(f"layer{k}").exclude for k in range(LAYERS))
+    assert sum(s.change.startswith("escalate: ") for s in steps) >= 1
+    kept = [s for s in steps if s.kept]
+    assert best(steps, target).metrics["y_sqnr"] == min(s.metrics["y_sqnr"] for s in kept)
     assert next_move(per_layer_config(), ["layer0"], {("layer0", "weights per channel"),
                                                       ("layer0", "out of INT8 (float)")}) is None
+
+
+GROUPS = [f"g{k}" for k in range(4)]
+
+
+def plateau(needed=("g1", "g3")):
+    """An evaluation whose metric is flat (0) until every group in ``needed`` is float,
+    then 10: no single move brings it closer, as whole-box matches behave on a model
+    sensitive everywhere. Groups ranked g0..g3; ``precision`` counts the notches taken."""
+    calls = []
+
+    def run(config: QuantConfig) -> Evaluation:
+        calls.append(config)
+        rules = [config.group(g) for g in GROUPS]
+        score = 10.0 if all(config.group(g).exclude for g in needed) else 0.0
+        precision = sum(r.exclude * 2 or r.weights == "per_channel" for r in rules)
+        return Evaluation({"top10_iou": score, "precision": float(precision)}, list(GROUPS))
+    run.calls = calls
+    return run
+
+
+def group_config() -> QuantConfig:
+    return QuantConfig.build({"rules": [{"name": g, "where": [g]} for g in GROUPS],
+                              "default": {"name": "rest"}})
+
+
+@pytest.mark.parametrize("tiebreak", [(), ("precision",)], ids=["escalate", "tiebreak"])
+def test_a_plateau_is_crossed_and_what_was_not_needed_given_back(tiebreak):
+    run = plateau()
+    target = Target.parse("top10_iou>=9")
+    lines = []
+    steps = search(group_config(), run, target, max_steps=60, tiebreak=tiebreak, log=lines.append)
+    result = best(steps, target)
+    assert result.met and result is [s for s in steps if s.kept][-1]
+    # only the groups the target needs stay out of INT8; the rest is back as at the start
+    assert {g for g in GROUPS if result.config.group(g).exclude} == {"g1", "g3"}
+    assert all(result.config.group(g) == group_config().group(g) for g in ("g0", "g2"))
+    assert any("back as at start" in line for line in lines)
+    assert len(run.calls) == len({c.model_dump_json() for c in run.calls})   # none twice
+    if not tiebreak:
+        assert any(s.change.startswith("escalate: ") for s in steps)
 
 
 @pytest.mark.parametrize("text, problem", [("sqnr", "expected METRIC>=VALUE"),

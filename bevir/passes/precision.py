@@ -3,21 +3,30 @@ local (teacher-forced) error more precision until a target metric holds.
 
     target = Target.parse("cls_sqnr>=30")
     steps = search(QuantConfig.preset("reference-flow"), evaluate, target)
-    steps[-1].config.save("quant_config.json")       # reproduces the last step
+    best(steps, target).config.save("quant_config.json")     # reproduces that step
 
 ``evaluate(config)`` quantizes and runs the model with ``config`` and returns an
 :class:`Evaluation`: the metrics the target may name, and the rule groups ranked worst
 first (e.g. by :func:`worst_groups` of a :func:`~bevir.sim.compare.compare_graphs` report).
-Each step gives the worst group that can still move more precision: per-tensor weights
-to per-channel, or out of INT8 (float). A step that does not improve the target's metric
-is undone (the next candidate is tried from the best config so far). 16-bit activations
-are not a notch yet: the op registry has no i16-activation x i8-weight products.
+Each move gives the worst group that can still take more precision one notch: per-tensor
+weights to per-channel, then out of INT8 (float). The search
+
+1. tries the moves from the current config, worst group first, and keeps the first that
+   brings the metric closer to the target (on a tie, closer on the ``tiebreak`` metrics);
+2. where none does, escalates: it keeps the move that came closest and goes on from
+   there, until the target holds or no move is left (a metric such as ``top10_iou`` moves
+   in whole steps, so precision often has to be added before it shows);
+3. once the target holds, gives back what was not needed: each kept move is undone in
+   turn, newest first, and stays undone where the target still holds.
+
+Configs already evaluated are not evaluated again (nor given back to). 16-bit activations are not a notch yet:
+the op registry has no i16-activation x i8-weight products.
 """
 from __future__ import annotations
 
 import operator
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .quant_config import ConfigError, QuantConfig
@@ -50,10 +59,14 @@ class Target:
     def __str__(self) -> str:
         return f"{self.metric}{self.op}{self.value:g}"
 
-    def better(self, a: Mapping[str, float], b: Mapping[str, float]) -> bool:
-        """Whether metrics ``a`` are closer to the target than ``b``."""
-        return a[self.metric] > b[self.metric] if self.op in (">=", ">") \
-            else a[self.metric] < b[self.metric]
+    def better(self, a: Mapping[str, float], b: Mapping[str, float],
+               tiebreak: Sequence[str] = ()) -> bool:
+        """Whether metrics ``a`` are closer to the target than ``b``; on a tie, whether
+        they are higher on the first ``tiebreak`` metric that differs."""
+        if a[self.metric] != b[self.metric]:
+            return a[self.metric] > b[self.metric] if self.op in (">=", ">") \
+                else a[self.metric] < b[self.metric]
+        return next((a[k] > b[k] for k in tiebreak if a[k] != b[k]), False)
 
 
 @dataclass
@@ -67,18 +80,19 @@ class Evaluation:
 @dataclass
 class Step:
     """One configuration tried: what changed, what it measured, whether the target held,
-    whether it was kept (it improved on the best so far)."""
+    whether the search kept it (the path goes on from the last kept step)."""
     config: QuantConfig
     change: str
     metrics: dict[str, float]
     met: bool
     kept: bool = True
+    group: str | None = None        # the rule group the step changed (None: the start)
 
     def line(self, target: Target) -> str:
         shown = ", ".join(f"{k} {v:.4g}" for k, v in sorted(self.metrics.items()))
         verdict = "met" if self.met else "not met"
         return (f"{self.change:<44} {shown}  [{verdict}: {target}]"
-                + ("" if self.kept else "  (no better: undone)"))
+                + ("" if self.kept else "  (no closer: undone)"))
 
 
 def next_move(config: QuantConfig, worst: list[str], tried: set = frozenset()
@@ -98,36 +112,85 @@ def next_move(config: QuantConfig, worst: list[str], tried: set = frozenset()
 
 
 def search(config: QuantConfig, evaluate: Callable[[QuantConfig], Evaluation], target: Target,
-           max_steps: int = 12, log: Callable[[str], None] | None = print) -> list[Step]:
-    """The configurations tried, from ``config``: each step applies the next move
-    (:func:`next_move`) to the best config so far and keeps it if it improves the target's
-    metric, until ``target`` holds, no move is left or ``max_steps`` evaluations have
-    run. The result is :func:`best` of the steps."""
-    evaluation = evaluate(config)
-    steps = [Step(config, "start", evaluation.metrics, target.met(evaluation.metrics))]
-    best, best_eval, tried = steps[0], evaluation, set()
-    if log:
-        log(steps[-1].line(target))
-    while not best.met and len(steps) < max_steps:
-        move = next_move(best.config, best_eval.worst, tried)
-        if move is None:
-            break
+           max_steps: int = 24, tiebreak: Sequence[str] = (),
+           log: Callable[[str], None] | None = print) -> list[Step]:
+    """The configurations tried from ``config``, in order (see the module docstring for the
+    policy), until ``target`` holds and nothing can be given back, no move is left or
+    ``max_steps`` evaluations have run. The result is :func:`best` of the steps."""
+    steps: list[Step] = []
+    seen: dict[str, Evaluation] = {}
+
+    def run(cfg: QuantConfig, change: str, group: str | None) -> tuple[Step, Evaluation]:
+        key = cfg.model_dump_json()
+        if key not in seen:
+            seen[key] = evaluate(cfg)
+        ev = seen[key]
+        steps.append(Step(cfg, change, ev.metrics, target.met(ev.metrics), False, group))
+        return steps[-1], ev
+
+    def show(step: Step) -> None:
+        if log:
+            log(step.line(target))
+
+    current, current_eval = run(config, "start", None)
+    current.kept = True
+    show(current)
+    tried: set = set()
+    trials: list[tuple[Step, Evaluation]] = []    # from the current config, none closer
+    while not current.met and len(seen) < max_steps:
+        move = next_move(current.config, current_eval.worst, tried)
+        if move is None:                           # escalate: the closest trial, kept
+            if not trials:
+                break
+            step, current_eval = _closest(trials, target, tiebreak)
+            current = Step(step.config, f"escalate: {step.change}", step.metrics, step.met,
+                           True, step.group)
+            steps.append(current)
+            show(current)
+            tried, trials = set(), []
+            continue
         name, changes, what = move
         tried.add((name, what.split(": ", 1)[1]))
-        trial = best.config.override(name, **changes)
-        evaluation = evaluate(trial)
-        kept = target.better(evaluation.metrics, best.metrics)
-        steps.append(Step(trial, what, evaluation.metrics, target.met(evaluation.metrics), kept))
-        if kept:
-            best, best_eval = steps[-1], evaluation
-        if log:
-            log(steps[-1].line(target))
+        step, ev = run(current.config.override(name, **changes), what, name)
+        if target.better(step.metrics, current.metrics, tiebreak):
+            step.kept = True
+            current, current_eval, tried, trials = step, ev, set(), []
+        else:
+            trials.append((step, ev))
+        show(step)
+    if current.met:                                # give back what the target did not need
+        for name in dict.fromkeys(s.group for s in reversed(steps) if s.kept and s.group):
+            if len(seen) >= max_steps:
+                break
+            if current.config.group(name) == config.group(name):
+                continue
+            back = config.group(name).model_dump(exclude={"name", "ops", "where"})
+            trial = current.config.override(name, **back)
+            if trial.model_dump_json() in seen:    # tried on the way: it did not hold
+                continue
+            step, _ = run(trial, f"{name}: back as at start", name)
+            if step.met:
+                step.kept, current = True, step
+            show(step)
     return steps
 
 
-def best(steps: list[Step]) -> Step:
-    """The search's result: its last kept step."""
-    return [s for s in steps if s.kept][-1]
+def _closest(trials, target: Target, tiebreak: Sequence[str]):
+    """The (step, evaluation) of ``trials`` closest to ``target`` (the first of equals)."""
+    best_ = trials[0]
+    for t in trials[1:]:
+        if target.better(t[0].metrics, best_[0].metrics, tiebreak):
+            best_ = t
+    return best_
+
+
+def best(steps: list[Step], target: Target | None = None) -> Step:
+    """The search's result: its last kept step where that meets ``target`` (or no target
+    is given), else the kept step that came closest."""
+    kept = [s for s in steps if s.kept]
+    if target is None or kept[-1].met:
+        return kept[-1]
+    return _closest([(s, None) for s in kept], target, ())[0]
 
 
 def worst_groups(report, config: QuantConfig, node_of: Callable[[str], object]) -> list[str]:

@@ -506,11 +506,12 @@ def precision_search(config: BEVFormerConfig, out: Path, seed: int, quant_config
                                   for k in OUTPUTS}},
                               worst_groups(report, qc, producers.get))
         print(f"\n== precision search for {goal}")
-        steps = search(quant_config, evaluate, goal)
-    result = best(steps)
+        # whole-box matches move in steps: ties go to the config with the better scores
+        steps = search(quant_config, evaluate, goal, tiebreak=("cls_sqnr", "bbox_sqnr"))
+    result = best(steps, goal)
     result.config.save(out / "quant_config.json")
     print(f"   {'met' if result.met else 'not met'} after {len(steps) - 1} step(s) "
-          f"(best: {result.change}); wrote {out / 'quant_config.json'} (--quant-config "
+          f"(result: {result.change}); wrote {out / 'quant_config.json'} (--quant-config "
           "reproduces it)")
     return result.config
 
