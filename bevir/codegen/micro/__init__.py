@@ -40,15 +40,22 @@ NCHW_CHANNELS = 2048
 @functools.lru_cache(maxsize=1)
 def available() -> bool:
     """Whether the host build may call the micro-kernels: this processor has AVX512-VNNI
-    (by LLVM's view of it) and ``BEVIR_MICRO_KERNELS`` is not ``0``."""
+    (by LLVM's view of it), the C compiler builds them and ``BEVIR_MICRO_KERNELS`` is not
+    ``0``. Otherwise every kernel is TVM's own code (the same bits, slower)."""
     if os.environ.get("BEVIR_MICRO_KERNELS", "1") == "0":
         return False
     from tvm.target import codegen
     from ..build import host_target
     try:
-        return bool(codegen.llvm_cpu_has_features(["avx512vnni", "avx512bw"], host_target()))
+        if not codegen.llvm_cpu_has_features(["avx512vnni", "avx512bw"], host_target()):
+            return False
     except Exception:           # an LLVM that cannot tell: not used
         return False
+    try:
+        objects()
+    except CodegenError:        # a compiler without these instructions: not used
+        return False
+    return True
 
 
 def objects() -> list[str]:
