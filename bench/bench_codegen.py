@@ -5,8 +5,9 @@ anchors (onnxruntime's INT8 backbone + PyTorch's float head), in one run:
   programs built with gcc): time cold (empty kernel cache) and warm (goal at tiny:
   <= 60 s cold, <= 5 s warm); distinct kernels and lines of generated C; the program
   run with one thread per core;
-- the host build (TVM's llvm target, scheduled): build cold and warm, frame time against
-  the anchors (goal <= 0.5x) and the golden model; the three slowest kernels with GMAC/s;
+- the host build (TVM's llvm target, scheduled, with the VNNI micro-kernels where the
+  processor has them): build cold and warm, frame time against the anchors (goal <= 0.5x)
+  and the golden model; the three slowest kernels with GMAC/s;
 - every output of both against the single-core golden run: 0 differing elements required.
 
     python bench/bench_codegen.py [--config tiny|test] [--hw "QC-U 8MB 16MAC x4"]
@@ -104,6 +105,9 @@ def main() -> int:
               f"{t_host:.3f}s; ratio to anchors {t_host / anchor:.2f} (goal <= 0.5: "
               f"{'met' if t_host <= 0.5 * anchor else 'NOT met'}); ratio to golden "
               f"{t_host / t_golden:.2f}; {diff} differing elements")
+        micro = sum("bevir_vnni_conv" in k.kd.func.script() for k in host.kernels.values())
+        print(f"  micro-kernels {'on' if host.micro else 'off'}: {micro} of "
+              f"{len(host.kernels)} host kernels call the VNNI accumulator")
         for name, secs, gmacs in slowest_kernels(host, feed):
             print(f"  slow kernel {name}: {secs * 1e3:.1f} ms, {gmacs:.1f} GMAC/s")
     return 1 if failed else 0
