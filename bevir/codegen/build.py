@@ -14,15 +14,8 @@ import numpy as np
 from ..errors import CodegenError
 from ..ops.common import ArrayCache
 from .lower import KernelDef, tvm_modules
+from .machine import cache_dir, host_target  # noqa: F401  (re-exported)
 from .micro import objects as micro_objects
-
-
-def cache_dir() -> Path:
-    """Where built kernels are kept: $BEVIR_CACHE, else ~/.cache/bevir/kernels."""
-    root = os.environ.get("BEVIR_CACHE") or Path.home() / ".cache" / "bevir"
-    path = Path(root) / "kernels"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 #: the code that turns TIR into a build (this file, the schedules, the micro-kernels): part
@@ -92,13 +85,6 @@ def aligned(a: np.ndarray) -> np.ndarray:
     out = aligned_empty(a.shape, a.dtype)
     out[...] = a
     return out
-
-
-def host_target():
-    """TVM's llvm target for this machine's processor (its vector width and instructions)."""
-    tvm, _, _ = tvm_modules()
-    cpu = tvm.get_global_func("target.llvm_get_system_cpu", True)
-    return tvm.target.Target({"kind": "llvm", **({"mcpu": cpu()} if cpu else {})})
 
 
 def build_host(kds: list[KernelDef], micro: bool = False) -> dict[str, HostKernel]:

@@ -45,7 +45,7 @@ def available() -> bool:
     if os.environ.get("BEVIR_MICRO_KERNELS", "1") == "0":
         return False
     from tvm.target import codegen
-    from ..build import host_target
+    from ..machine import host_target
     try:
         if not codegen.llvm_cpu_has_features(["avx512vnni", "avx512bw"], host_target()):
             return False
@@ -60,7 +60,7 @@ def available() -> bool:
 
 def objects() -> list[str]:
     """The micro-kernels compiled for linking (cached by source and flags)."""
-    from ..build import cache_dir
+    from ..machine import cache_dir
     h = hashlib.sha256(" ".join(CFLAGS).encode())
     for src in SOURCES:
         h.update(src.read_bytes())
