@@ -92,7 +92,7 @@ class Step:
         shown = ", ".join(f"{k} {v:.4g}" for k, v in sorted(self.metrics.items()))
         verdict = "met" if self.met else "not met"
         return (f"{self.change:<44} {shown}  [{verdict}: {target}]"
-                + ("" if self.kept else "  (no closer: undone)"))
+                + ("" if self.kept else "  (undone)"))
 
 
 def next_move(config: QuantConfig, worst: list[str], tried: set = frozenset()
