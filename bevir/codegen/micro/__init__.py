@@ -68,7 +68,7 @@ def objects() -> list[str]:
     if not out.exists():
         cc = os.environ.get("CC", "cc")
         tmp = out.with_suffix(f".{os.getpid()}.tmp.o")
-        srcs = " ".join(f'#include "{s}"' for s in SOURCES)
+        srcs = "".join(f'#include "{s}"\n' for s in SOURCES)
         done = subprocess.run([cc, *CFLAGS, "-x", "c", "-c", "-", "-o", str(tmp)], input=srcs,
                               capture_output=True, text=True)
         if done.returncode != 0:
