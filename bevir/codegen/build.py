@@ -15,14 +15,16 @@ from ..errors import CodegenError
 from ..ops.common import ArrayCache
 from .lower import KernelDef, tvm_modules
 from .machine import cache_dir, host_target  # noqa: F401  (re-exported)
-from .micro import objects as micro_objects
+from .micro import SOURCES as MICRO_SOURCES, objects as micro_objects
 
 
 #: the code that turns TIR into a build (this file, the schedules, the micro-kernels): part
 #: of every cache key
+_HERE = Path(__file__).parent
 _BUILDER = hashlib.sha256(b"".join(
-    p.read_bytes() for p in [Path(__file__).parent / f for f in ("build.py", "schedule.py")]
-    + sorted((Path(__file__).parent / "micro").iterdir()) if p.suffix in (".py", ".c"))).hexdigest()
+    p.read_bytes() for p in [_HERE / "build.py", _HERE / "schedule.py",
+                             *sorted((_HERE / "micro").glob("*.py")), *MICRO_SOURCES]
+)).hexdigest()
 
 
 def tir_hash(kd: KernelDef, target: str) -> str:

@@ -121,12 +121,15 @@ def search(config: QuantConfig, evaluate: Callable[[QuantConfig], Evaluation], t
     seen: dict[str, Evaluation] = {}
 
     def run(cfg: QuantConfig, change: str, group: str | None) -> tuple[Step, Evaluation]:
+        ev = evaluation(cfg)
+        steps.append(Step(cfg, change, ev.metrics, target.met(ev.metrics), False, group))
+        return steps[-1], ev
+
+    def evaluation(cfg: QuantConfig) -> Evaluation:
         key = cfg.model_dump_json()
         if key not in seen:
             seen[key] = evaluate(cfg)
-        ev = seen[key]
-        steps.append(Step(cfg, change, ev.metrics, target.met(ev.metrics), False, group))
-        return steps[-1], ev
+        return seen[key]
 
     def show(step: Step) -> None:
         if log:
@@ -136,13 +139,14 @@ def search(config: QuantConfig, evaluate: Callable[[QuantConfig], Evaluation], t
     current.kept = True
     show(current)
     tried: set = set()
-    trials: list[tuple[Step, Evaluation]] = []    # from the current config, none closer
+    trials: list[Step] = []                       # from the current config, none closer
     while not current.met and len(seen) < max_steps:
         move = next_move(current.config, current_eval.worst, tried)
         if move is None:                           # escalate: the closest trial, kept
             if not trials:
                 break
-            step, current_eval = _closest(trials, target, tiebreak)
+            step = _closest(trials, target, tiebreak)
+            current_eval = evaluation(step.config)
             current = Step(step.config, f"escalate: {step.change}", step.metrics, step.met,
                            True, step.group)
             steps.append(current)
@@ -156,7 +160,7 @@ def search(config: QuantConfig, evaluate: Callable[[QuantConfig], Evaluation], t
             step.kept = True
             current, current_eval, tried, trials = step, ev, set(), []
         else:
-            trials.append((step, ev))
+            trials.append(step)
         show(step)
     if current.met:                                # give back what the target did not need
         for name in dict.fromkeys(s.group for s in reversed(steps) if s.kept and s.group):
@@ -175,13 +179,13 @@ def search(config: QuantConfig, evaluate: Callable[[QuantConfig], Evaluation], t
     return steps
 
 
-def _closest(trials, target: Target, tiebreak: Sequence[str]):
-    """The (step, evaluation) of ``trials`` closest to ``target`` (the first of equals)."""
-    best_ = trials[0]
-    for t in trials[1:]:
-        if target.better(t[0].metrics, best_[0].metrics, tiebreak):
-            best_ = t
-    return best_
+def _closest(steps: list[Step], target: Target, tiebreak: Sequence[str]) -> Step:
+    """The step of ``steps`` closest to ``target`` (the first of equals)."""
+    closest = steps[0]
+    for s in steps[1:]:
+        if target.better(s.metrics, closest.metrics, tiebreak):
+            closest = s
+    return closest
 
 
 def best(steps: list[Step], target: Target | None = None) -> Step:
@@ -190,7 +194,7 @@ def best(steps: list[Step], target: Target | None = None) -> Step:
     kept = [s for s in steps if s.kept]
     if target is None or kept[-1].met:
         return kept[-1]
-    return _closest([(s, None) for s in kept], target, ())[0]
+    return _closest(kept, target, ())
 
 
 def worst_groups(report, config: QuantConfig, node_of: Callable[[str], object]) -> list[str]:
