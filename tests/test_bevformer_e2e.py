@@ -170,6 +170,9 @@ def test_e2e_script_writes_its_artifacts(e2e_out):
     assert not {w["op"] for w in int8["worst_layers"]} & set(e2e.CONVERSIONS)
     sens = int8["float_noise_sensitivity_40db"]
     assert set(sens) == {"cls_scores", "bbox_preds"} and all(v > 0 for v in sens.values())
+    # noise 40 dB below each of the 19 convolutions' inputs leaves the neck below 40 dB
+    (neck,) = int8["backbone_noise_sensitivity_40db"].values()
+    assert 0 < neck < 40
     layers = json.loads((tmp_path / "int8_layers.json").read_text())
     assert len(layers["layers"]) > 100
     # the saved program reruns bit-identically to the script's run
