@@ -465,6 +465,26 @@ def test_synthetic_weights_reproducible_across_thread_counts():
     assert not torch.equal(a["pts_bbox_head.query_embedding.weight"], c["pts_bbox_head.query_embedding.weight"])
 
 
+def test_conditioned_filters_read_a_principal_subspace(model):
+    """The conditioned backbone's filters read 1/8 of their input's directions (a trained
+    network's low-rank features); the plain preset's random filters read them all."""
+    plain = build_model(CFG, seed=0, preset="plain")
+
+    def rank(w):        # the weights are rounded to 12 bits: ranks to 1 % of the largest
+        return int(torch.linalg.matrix_rank(w.detach().double(), rtol=1e-2))
+
+    def reads(m, name):
+        w = dict(m.named_modules())[name].weight
+        return rank(w.transpose(0, 1).reshape(w.shape[1], -1))        # input channels
+    for name in ("img_backbone.layer1.0.conv2", "img_backbone.layer3.0.conv1",
+                 "img_backbone.layer4.0.conv1"):
+        channels = dict(model.named_modules())[name].in_channels
+        assert reads(model, name) <= channels // 8 < reads(plain, name), name
+    # the stem reads the principal 7x7x3 image patches
+    assert rank(model.img_backbone.conv1.weight.reshape(64, -1)) <= round(147 / 8) \
+        < rank(plain.img_backbone.conv1.weight.reshape(64, -1))
+
+
 def test_save_test_vectors(model, inputs, tmp_path):
     from safetensors.torch import load_file
     out = run(model, inputs)

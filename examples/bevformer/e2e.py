@@ -310,6 +310,7 @@ def int8_stage(model: BEVFormer, inputs: dict, graph: bevir.Graph, feed: dict, g
     figures["backbone_noise_sensitivity_40db"] = backbone_noise_sensitivity(model, inputs)
     reference = int8_reference(graph)
     layers = compare_graphs(reference, q, feed)
+    figures["sqnr_db"]["feats"] = layers["feats"].sqnr_db      # the INT8 backbone + neck
     layers.save_json(out / "int8_layers.json")
     layers.plot(out / "int8_layers.png", title=f"INT8 vs float, per layer ({config.name})")
     figures["worst_layers"] = [       # ranked by their own (teacher-forced) error
@@ -329,7 +330,8 @@ def int8_stage(model: BEVFormer, inputs: dict, graph: bevir.Graph, feed: dict, g
     sens = figures["float_noise_sensitivity_40db"]
     print(f"  float model with 40 dB noise at each decoder layer: cls {sens['cls_scores']:.1f} dB, "
           f"bbox {sens['bbox_preds']:.1f} dB (how far the model itself amplifies errors)")
-    print(f"  float backbone with 40 dB noise at each convolution's input: neck "
+    print(f"  INT8 backbone and neck: {figures['sqnr_db']['feats']:.1f} dB; float backbone with "
+          f"40 dB noise at each convolution's input: neck "
           f"{figures['backbone_noise_sensitivity_40db']['feats']:.1f} dB")
     print("  worst layers (re-run with --override GROUP=per_channel|exclude):")
     print("    local  accumulated (dB)")
