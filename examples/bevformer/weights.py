@@ -120,7 +120,8 @@ def _calibrate(model: BEVFormer, seed: int, principal: bool) -> None:
     1. FPN lateral conv: post-ReLU C5 of a random ResNet is ~90% a per-channel constant;
        uncentred, every image key would carry nearly the same vector and the cross attention
        would see no image content. ``bias = -W @ mean(C5)`` and ``W /= rms`` make the lateral
-       output zero-mean with unit rms on the calibration views. With ``principal``, its
+       output zero-mean with unit rms on the scene images (:func:`_scene_images`, the
+       frames the backbone was measured on). With ``principal``, its
        filters first read only C5's principal subspace (as :func:`_read_principal`).
     2. cls branches: the decoder output keeps an input-dependent component shared by all
        queries, which would push whole classes above or below 0.5. Each branch's class bias
