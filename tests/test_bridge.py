@@ -12,11 +12,12 @@ from bevir.ops.numerics import bridge_table
 from bevir.passes.patterns import explain
 
 
-def _exact_bridge(code: int, zp: int, scale: float, frac: int) -> int:
-    """round_half_up((code - zp) * scale * 2**frac) in exact rationals, saturated to i8."""
+def _exact_bridge(code: int, zp: int, scale: float, frac: int, bits: int = 8) -> int:
+    """round_half_up((code - zp) * scale * 2**frac) in exact rationals, saturated to
+    ``bits``."""
     v = (code - zp) * Fraction(float(np.float32(scale))) * Fraction(2) ** frac
     r = (v + Fraction(1, 2)).__floor__()
-    return max(-128, min(127, r))
+    return max(-2 ** (bits - 1), min(2 ** (bits - 1) - 1, r))
 
 
 @pytest.mark.parametrize("dtype", [np.uint8, np.int8])
@@ -32,19 +33,41 @@ def test_bridge_table_rounds_the_exact_product_once(dtype):
         assert got.tolist() == want
 
 
+def test_bridge_to_16bit_codes():
+    """A head reading 16-bit activations: the same single rounding, 8 more frac bits, the
+    i16 saturation; insert-bridges keeps the width."""
+    codes = np.arange(256, dtype=np.uint8).astype(int)
+    for frac in (10, 14):
+        got = bridge_table(0.037, 3, frac, np.uint8, np.int16)
+        assert got.dtype == np.int16
+        assert got.tolist() == [_exact_bridge(c, 3, 0.037, frac, 16) for c in codes]
+    g = _graph(frac=12, out_dtype="i16")
+    rng = np.random.default_rng(2)
+    feed = _codes(g, rng)
+    before = bevir.run(g, feed)["y"]
+    bevir.optimize(g, "insert-bridges,dce")
+    bevir.verify(g)
+    assert [n.op for n in g.nodes] == ["fx_bridge", "reshape"]
+    assert g.outputs["y"].type.dtype is DType.i16
+    got = bevir.run(g, feed)["y"]
+    assert got.dtype == np.int16 and np.abs(got.astype(int) - before.astype(int)).max() <= 1
+    assert np.abs(got).max() > 127                      # beyond what 8 bits hold
+
+
 def test_bridge_ties_round_up():
     # scale 0.25, frac 1: (code - 0) * 0.5 -> 1 -> 0.5 rounds to 1, -1 -> -0.5 rounds to 0
     t = bridge_table(0.25, 0, 1, np.int8)
     assert t[1] == 1 and t[np.uint8(255)] == 0 and t[3] == 2
 
 
-def _graph(shape=(2, 4, 3, 5), scale=0.037, zp=3, frac=4, dtype=DType.u8, extra_use=False):
+def _graph(shape=(2, 4, 3, 5), scale=0.037, zp=3, frac=4, dtype=DType.u8, extra_use=False,
+           out_dtype="i8"):
     b = Builder("bridge")
     x = b.input("x", TensorType(shape, dtype, quant=AffineQuant((scale,), (zp,))))
     f = b.dequantize(x)
     t = b.transpose(f, perm=[0, 2, 3, 1])
     r = b.reshape(t, shape=[shape[0], shape[2] * shape[3], shape[1]])
-    q = b.fx_quantize(r, out_frac_bits=frac)
+    q = b.fx_quantize(r, out_frac_bits=frac, out_dtype=out_dtype)
     b.output("y", q)
     if extra_use:
         b.output("t", t)

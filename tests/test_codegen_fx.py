@@ -1,14 +1,15 @@
 """Generated kernels of the fx ops with multi-stage lowerings (softmax, reductions, division,
 layer norm, deformable attention) against the golden model, llvm and C builds: 0 differing elements
 on one-op graphs, whole and partitioned for 2 and 4 cores, with inputs at the edges (every
-code, ties, saturation, i16 softmax inputs, another axis, locations outside the map)."""
+code, ties, saturation, i16 softmax inputs, another axis, locations outside the map), and
+the ops that take 16-bit activations (products by i8 weights, relu, tables, requantize)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 import bevir
-from bevir import DType, TensorType
+from bevir import DType, Layout, TensorType
 from bevir.codegen.program import Program
 from bevir.ops.numerics import rsqrt_fixed
 from test_codegen import all_codes, fx
@@ -107,6 +108,32 @@ def deform_case(coordinates, frac, dtype, weight_bits):
     return make
 
 
+def wide_case(op, frac_in, frac_out, out_dtype, x_dtype=I16, **attrs):
+    """A 16-bit activation op (every i16 code in x; products by random i8 weights with a
+    bias) to an i8 or i16 result."""
+    def make(rng):
+        weighted = op in ("fx_linear", "fx_conv2d")
+        shape = {"fx_linear": (2, 300, 40), "fx_conv2d": (1, 9, 11, 6)}.get(op, (4, 128, 128))
+        x = all_codes(shape, x_dtype.np)
+        ins = {"x": (x, fx(x.shape, frac_in, x_dtype,
+                           Layout.nhwc if op == "fx_conv2d" else Layout.plain))}
+        if weighted:
+            w = ints(rng, (5, 40) if op == "fx_linear" else (4, 3, 3, 3))
+            bias = rng.integers(-2**24, 2**24, w.shape[0]).astype(np.int32)
+            ins |= {"w": (w, fx(w.shape, 7)), "b": (bias, TensorType(bias.shape, I32))}
+        return one_op(op, ins, out_frac_bits=frac_out, out_dtype=out_dtype, **attrs)
+    make.__name__ = f"wide_{op[3:]}_{frac_in}_{frac_out}_{x_dtype}_{out_dtype}"
+    return make
+
+
+def bridge_i16(rng):
+    """onnxruntime's u8 codes handed to a 16-bit head, transposed."""
+    x = all_codes((2, 8, 4, 8), np.uint8)
+    t = TensorType(x.shape, DType.u8, quant=bevir.AffineQuant((0.037,), (3,)))
+    return one_op("fx_bridge", {"x": (x, t)}, out_frac_bits=12, out_dtype="i16",
+                  perm=[0, 2, 3, 1])
+
+
 CASES = {f.__name__: f for f in (
     softmax_ties, softmax_i16_axis, GRAPHS["softmax"],
     reduce_case("fx_reduce_sum", (1,), True, 1), reduce_case("fx_reduce_sum", (0, 2), False, 5),
@@ -120,12 +147,18 @@ CASES = {f.__name__: f for f in (
     GRAPHS["deform_attn"], deform_case("normalized", 12, I16, 8),
     deform_case("pixel", 4, I16, 8), deform_case("pixel", 14, I32, 12),
     deform_case("normalized", 1, I32, 1),
+    wide_case("fx_linear", 12, 9, "i16"), wide_case("fx_linear", 14, 2, "i8"),
+    wide_case("fx_conv2d", 10, 8, "i16", strides=(2, 1), pads=(1, 1, 1, 1), groups=2),
+    wide_case("fx_relu", 12, 10, "i16"), wide_case("fx_relu", 9, 3, "i8"),
+    wide_case("fx_sigmoid", 12, 15, "i16"), wide_case("fx_inverse_sigmoid", 15, 4, "i8"),
+    wide_case("fx_requantize", 5, 12, "i16", I8), wide_case("fx_requantize", 12, 4, "i8"),
+    bridge_i16,
 )}
 
 
 #: one case per op family (reductions do not split), partitioned for 2 and 4 cores
 PARTITIONED = ("softmax", "div_2_7_i8_6x50", "layer_norm", "deform_attn",
-               "deform_pixel_4_i16_8")
+               "deform_pixel_4_i16_8", "wide_linear_12_9_i16_i16", "wide_sigmoid_12_15_i16_i16")
 
 
 def check(graph, inputs) -> None:

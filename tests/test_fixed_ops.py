@@ -628,7 +628,10 @@ BAD = [
     ("fx_linear", [PLAIN_I8, W], {"out_frac_bits": 3}, "x must carry fixed-point"),
     ("fx_linear", [F32, W], {"out_frac_bits": 3}, "x must be i8"),
     ("fx_linear", [AFF, W], {"out_frac_bits": 3}, "x must carry fixed-point"),
-    ("fx_linear", [fx((2, 4), 5, I16), W], {"out_frac_bits": 3}, "x must be i8"),
+    ("fx_linear", [fx((2, 4), 5, I32), W], {"out_frac_bits": 3}, "x must be i8/i16"),
+    ("fx_linear", [fx((2, 4), 5), fx((3, 4), 6, I16)], {"out_frac_bits": 3}, "w must be i8"),
+    ("fx_relu", [fx((2, 4), 5, I32)], {}, "x must be i8/i16"),
+    ("fx_sigmoid", [fx((2, 4), 5, I32)], {"out_frac_bits": 7}, "x must be i8/i16"),
     ("fx_linear", [fx((2, 4), 5), fx((3, 4), [6, 6], axis=1)], {"out_frac_bits": 3},
      "per tensor or per channel on axis 0"),
     ("fx_linear", [fx((2, 4), 5), TensorType((3, 4), I8, quant=AffineQuant((0.1,), (3,)))],
@@ -760,3 +763,61 @@ def test_matmul_of_i16_probabilities_is_exact():
     y = run("fx_matmul", [(p, fx(p.shape, 15, I16)), (v, fx(v.shape, 5))], out_frac_bits=6)
     acc = np.einsum("bik,bkj->bij", p.astype(np.int64), v.astype(np.int64))
     assert np.array_equal(y, np.clip(rshift_round(acc, 15 + 5 - 6), -128, 127))
+
+
+# ---- 16-bit activations by 8-bit weights ---------------------------------------------------
+def wide_ref(acc, bias, shift):
+    """acc (+ bias) saturated to int32, rshift_round by ``shift``, saturated to int16."""
+    a = acc + (0 if bias is None else bias.astype(np.int64))
+    a = np.clip(a, -2**31, 2**31 - 1)
+    return np.clip(rshift_round(a, shift), -2**15, 2**15 - 1).astype(np.int16)
+
+
+@pytest.mark.parametrize("op", ["fx_linear", "fx_conv2d"])
+def test_16bit_activations_by_8bit_weights_exact(op):
+    """Every i16 extreme in x, i8 weights: int64-exact accumulators, saturated to int32 as
+    the int8 products are, rounded once into an i16 result."""
+    rng = np.random.default_rng(40)
+    if op == "fx_linear":
+        x, w = ints(rng, (3, 5, 600), np.int16), ints(rng, (7, 600))
+        x[0, 0] = -32768                                       # reaches int32 saturation
+        w[0] = -128
+        acc = np.einsum("bqk,nk->bqn", x.astype(np.int64), w.astype(np.int64))
+        attrs = {}
+    else:
+        x, w = ints(rng, (2, 6, 5, 4), np.int16), ints(rng, (8, 3, 3, 3))
+        attrs = dict(strides=(1, 1), pads=(1, 1, 1, 1), groups=2)
+        acc = conv_ref(x, w, 1, 1, 2)
+    n = w.shape[0]
+    bias = ints(rng, n, np.int32, -2**20, 2**20)
+    axis = -1 if op == "fx_linear" else 1
+    y = run(op, [(x, fx(x.shape, 9, I16)), (w, fx(w.shape, 6)), (bias, TensorType((n,), I32))],
+            out_frac_bits=11, out_dtype="i16", **attrs)
+    assert y.dtype == np.int16
+    shape = [1] * acc.ndim
+    shape[axis] = n
+    assert np.array_equal(y, wide_ref(acc, bias.reshape(shape), 9 + 6 - 11))
+    if op == "fx_linear":
+        assert acc.max() > 2**31                               # the int32 saturation was hit
+
+
+def test_relu_and_tables_of_16bit_codes():
+    x = np.arange(-32768, 32768, dtype=np.int64).astype(np.int16)
+    y = run("fx_relu", [(x, fx(x.shape, 12, I16))], out_frac_bits=10, out_dtype="i16")
+    assert y.dtype == np.int16
+    assert np.array_equal(y, np.clip(rshift_round(np.maximum(x.astype(np.int64), 0), 2),
+                                     -2**15, 2**15 - 1))
+    narrow = run("fx_relu", [(x, fx(x.shape, 12, I16))], out_frac_bits=5)   # i16 -> i8
+    assert narrow.dtype == np.int8 and narrow.max() == 127
+    for op, fin, fout, ref in [("fx_sigmoid", 12, 15, lambda v: 1 / (1 + math.exp(-v))),
+                               ("fx_inverse_sigmoid", 15, 11, _inv_sigmoid)]:
+        table = lut_table(op, fin, fout, "int16", "int16")
+        assert table.shape == (65536,) and table.dtype == np.int16
+        y = run(op, [(x, fx(x.shape, fin, I16))], out_frac_bits=fout, out_dtype="i16")
+        assert np.array_equal(y, table[x.astype(int) + 32768])
+        for code in list(range(-32768, 32768, 997)) + [-32768, -1, 0, 1, 32767]:
+            v = ref(math.ldexp(code, -fin)) * 2**fout
+            assert int(y[code + 32768]) == max(-32768, min(32767, math.floor(v + 0.5))), code
+        # a 16-bit table is 256 times finer than an 8-bit one over the same range
+        y8 = run(op, [(x, fx(x.shape, fin, I16))], out_frac_bits=fout - 8)
+        assert y8.dtype == np.int8

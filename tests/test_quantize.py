@@ -78,6 +78,32 @@ def test_excluded_group_stays_float_and_the_graph_still_runs():
     assert np.isfinite(out["y"]).all()
 
 
+def test_16bit_activations_where_the_rule_asks_and_requantized_at_the_border():
+    """enc at fixed16: its product and relu run on i16 codes (i8 weights); dec reads them
+    requantized to i8 (never through float); the enc result gains precision."""
+    x = _inputs(1, seed=9)[0]
+    sqnr = {}
+    for acts in ("fixed", "fixed16"):
+        g = _mlp()
+        ref = g.clone()
+        bevir.calibrate(g, _inputs(4))
+        stats = quantize(g, _config(weights="per_channel", activations=acts))
+        bevir.verify(g)
+        assert stats.get("activations-i16", 0) == (2 if acts == "fixed16" else 0)
+        assert "float-left" not in stats
+        got, want = bevir.run(g, x), bevir.run(ref, x)
+        sqnr[acts] = {k: layer_error(want[k], got[k])[0] for k in ("h", "y")}
+    dtype = {n.op: n.outputs[0].type.dtype.value for n in g.nodes}
+    assert dtype["fx_linear"] == "i8" and dtype["fx_relu"] == "i16"     # dec's, enc's
+    wide = [n for n in g.nodes if n.op == "fx_linear" and n.inputs[0].type.dtype.value == "i16"]
+    assert len(wide) == 1 and wide[0].outputs[0].type.dtype.value == "i16"
+    border = next(n for n in g.nodes if n.op == "fx_requantize")
+    assert border.inputs[0].producer.op == "fx_relu" and dtype["fx_requantize"] == "i8"
+    assert border.attrs["out_frac_bits"] == border.inputs[0].type.quant.frac_bits[0] - 8
+    assert sqnr["fixed16"]["h"] > sqnr["fixed"]["h"] + 8, sqnr
+    assert sqnr["fixed16"]["y"] >= sqnr["fixed"]["y"], sqnr
+
+
 def test_pass_from_a_pipeline_with_a_config_file(tmp_path):
     g = _mlp()
     bevir.calibrate(g, _inputs(2))
@@ -250,7 +276,7 @@ def test_accumulators_are_bounded_statically_and_overflow_is_reported():
     bounds = check_accumulators(g)                       # fits: no error
     gemm = next(b for b in bounds if b.node.loc == "enc.fc1")
     w, bias = gemm.node.inputs[1].const, gemm.node.inputs[2].const
-    assert gemm.bound == 128 * int((np.abs(w.astype(np.int64)).sum(1) + np.abs(bias)).max())
+    assert gemm.bound == int((128 * np.abs(w.astype(np.int64)).sum(1) + np.abs(bias)).max())
     assert all(b.safe for b in bounds) and len(bounds) == 2
 
     # i8 products of a reduction <= 2**16 stay below 2**30; a bias far larger than the

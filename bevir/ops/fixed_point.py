@@ -116,6 +116,8 @@ def _require_out_frac(frac: int, lo: int = -31, hi: int = 31) -> None:
 _OUT = {"out_frac_bits": Int()}
 #: the result's integer type, where an op may widen (sampling locations: i32)
 _WIDE = {"out_dtype": Str("i8", ("i8", "i16", "i32"))}
+#: the result's integer type, where an op may give 16-bit activations
+_ACT_DTYPE = {"out_dtype": Str("i8", ("i8", "i16"))}
 FIXED = (I8, I16, I32)
 
 
@@ -223,7 +225,8 @@ class FxDequantize(OpDef):
 
 class FxBridge(OpDef):
     """The hand-over from onnxruntime's INT8 backbone to the fixed-point head: x (u8/i8,
-    per-tensor affine scale s, zero point z) -> i8 fixed<out_frac_bits>, transposed by
+    per-tensor affine scale s, zero point z) -> out_dtype (i8, default, or i16)
+    fixed<out_frac_bits>, transposed by
     ``perm`` (default: none). y = saturate(rshift_round((x - z) * m, n)) with
     (m, n) = Rescale.of(affine s, out_frac_bits); since s is a float32, m * 2**-n equals
     s * 2**out_frac_bits exactly, so y is (x - z) * s * 2**out_frac_bits rounded half up
@@ -232,7 +235,7 @@ class FxBridge(OpDef):
     name = "fx_bridge"
     onnx_export = staticmethod(bridge)
     operands = ("x",)
-    attrs = {"out_frac_bits": Int(), "perm": Ints(())}
+    attrs = {"out_frac_bits": Int(), "perm": Ints(()), **_ACT_DTYPE}
 
     def infer(self, c, x):
         require(x.dtype in (DType.u8, I8), f"x must be u8/i8, got {x}")
@@ -242,21 +245,22 @@ class FxBridge(OpDef):
         _require_out_frac(c.out_frac_bits)
         Rescale.of(AffineQuant(q.scale, (0,)), c.out_frac_bits)
         if not c.perm:
-            return fixed_type(x.shape, c.out_frac_bits, x.layout)
+            return fixed_type(x.shape, c.out_frac_bits, x.layout, out_dtype(c))
         require(sorted(c.perm) == list(range(x.rank)),
                 f"perm {list(c.perm)} is not a permutation of {x.rank} axes")
-        return fixed_type((x.shape[p] for p in c.perm), c.out_frac_bits)
+        return fixed_type((x.shape[p] for p in c.perm), c.out_frac_bits, dtype=out_dtype(c))
 
     def compute(self, c, x):
         q = c.in_types[0].quant
-        table = bridge_table(q.scale[0], q.zero_point[0], c.out_frac_bits, x.dtype)
+        table = bridge_table(q.scale[0], q.zero_point[0], c.out_frac_bits, x.dtype,
+                             out_dtype(c).np)
         y = table[x.view(np.uint8)]
         return np.ascontiguousarray(y.transpose(c.perm)) if c.perm else y
 
     def tvm_lowering(self, c, L, x):
         q = c.in_types[0].quant
         t = L.const(bridge_table(q.scale[0], q.zero_point[0], c.out_frac_bits,
-                                 c.in_types[0].dtype.np), "bridge")
+                                 c.in_types[0].dtype.np, out_dtype(c).np), "bridge")
         perm = c.perm or tuple(range(c.in_types[0].rank))
 
         def fn(*i):
@@ -269,9 +273,10 @@ class FxBridge(OpDef):
 
 # ---- matrix products ---------------------------------------------------------------------
 class _FxProduct(Contraction):
-    """Shared by the int8 product ops: acc = exact sum of int8 products, + bias, saturated
-    to int32, requantized per tensor or per output channel by Rescale to out_dtype (default
-    i8; i16 keeps attention scores fine for a softmax)."""
+    """Shared by the product ops: acc = exact sum of the products of i8 or i16 x by i8
+    weights, + bias, saturated to int32, requantized per tensor or per output channel by
+    Rescale to out_dtype (default i8; i16 for 16-bit activations, and attention scores
+    kept fine for a softmax)."""
 
     attrs = {**_OUT, **_WIDE}
     epilogue_ops = 4    # cycle model: bias add, requantizing multiply, rounding shift, saturate
@@ -290,8 +295,9 @@ class _FxProduct(Contraction):
         x, w = c.in_types[0], c.in_types[1]
         return acc_quant(x.quant.frac_bits[0], w.quant)
 
-    #: the dtypes of operand 0
-    x_dtypes: tuple = (I8,)
+    #: the dtypes of operand 0: 16-bit activations by 8-bit weights accumulate in int64,
+    #: saturated to int32 as the int8 sums are
+    x_dtypes: tuple = (I8, I16)
 
     def infer(self, c, x, w, b=None):
         xf = frac_of(x, "x", self.x_dtypes)
@@ -352,13 +358,13 @@ class _FxProduct(Contraction):
 
 
 class FxMatMul(_FxProduct, MatrixProduct):
-    """a (i8 fixed, per tensor) @ b (i8 weight: fixed or symmetric affine, per tensor or per
-    column) + bias (i32 [N], optional) -> i8 fixed<out_frac_bits>; numpy matmul shapes."""
+    """a (i8 or i16 fixed, per tensor; i16: e.g. attention probabilities from an i16
+    fx_softmax) @ b (i8 weight: fixed or symmetric affine, per tensor or per column) + bias
+    (i32 [N], optional) -> out_dtype fixed<out_frac_bits>; numpy matmul shapes."""
 
     name = "fx_matmul"
     onnx_export = qdq(matmul_bias, product_bias=True)
     operands = ("a", "b", "bias?")
-    x_dtypes = (I8, I16)         # i16 a: attention probabilities from an i16 fx_softmax
 
     def weight_axis(self, w):
         return self.column_axis(w)
@@ -385,9 +391,9 @@ class FxMatMul(_FxProduct, MatrixProduct):
 
 
 class FxLinear(_FxProduct):
-    """x (i8 fixed, per tensor, [..., K]) by w (i8 [N, K], torch layout; fixed or symmetric
-    affine, per tensor or per output channel on axis 0) + b (i32 [N], optional) -> i8
-    fixed<out_frac_bits> [..., N]."""
+    """x (i8 or i16 fixed, per tensor, [..., K]) by w (i8 [N, K], torch layout; fixed or
+    symmetric affine, per tensor or per output channel on axis 0) + b (i32 [N], optional)
+    -> out_dtype fixed<out_frac_bits> [..., N]."""
 
     name = "fx_linear"
     onnx_export = qdq(linear, product_bias=True)
@@ -439,8 +445,9 @@ class FxLinear(_FxProduct):
 
 
 class FxConv2d(_FxProduct, Convolution):
-    """2-D convolution as conv2d (NCHW or NHWC x; w [O, C/groups, KH, KW] fixed or symmetric
-    affine, per tensor or per output channel on axis 0; b i32 [O]) -> i8 fixed<out_frac_bits>."""
+    """2-D convolution as conv2d (NCHW or NHWC i8 or i16 x; w [O, C/groups, KH, KW] fixed or
+    symmetric affine, per tensor or per output channel on axis 0; b i32 [O]) -> out_dtype
+    fixed<out_frac_bits>."""
 
     name = "fx_conv2d"
     onnx_export = qdq("conv2d", product_bias=True)
@@ -485,6 +492,7 @@ class _FxAddSub(OpDef):
     attrs = {**_OUT, **_WIDE}
     sign = 1
     splits = ("rows",)
+    x_dtypes = FIXED
 
     def infer(self, c, a, b):
         fa, fb = frac_of(a, "a", FIXED), frac_of(b, "b", FIXED)
@@ -539,6 +547,7 @@ class FxMul(OpDef):
     operands = ("a", "b")
     attrs = {**_OUT, **_WIDE}
     splits = ("rows",)
+    x_dtypes = FIXED
 
     def infer(self, c, a, b):
         fa, fb = frac_of(a, "a", FIXED), frac_of(b, "b", (I8, I16))
@@ -691,65 +700,77 @@ class FxReduceMean(FxReduceSum):
 
 
 class FxRelu(OpDef):
-    """max(x, 0) of i8 fixed x, requantized to out_frac_bits (default: x's frac bits)."""
+    """max(x, 0) of i8 or i16 fixed x, requantized to out_frac_bits (default: x's frac
+    bits), saturated to out_dtype (i8, default, or i16)."""
 
     name = "fx_relu"
     onnx_export = qdq("relu")
     cycle_cost = per_element(1)
     operands = ("x",)
-    attrs = {"out_frac_bits": Int(None)}
+    attrs = {"out_frac_bits": Int(None), **_ACT_DTYPE}
     splits = ("rows",)
+    x_dtypes = (I8, I16)
 
     def _out_frac(self, c, fx: int) -> int:
         return fx if c.out_frac_bits is None else c.out_frac_bits
 
     def infer(self, c, x):
-        fx = frac_of(x, "x")
+        fx = frac_of(x, "x", self.x_dtypes)
         fy = self._out_frac(c, fx)
         _require_out_frac(fy)
         Rescale.of(FixedPointQuant((fx,)), fy)
-        return fixed_type(x.shape, fy, x.layout)
+        return fixed_type(x.shape, fy, x.layout, out_dtype(c))
 
     def compute(self, c, x):
         fx = c.in_types[0].quant.frac_bits[0]
-        return saturate(rshift_round(np.maximum(x, 0), fx - self._out_frac(c, fx)))
+        return saturate(rshift_round(np.maximum(x, 0), fx - self._out_frac(c, fx)),
+                        out_dtype(c).np)
 
     def tvm_lowering(self, c, L, x):
         fx = c.in_types[0].quant.frac_bits[0]
         return L.compute(c.out_types[0], lambda *i: L.saturate(L.rshift_round(
-            L.max(L.i64(x[i]), L.i64(0)), fx - self._out_frac(c, fx)), "int8"))
+            L.max(L.i64(x[i]), L.i64(0)), fx - self._out_frac(c, fx)),
+            np.dtype(out_dtype(c).np).name))
 
 
 # ---- lookup tables -----------------------------------------------------------------------
 
 
 class FxLookup(OpDef):
-    """An elementwise function of i8 fixed x as a 256-entry table (lut_table)."""
+    """An elementwise function of i8 or i16 fixed x as a table with one entry per input
+    code (lut_table: 256 or 65536 entries), giving out_dtype (i8, default, or i16) fixed."""
 
     cycle_cost = per_element(2, "table")   # index, load
     operands = ("x",)
-    attrs = dict(_OUT)
+    attrs = {**_OUT, **_ACT_DTYPE}
     splits = ("rows",)
+    x_dtypes = (I8, I16)
 
     def real(self, v: np.ndarray, **attrs) -> np.ndarray:
         """The function in float64."""
         raise NotImplementedError
 
     def infer(self, c, x):
-        frac_of(x, "x")
+        frac_of(x, "x", self.x_dtypes)
         _require_out_frac(c.out_frac_bits)
-        return fixed_type(x.shape, c.out_frac_bits, x.layout)
+        return fixed_type(x.shape, c.out_frac_bits, x.layout, out_dtype(c))
+
+    def table(self, c) -> tuple[np.ndarray, int]:
+        """(the table, the index of code 0 in it)."""
+        x = c.in_types[0]
+        attrs = {k: v for k, v in c.attrs.items() if k not in ("out_frac_bits", "out_dtype")}
+        table = lut_table(self.name, x.quant.frac_bits[0], c.out_frac_bits, x.dtype.np,
+                          out_dtype(c).np, **attrs)
+        return table, -int(np.iinfo(x.dtype.np).min)
 
     def compute(self, c, x):
-        attrs = {k: v for k, v in c.attrs.items() if k != "out_frac_bits"}
-        table = lut_table(self.name, c.in_types[0].quant.frac_bits[0], c.out_frac_bits, **attrs)
-        return table[x.astype(np.intp) + 128]
+        table, zero = self.table(c)
+        return table[x.astype(np.intp) + zero]
 
     def tvm_lowering(self, c, L, x):
-        attrs = {k: v for k, v in c.attrs.items() if k != "out_frac_bits"}
-        t = L.const(lut_table(self.name, c.in_types[0].quant.frac_bits[0], c.out_frac_bits,
-                              **attrs), "lut")
-        return L.compute(c.out_types[0], lambda *i: t[L.cast(x[i], "int32") + 128])
+        table, zero = self.table(c)
+        t = L.const(table, "lut")
+        return L.compute(c.out_types[0], lambda *i: t[L.cast(x[i], "int32") + zero])
 
 
 class FxSigmoid(FxLookup):
@@ -788,7 +809,7 @@ class FxInverseSigmoid(FxLookup):
 
     name = "fx_inverse_sigmoid"
     onnx_export = qdq(inverse_sigmoid)
-    attrs = {**_OUT, "eps": Float(1e-5)}
+    attrs = {**_OUT, **_ACT_DTYPE, "eps": Float(1e-5)}
 
     def real(self, v, eps):
         x = np.clip(v, 0.0, 1.0)
@@ -800,7 +821,7 @@ class FxGelu(FxLookup):
 
     name = "fx_gelu"
     onnx_export = qdq("gelu")
-    attrs = {**_OUT, "approximate": Str("none", ("none", "tanh"))}
+    attrs = {**_OUT, **_ACT_DTYPE, "approximate": Str("none", ("none", "tanh"))}
 
     def real(self, v, approximate):
         if approximate == "tanh":

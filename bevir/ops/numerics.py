@@ -145,11 +145,12 @@ def rsqrt_fixed(n: np.ndarray, c: int) -> tuple[np.ndarray, np.ndarray]:
     return r[inverse].reshape(n.shape), k[inverse].reshape(n.shape)
 
 
-def bridge_table(scale: float, zero_point: int, frac: int, dtype) -> np.ndarray:
+def bridge_table(scale: float, zero_point: int, frac: int, dtype, out_dtype=np.int8) -> np.ndarray:
     """fx_bridge's result for every code of ``dtype`` (index: the code's byte): Rescale of
-    the symmetric scale ``scale`` to ``frac`` applied to code - zero_point."""
+    the symmetric scale ``scale`` to ``frac`` applied to code - zero_point, saturated to
+    ``out_dtype``."""
     codes = np.arange(256, dtype=np.uint8).view(dtype).astype(np.int64)
-    return Rescale.of(AffineQuant((scale,), (0,)), frac).apply(codes - zero_point)
+    return Rescale.of(AffineQuant((scale,), (0,)), frac).apply(codes - zero_point, None, out_dtype)
 
 
 @functools.lru_cache(maxsize=None)
@@ -178,27 +179,32 @@ def softmax_exp_table(in_frac: int, dtype: DType = I8) -> np.ndarray:
     return t
 
 
-def _table_from_real(y: np.ndarray, out_frac: int) -> np.ndarray:
-    """round_half_up(y * 2**out_frac) saturated to int8 (NaN -> -128), read-only."""
-    t = quantize_fixed(y, out_frac)
+def _table_from_real(y: np.ndarray, out_frac: int, dtype=np.int8) -> np.ndarray:
+    """round_half_up(y * 2**out_frac) saturated to ``dtype`` (NaN -> the minimum), read-only."""
+    t = quantize_fixed(y, out_frac, dtype)
     t.setflags(write=False)
     return t
 
 
 @functools.lru_cache(maxsize=None)
-def _cached_table(op: str, in_frac: int, out_frac: int, attrs: tuple) -> np.ndarray:
-    codes = np.ldexp(np.arange(-128, 128, dtype=np.float64), -in_frac)
+def _cached_table(op: str, in_frac: int, out_frac: int, attrs: tuple, in_dtype: str,
+                  out_dtype: str) -> np.ndarray:
+    info = np.iinfo(in_dtype)
+    codes = np.ldexp(np.arange(info.min, info.max + 1, dtype=np.float64), -in_frac)
     with np.errstate(all="ignore"):
-        return _table_from_real(get_op(op).real(codes, **dict(attrs)), out_frac)
+        return _table_from_real(get_op(op).real(codes, **dict(attrs)), out_frac, out_dtype)
 
 
-def lut_table(op: str, in_frac_bits: int, out_frac_bits: int, **attrs) -> np.ndarray:
-    """The 256-entry int8 table of LUT op ``op``: entry i is the result for the input code
-    i - 128, round_half_up(f((i - 128) * 2**-in_frac_bits) * 2**out_frac_bits) in float64,
-    saturated. Attributes as the op takes them (defaults filled in). Cached, read-only."""
+def lut_table(op: str, in_frac_bits: int, out_frac_bits: int, in_dtype: str = "int8",
+              out_dtype: str = "int8", **attrs) -> np.ndarray:
+    """The table of LUT op ``op``, one entry per input code (256 for int8 input, 65536 for
+    int16): entry i is the result for the code ``i + min(in_dtype)``, round_half_up(f(code *
+    2**-in_frac_bits) * 2**out_frac_bits) in float64, saturated to ``out_dtype``. Attributes
+    as the op takes them (defaults filled in). Cached, read-only."""
     full = get_op(op).check_attrs({**attrs, "out_frac_bits": out_frac_bits})
-    rest = tuple(sorted((k, v) for k, v in full.items() if k != "out_frac_bits"))
-    return _cached_table(op, int(in_frac_bits), int(out_frac_bits), rest)
+    rest = tuple(sorted((k, v) for k, v in full.items() if k not in ("out_frac_bits", "out_dtype")))
+    return _cached_table(op, int(in_frac_bits), int(out_frac_bits), rest,
+                         np.dtype(in_dtype).name, np.dtype(out_dtype).name)
 
 
 def bilinear_taps(px: np.ndarray, py: np.ndarray, bits: int):

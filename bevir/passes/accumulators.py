@@ -5,8 +5,9 @@ Every contraction (an op deriving :class:`~bevir.ops.linalg.Contraction`: ``fx_l
 into an int32 (saturating, docs/numerics.md); the op says how long its reduction is and
 which weight axes it runs over. :func:`accumulator_bounds` bounds every accumulator
 from what is known before running: the operand dtypes (an i8 code is at most 128 in
-magnitude), the constant weights and biases (per output channel: 128 * sum |w| + |b|), and
-for attention probabilities from ``fx_softmax`` their row sum (at most 2**f + n/2 codes).
+magnitude, an i16 one 32768), the constant weights and biases (per output channel:
+code_max * sum |w| + |b|), and for attention probabilities from ``fx_softmax`` their row
+sum (at most 2**f + n/2 codes).
 ``fx_ms_deform_attn`` rejects attributes whose accumulator could overflow when it is
 built, so its bound holds by construction. A bound within int32 rules overflow out for
 every input; :func:`check_accumulators` raises a PassError naming the others.
@@ -57,12 +58,12 @@ def _row_sum(v: Value, length: int) -> int | None:
 
 
 def _weighted(node: Node, w: np.ndarray, reduce_axes: tuple[int, ...]) -> int:
-    """128 * max over output channels of sum |w| (+ |bias|), for a constant weight."""
+    """max over output channels of code_max(x) * sum |w| + |bias|, for a constant weight."""
     x = node.inputs[0]
-    per_out = np.abs(w.astype(np.int64)).sum(axis=reduce_axes)
+    per_out = _code_max(x) * np.abs(w.astype(np.int64)).sum(axis=reduce_axes)
     if len(node.inputs) > 2 and node.inputs[2] is not None and node.inputs[2].is_const:
         per_out = per_out + np.abs(node.inputs[2].const.astype(np.int64))
-    return _code_max(x) * int(per_out.max(initial=0))
+    return int(per_out.max(initial=0))
 
 
 def _bound(node: Node) -> int | None:

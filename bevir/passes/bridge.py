@@ -14,7 +14,7 @@ hoist-quantize                 fx_quantize(M(y)) -> M(fx_quantize(y)) for data m
                                result only the fx_quantize reads (as the matcher requires
                                of every inner node)
 bridge-dequantize              fx_quantize(dequantize(q)) with q u8/i8 per-tensor affine
-                               -> fx_bridge(q)
+                               -> fx_bridge(q) (to i8 or i16 codes)
 fold-transpose-into-bridge     transpose(fx_bridge(q)) -> fx_bridge(q, perm composed), the
                                bridge read by the transpose only
 =============================  ===========================================================
@@ -53,6 +53,8 @@ class BridgeDequantize(RewritePattern):
     pattern = op("fx_quantize", op("dequantize", "q", name="dq"))
 
     def check(self, m: Match) -> str | None:
+        if m.root.attrs["out_dtype"] not in ("i8", "i16"):
+            return f"the head reads {m.root.attrs['out_dtype']} codes, not i8/i16"
         t = m["q"].type
         if t.dtype not in (DType.u8, DType.i8):
             return f"{m['q'].name} is {t.dtype}, not u8/i8"
@@ -61,8 +63,9 @@ class BridgeDequantize(RewritePattern):
         return None
 
     def rewrite(self, rw: Rewriter, m: Match) -> None:
-        rw.replace(m.root, rw.create("fx_bridge", [m["q"]],
-                                     {"out_frac_bits": m.root.attrs["out_frac_bits"]}))
+        a = m.root.attrs
+        rw.replace(m.root, rw.create("fx_bridge", [m["q"]], {
+            "out_frac_bits": a["out_frac_bits"], "out_dtype": a["out_dtype"]}))
 
 
 class FoldTransposeIntoBridge(RewritePattern):

@@ -9,7 +9,8 @@ local (teacher-forced) error more precision until a target metric holds.
 :class:`Evaluation`: the metrics the target may name, and the rule groups ranked worst
 first (e.g. by :func:`worst_groups` of a :func:`~bevir.sim.compare.compare_graphs` report).
 Each move gives the worst group that can still take more precision one notch: per-tensor
-weights to per-channel, then out of INT8 (float). The search
+weights to per-channel, then 16-bit activations (i16 codes by int8 weights, where the
+group's ops take them), then out of INT8 (float). The search
 
 1. tries the moves from the current config, worst group first, and keeps the first that
    brings the metric closer to the target (on a tie, closer on the ``tiebreak`` metrics);
@@ -19,8 +20,7 @@ weights to per-channel, then out of INT8 (float). The search
 3. once the target holds, gives back what was not needed: each kept move is undone in
    turn, newest first, and stays undone where the target still holds.
 
-Configs already evaluated are not evaluated again (nor given back to). 16-bit activations are not a notch yet:
-the op registry has no i16-activation x i8-weight products.
+Configs already evaluated are not evaluated again (nor given back to).
 """
 from __future__ import annotations
 
@@ -95,17 +95,26 @@ class Step:
                 + ("" if self.kept else "  (undone)"))
 
 
+def notches(rule) -> list[tuple[dict, str]]:
+    """The moves that give ``rule`` more precision, in order: per-channel weights, 16-bit
+    activations (a ``fixed`` rule: its products, relu, adds, muls and tables take i16
+    codes by i8 weights), out of INT8 (float)."""
+    if rule.exclude:
+        return []
+    moves = [({"weights": "per_channel"}, "weights per channel")] \
+        if rule.weights == "per_tensor" else []
+    if rule.activations == "fixed":
+        moves.append(({"activations": "fixed16"}, "activations 16-bit"))
+    return moves + [({"exclude": True}, "out of INT8 (float)")]
+
+
 def next_move(config: QuantConfig, worst: list[str], tried: set = frozenset()
               ) -> tuple[str, dict, str] | None:
     """(group, override, description) of the next move: the worst group that can still
-    get more precision (per-channel weights, else float), skipping ``tried`` moves; None
-    when there is none."""
+    get more precision (its first :func:`notches` not in ``tried``); None when there is
+    none."""
     for name in worst:
-        rule = config.group(name)
-        options = [] if rule.exclude else \
-            ([({"weights": "per_channel"}, "weights per channel")] if rule.weights == "per_tensor"
-             else []) + [({"exclude": True}, "out of INT8 (float)")]
-        for changes, what in options:
+        for changes, what in notches(config.group(name)):
             if (name, what) not in tried:
                 return name, changes, f"{name}: {what}"
     return None

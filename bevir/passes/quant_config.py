@@ -43,8 +43,10 @@ class Rule(BaseModel):
     ``name``: the group's name (reports, :meth:`QuantConfig.override`). ``ops``: op kinds
     (empty: every weighted op). ``where``: provenance globs (``fnmatch``; any matches).
     ``weights``: ``per_tensor`` or ``per_channel`` int8, symmetric. ``activations``:
-    ``fixed`` (power-of-two frac bits, symmetric int8) or ``affine`` (the scale as given,
-    e.g. by onnxruntime). ``exclude``: keep the ops in float.
+    ``fixed`` (power-of-two frac bits, symmetric int8), ``fixed16`` (the same in int16,
+    by int8 weights, for the ops that take 16-bit activations: products, relu, add, sub,
+    mul and the lookup tables; the group's other ops stay 8-bit) or ``affine`` (the scale
+    as given, e.g. by onnxruntime). ``exclude``: keep the ops in float.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -53,7 +55,7 @@ class Rule(BaseModel):
     ops: tuple[str, ...] = ()
     where: tuple[str, ...] = ("*",)
     weights: Literal["per_tensor", "per_channel"] = "per_tensor"
-    activations: Literal["fixed", "affine"] = "fixed"
+    activations: Literal["fixed", "fixed16", "affine"] = "fixed"
     exclude: bool = False
 
     def selects(self, node: Node) -> bool:

@@ -5,7 +5,10 @@ Each float op with a lowering rule below, whose inputs and result have calibrate
 exclude it, becomes its ``fx_*`` op:
 
 - activations: i8 with power-of-two frac bits ``f = floor(log2(127 / max|range|))``
-  (symmetric), chosen per value from its calibrated range;
+  (symmetric), chosen per value from its calibrated range; i16 (``32767`` for ``127``)
+  for the ops of a rule with ``activations="fixed16"`` whose fx op takes 16-bit operands
+  (its ``x_dtypes``). Where an operand's codes have the other width, they are
+  requantized (``fx_requantize``), never passed through float;
 - weights: symmetric int8, per tensor or per output channel as the rule says, scale
   ``max|w| / 127`` (float32), codes ``round_half_even(w / scale)``; biases: int32 in the
   accumulator's units (``round(b / (scale * 2**-f_x))``).
@@ -24,7 +27,7 @@ bias (i32 fixed).
 Statistics: ``lowered-<op>`` per op, ``float-left`` (compute ops of the kinds above left
 in float: excluded or uncalibrated), ``affine-left`` (ops of rules with
 ``activations="affine"``: their quantization is onnxruntime's, imported from the INT8
-ONNX model, not made here).
+ONNX model, not made here), ``activations-i16`` (ops lowered with 16-bit activations).
 """
 from __future__ import annotations
 
@@ -129,6 +132,9 @@ def _integer_valued(v: Value) -> bool:
         _integer_valued(x) for x in p.inputs if x is not None)
 
 
+#: the other activation width a value's codes may be requantized from
+_OTHER_WIDTH = {DType.i8: DType.i16, DType.i16: DType.i8}
+
 #: the lowering strategies ops name in their ``fixed_point`` interface (methods of _Lowering)
 STRATEGIES = ("product", "unary", "binary", "mul", "div", "reduce", "clip", "log", "softmax",
               "concat", "layer_norm", "deform_attn")
@@ -197,13 +203,21 @@ class _Lowering:
     def fixed(self, v: Value, node: Node, dtype: DType = DType.i8, frac: int | None = None,
               bound: float | None = None) -> Value | None:
         """``v`` as fixed point of ``dtype`` before ``node``: a quantized constant, the codes
-        it was dequantized from, or an fx_quantize (None without a calibrated range)."""
+        it was dequantized from, those codes requantized (8 <-> 16 bits), or an fx_quantize
+        (None without a calibrated range)."""
         if v.is_const:
             return self.const(v, dtype.np, frac)
         key = (v, dtype.value)
         if key not in self.twins:
             t = self.twin(v, dtype)
-            if t is None or (frac is not None and t.type.quant.frac_bits[0] != frac):
+            other = self.twin(v, _OTHER_WIDTH[dtype]) if t is None and dtype in _OTHER_WIDTH \
+                else None
+            if other is not None and frac is None:      # 8 bits more or fewer, by a shift
+                shift = 8 if dtype is DType.i16 else -8
+                f = max(-31, min(31, other.type.quant.frac_bits[0] + shift))
+                t = self._create("fx_requantize", [other], {"out_frac_bits": f,
+                                 "out_dtype": dtype.value}, node, after=other.producer)
+            elif t is None or (frac is not None and t.type.quant.frac_bits[0] != frac):
                 f = self.frac(v, dtype.np, bound) if frac is None else frac
                 if f is None:
                     return None
@@ -211,6 +225,16 @@ class _Lowering:
                                  node, after=v.producer)
             self.twins[key] = t
         return self.twins[key]
+
+    def width(self, node: Node, rule: Rule, fy: int, *ops: str) -> tuple[DType, dict]:
+        """(the activation dtype, the result attributes) of ``node`` lowered to ``ops``: i16
+        where the rule asks for 16-bit activations and every op takes them (its
+        ``x_dtypes``), else i8 at ``fy``."""
+        if rule.activations != "fixed16" or any(
+                DType.i16 not in getattr(get_op(op), "x_dtypes", ()) for op in ops):
+            return DType.i8, {"out_frac_bits": fy}
+        self.stat("activations-i16")
+        return DType.i16, {"out_frac_bits": self.frac(node.output, np.int16), "out_dtype": "i16"}
 
     def replace(self, node: Node, op: str, inputs: list[Value | None], attrs: dict,
                 then: str | None = None, then_attrs: dict | None = None) -> None:
@@ -235,9 +259,10 @@ class _Lowering:
         g.rename(fixed, name)
         self.stat(f"lowered-{node.op}")
 
-    def operands(self, node: Node, values=None) -> list[Value] | None:
-        """The operands as i8 fixed (constants quantized), or None if one is uncalibrated."""
-        qs = [self.fixed(v, node) for v in (node.inputs if values is None else values)]
+    def operands(self, node: Node, values=None, dtype: DType = DType.i8) -> list[Value] | None:
+        """The operands as ``dtype`` fixed (constants quantized), or None if one is
+        uncalibrated."""
+        qs = [self.fixed(v, node, dtype) for v in (node.inputs if values is None else values)]
         return None if None in qs else qs
 
     # ---- lowerings: (node, rule, out frac) -> None, or a reason to leave it float -----------
@@ -250,7 +275,9 @@ class _Lowering:
         spec = None if act == "none" else get_op(act).activation
         if spec is not None and spec.fixed is None:
             return f"activation {act} has no fixed-point lowering"
-        xq = self.fixed(x, node)
+        target = "fx_conv2d" if conv else "fx_linear"
+        dt, out = self.width(node, rule, fy, target, *([spec.fixed] if spec else []))
+        xq = self.fixed(x, node, dt)
         if xq is None:
             return "uncalibrated input"
         wt = w.const if trans_b or conv else w.const.T            # [N, K] / [O, C, KH, KW]
@@ -265,11 +292,12 @@ class _Lowering:
             inputs.append(g.add_const(bq.astype(np.int32), f"{b.name}.q"))
         attrs = {k: node.attrs[k] for k in ("strides", "pads", "dilations", "groups")} \
             if conv else {}
-        if act == "none":
-            attrs.update(self.result_width(node, fy))
-        self.replace(node, "fx_conv2d" if conv else "fx_linear", inputs,
-                     {"out_frac_bits": fy, **attrs}, spec and spec.fixed,
-                     {a: node.attrs[f] for a, f in spec.attrs} if spec else {})
+        if act == "none" and dt is DType.i8:
+            out.update(self.result_width(node, fy))
+        then_attrs = {a: node.attrs[f] for a, f in spec.attrs} if spec else {}
+        if spec is not None and dt is DType.i16:
+            then_attrs["out_dtype"] = "i16"
+        self.replace(node, target, inputs, {**out, **attrs}, spec and spec.fixed, then_attrs)
         return None
 
     def activation_product(self, node: Node, fy: int) -> str | None:
@@ -292,19 +320,21 @@ class _Lowering:
         return {"out_dtype": "i16", "out_frac_bits": self.frac(node.output, np.int16)}
 
     def unary(self, node: Node, rule: Rule, fy: int, target: str) -> str | None:
-        qs = self.operands(node, node.inputs[:1])
+        dt, out = self.width(node, rule, fy, target)
+        qs = self.operands(node, node.inputs[:1], dt)
         if qs is None:
             return "uncalibrated input"
-        self.replace(node, target, qs, {"out_frac_bits": fy})
+        self.replace(node, target, qs, out)
         return None
 
     def binary(self, node: Node, rule: Rule, fy: int, target: str) -> str | None:
         if all(v.is_const for v in node.inputs):
             return "both operands are constants"
-        qs = self.operands(node)
+        dt, out = self.width(node, rule, fy, target)
+        qs = self.operands(node, None, dt)
         if qs is None:
             return "uncalibrated input"
-        self.replace(node, target, qs, {"out_frac_bits": fy})
+        self.replace(node, target, qs, out)
         return None
 
     def mul(self, node: Node, rule: Rule, fy: int, target: None) -> str | None:
@@ -313,11 +343,12 @@ class _Lowering:
             a, b = b, a
         if a.is_const:
             return "both operands are constants"
-        aq = self.fixed(a, node)
-        bq = self.const(b, np.int16) if b.is_const else self.fixed(b, node)
+        dt, out = self.width(node, rule, fy, "fx_mul")
+        aq = self.fixed(a, node, dt)
+        bq = self.const(b, np.int16) if b.is_const else self.fixed(b, node, dt)
         if aq is None or bq is None:
             return "uncalibrated input"
-        self.replace(node, "fx_mul", [aq, bq], {"out_frac_bits": fy})
+        self.replace(node, "fx_mul", [aq, bq], out)
         return None
 
     def div(self, node: Node, rule: Rule, fy: int, target: None) -> str | None:
@@ -364,10 +395,11 @@ class _Lowering:
         x, eps = _inverse_sigmoid(node)
         if x is None:
             return self.unary(node, rule, fy, target)
-        xq = self.fixed(x, node)
+        dt, out = self.width(node, rule, fy, "fx_inverse_sigmoid")
+        xq = self.fixed(x, node, dt)
         if xq is None:
             return "uncalibrated input"
-        self.replace(node, "fx_inverse_sigmoid", [xq], {"out_frac_bits": fy, "eps": eps})
+        self.replace(node, "fx_inverse_sigmoid", [xq], {**out, "eps": eps})
         return None
 
     def softmax(self, node: Node, rule: Rule, fy: int, target: None) -> str | None:

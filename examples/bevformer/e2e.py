@@ -177,14 +177,20 @@ def int8_figures(float_out: dict, int8_out: dict, q: bevir.Graph, stats: dict,
             "nodes": len(q.nodes)}
 
 
+#: what ``--override GROUP=HOW`` changes in the group
+OVERRIDES = {"per_channel": {"weights": "per_channel", "exclude": False},
+             "per_tensor": {"weights": "per_tensor", "exclude": False},
+             "fixed16": {"activations": "fixed16", "exclude": False},
+             "exclude": {"exclude": True}}
+
+
 def overridden(config: QuantConfig, overrides: list[str]) -> QuantConfig:
-    """``config`` with ``GROUP=per_channel|per_tensor|exclude`` overrides applied."""
+    """``config`` with ``GROUP=per_channel|per_tensor|fixed16|exclude`` overrides applied."""
     for item in overrides:
         group, _, how = item.partition("=")
-        if how not in ("per_channel", "per_tensor", "exclude"):
-            raise SystemExit(f"--override {item}: expected GROUP=per_channel|per_tensor|exclude")
-        config = config.override(group, **({"exclude": True} if how == "exclude"
-                                            else {"weights": how, "exclude": False}))
+        if how not in OVERRIDES:
+            raise SystemExit(f"--override {item}: expected GROUP={'|'.join(OVERRIDES)}")
+        config = config.override(group, **OVERRIDES[how])
     return config
 
 
@@ -333,7 +339,7 @@ def int8_stage(model: BEVFormer, inputs: dict, graph: bevir.Graph, feed: dict, g
     print(f"  INT8 backbone and neck: {figures['sqnr_db']['feats']:.1f} dB; float backbone with "
           f"40 dB noise at each convolution's input: neck "
           f"{figures['backbone_noise_sensitivity_40db']['feats']:.1f} dB")
-    print("  worst layers (re-run with --override GROUP=per_channel|exclude):")
+    print("  worst layers (re-run with --override GROUP=per_channel|fixed16|exclude):")
     print("    local  accumulated (dB)")
     for w in figures["worst_layers"]:
         local = "-" if w["local_sqnr_db"] is None else f"{w['local_sqnr_db']:.1f}"
@@ -548,7 +554,8 @@ def main(argv=None) -> int:
                     help="import the attention modules op by op instead of as custom ops")
     ap.add_argument("--quant-config", default="reference-flow",
                     help="a QuantConfig preset name or JSON file")
-    ap.add_argument("--override", action="append", default=[], metavar="GROUP=per_channel|exclude",
+    ap.add_argument("--override", action="append", default=[],
+                    metavar="GROUP=per_channel|per_tensor|fixed16|exclude",
                     help="switch a rule group of the quantization config (repeatable)")
     ap.add_argument("--checkpoint", type=Path, default=None,
                     help="trained weights (.pth or .safetensors) instead of synthetic ones")
