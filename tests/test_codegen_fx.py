@@ -65,24 +65,27 @@ def div_case(frac_in, frac_out, dtype, count_shape):
     return make
 
 
-def norm_case(shape, frac, scale_frac=None, bias=None, epsilon=1e-5):
+def norm_case(shape, frac, scale_frac=None, bias=None, epsilon=1e-5, dtype=I8):
     """Layer norm over rows of all codes, equal codes (the variance is epsilon alone) and
-    extremes; optional i8/i16 scale and i8/i16/i32 bias."""
+    extremes; optional i8/i16 scale and i8/i16/i32 bias; i16 x gives an i16 result."""
     def make(rng):
         b = bevir.Builder("norm")
-        x = all_codes(shape)
+        x = all_codes(shape, dtype.np)
         rows = x.reshape(-1, shape[-1])
         m = min(3, len(rows) - 1)               # keep one row of all codes
-        rows[:m] = np.array([[7], [-128], [127]], np.int8)[:m]
+        info = np.iinfo(dtype.np)
+        rows[:m] = np.array([[7], [info.min], [info.max]], dtype.np)[:m]
         ch = shape[-1:]
         g = None if scale_frac is None else b.const(ints(rng, ch, np.int16), "g",
                                                      fx(ch, scale_frac, I16))
         beta = None if bias is None else b.const(ints(rng, ch, bias[0].np), "beta",
                                                   fx(ch, bias[1], bias[0]))
-        b.output("y", b.fx_layer_norm(b.input("x", fx(shape, frac)), g, beta, epsilon=epsilon,
-                                      out_frac_bits=4))
+        b.output("y", b.fx_layer_norm(b.input("x", fx(shape, frac, dtype)), g, beta,
+                                      epsilon=epsilon, out_frac_bits=4 if dtype is I8 else 12,
+                                      out_dtype=dtype.value))
         return b.graph, {"x": x}
-    make.__name__ = f"norm_{'x'.join(map(str, shape))}_{scale_frac}_{bias and bias[0]}_{epsilon}"
+    make.__name__ = (f"norm_{'x'.join(map(str, shape))}_{scale_frac}_{bias and bias[0]}_{epsilon}"
+                     + ("" if dtype is I8 else f"_{dtype}"))
     return make
 
 
@@ -143,7 +146,7 @@ CASES = {f.__name__: f for f in (
     div_case(6, 6, I16, (1, 50)),
     GRAPHS["layer_norm"], norm_case((3, 5, 64), 5), norm_case((300,), 0, 12, (I32, 14)),
     norm_case((4, 2, 4096), 7, 14, (I8, 3), 1.0), norm_case((2, 7, 1), 2, None, (I16, 10)),
-    norm_case((6, 33), 4, 9, None, 1e-9),
+    norm_case((6, 33), 4, 9, None, 1e-9), norm_case((3, 2, 512), 12, 12, (I32, 20), dtype=I16),
     GRAPHS["deform_attn"], deform_case("normalized", 12, I16, 8),
     deform_case("pixel", 4, I16, 8), deform_case("pixel", 14, I32, 12),
     deform_case("normalized", 1, I32, 1),

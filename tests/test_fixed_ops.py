@@ -439,8 +439,8 @@ def test_softmax_other_axis_and_table():
 
 
 # ---- layer norm --------------------------------------------------------------------------
-def layer_norm_ref(row, fx_, eps, g, fg, b, fb, fy):
-    """The documented integer layer norm in Python ints, one row."""
+def layer_norm_ref(row, fx_, eps, g, fg, b, fb, fy, bits=8):
+    """The documented integer layer norm in Python ints, one row, saturated to ``bits``."""
     c = len(row)
     xs = [int(v) for v in row]
     s = sum(xs)
@@ -454,7 +454,7 @@ def layer_norm_ref(row, fx_, eps, g, fg, b, fb, fy):
         z = rhu(v * r, k - 16)
         acc = z * (1 if g is None else int(g[i]))
         acc += 0 if b is None else int(b[i]) << (16 + fg - fb)
-        out.append(sat(rhu(acc, 16 + fg - fy)))
+        out.append(sat(rhu(acc, 16 + fg - fy), bits))
     return out
 
 
@@ -821,3 +821,25 @@ def test_relu_and_tables_of_16bit_codes():
         # a 16-bit table is 256 times finer than an 8-bit one over the same range
         y8 = run(op, [(x, fx(x.shape, fin, I16))], out_frac_bits=fout - 8)
         assert y8.dtype == np.int8
+
+
+@pytest.mark.parametrize("c", [1, 256, 512])
+def test_layer_norm_of_16bit_codes(c):
+    """i16 x (the extremes, a constant row) to an i16 result: the same exact integer
+    formula; the normalized value is finer than from 8-bit codes; C <= 512 for i16."""
+    rng = np.random.default_rng(c + 1)
+    x = ints(rng, (6, c), np.int16)
+    x[0] = 1234
+    x[1] = np.where(np.arange(c) % 2 == 0, -32768, 32767)
+    g = ints(rng, c, np.int16, 2**11, 2**13)
+    b = ints(rng, c, np.int32, -2**12, 2**12)
+    ops = [(x, fx(x.shape, 12, I16)), (g, fx((c,), 12, I16)), (b, fx((c,), 20, I32))]
+    y = run("fx_layer_norm", ops, out_frac_bits=12, out_dtype="i16", epsilon=1e-5)
+    assert y.dtype == np.int16
+    assert y.tolist() == [layer_norm_ref(r, 12, 1e-5, g, 12, b, 20, 12, bits=16) for r in x]
+    if c > 1:
+        fl = float_op("layer_norm", deq(x, 12), deq(g, 12), deq(b, 20), epsilon=1e-5)
+        assert np.abs(deq(y, 12) - fl)[2:].max() <= 2.0 ** -13 + 2.0 ** -14
+    with pytest.raises(VerifyError, match="outside \\[1, 512\\] for i16"):
+        graph("fx_layer_norm", [(np.zeros((2, 513), np.int16), fx((2, 513), 12, I16))],
+              out_frac_bits=4)

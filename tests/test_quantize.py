@@ -102,6 +102,16 @@ def test_16bit_activations_where_the_rule_asks_and_requantized_at_the_border():
     assert border.attrs["out_frac_bits"] == border.inputs[0].type.quant.frac_bits[0] - 8
     assert sqnr["fixed16"]["h"] > sqnr["fixed"]["h"] + 8, sqnr
     assert sqnr["fixed16"]["y"] >= sqnr["fixed"]["y"], sqnr
+    # both groups at 16 bits: the norm too, and the softmax reads its i16 codes
+    g = _mlp()
+    bevir.calibrate(g, _inputs(4))
+    quantize(g, _config(activations="fixed16").override("dec", activations="fixed16"))
+    bevir.verify(g)
+    ops = {n.op: n for n in g.nodes}
+    assert ops["fx_layer_norm"].inputs[0].type.dtype.value == "i16"
+    assert ops["fx_layer_norm"].outputs[0].type.dtype.value == "i16"
+    assert ops["fx_softmax"].inputs[0].producer.op == "fx_layer_norm"
+    assert ops["fx_sigmoid"].outputs[0].type.dtype.value == "i8"     # no loc: the default
 
 
 def test_pass_from_a_pipeline_with_a_config_file(tmp_path):

@@ -937,9 +937,14 @@ def _rsqrt_root(L, n, k, r0, c: int):
     return r0 - L.i64(1) + ok[0] + ok[1]
 
 
+#: the longest row an i16 layer norm takes: V = sum d**2 <= C**3 * 2**32 stays below 2**62
+LN_I16_MAX_CHANNELS = 512
+
+
 class FxLayerNorm(OpDef):
-    """Layer norm over the last axis (C <= 4096) of i8 fixed x, then * scale (i8/i16 fixed
-    [C]) + bias (i8/i16/i32 fixed [C]) -> i8 fixed<out_frac_bits>. Exact integer mean and
+    """Layer norm over the last axis (C <= 4096; i16 x: C <= 512) of i8 or i16 fixed x, then
+    * scale (i8/i16 fixed [C]) + bias (i8/i16/i32 fixed [C]) -> out_dtype (i8, default, or
+    i16) fixed<out_frac_bits>. Exact integer mean and
     variance (d = C*x - sum x, V = sum d**2), E = max(1, round(eps * 4**fx * C**3)),
     (R, k) = rsqrt_fixed(V + E, C), z = rshift_round(d * R, k - 16) (the normalized value
     in Q16), y = rshift_round(z * g + (b << (16 + fg - fb)), 16 + fg - out_frac_bits)."""
@@ -949,13 +954,15 @@ class FxLayerNorm(OpDef):
     # sum, d = C*x - sum, d*d, rsqrt share, d*R, shift, *g, +b, shift, saturate
     cycle_cost = per_element(10, "norm")
     operands = ("x", "scale?", "bias?")
-    attrs = {"epsilon": Float(1e-5), **_OUT}
+    attrs = {"epsilon": Float(1e-5), **_OUT, **_ACT_DTYPE}
     splits = ("rows",)
+    x_dtypes = (I8, I16)
 
     def infer(self, c, x, scale=None, bias=None):
-        frac_of(x, "x")
+        fx = frac_of(x, "x", self.x_dtypes)
         ch = x.shape[-1] if x.rank else 0
-        require(1 <= ch <= 4096, f"normalized length {ch} outside [1, 4096]")
+        top = 4096 if x.dtype is I8 else LN_I16_MAX_CHANNELS
+        require(1 <= ch <= top, f"normalized length {ch} outside [1, {top}] for {x.dtype} x")
         fg = 0 if scale is None else frac_of(scale, "scale", (I8, I16))
         for p, what in ((scale, "scale"), (bias, "bias")):
             require(p is None or p.shape == (ch,), f"{what} must be [{ch}], got {p}")
@@ -963,11 +970,11 @@ class FxLayerNorm(OpDef):
             fb = frac_of(bias, "bias", (I8, I16, I32))
             require(0 <= NORM_FRAC + fg - fb <= 31,
                     f"bias frac bits {fb} cannot be aligned to {NORM_FRAC + fg}")
-        require(0 < c.epsilon and _ln_eps(c.epsilon, frac_of(x, "x"), ch) < 1 << 60,
+        require(0 < c.epsilon and _ln_eps(c.epsilon, fx, ch) < 1 << 60,
                 f"epsilon {c.epsilon} must be positive and below 2**60 in x's squared units")
         _require_out_frac(c.out_frac_bits)
         Rescale.of(FixedPointQuant((NORM_FRAC + fg,)), c.out_frac_bits)
-        return fixed_type(x.shape, c.out_frac_bits, x.layout)
+        return fixed_type(x.shape, c.out_frac_bits, x.layout, out_dtype(c))
 
     def normalized(self, c, x: np.ndarray) -> np.ndarray:
         """z: (x - mean) / sqrt(var + eps) in Q16 (int64)."""
@@ -985,7 +992,7 @@ class FxLayerNorm(OpDef):
         acc = z if scale is None else z * scale.astype(np.int64)
         if bias is not None:
             acc = acc + (bias.astype(np.int64) << (NORM_FRAC + fg - bt.quant.frac_bits[0]))
-        return saturate(rshift_round(acc, NORM_FRAC + fg - c.out_frac_bits))
+        return saturate(rshift_round(acc, NORM_FRAC + fg - c.out_frac_bits), out_dtype(c).np)
 
     def tvm_lowering(self, c, L, x, scale=None, bias=None):
         t, out = c.in_types[0], c.out_types[0]
@@ -1017,7 +1024,8 @@ class FxLayerNorm(OpDef):
                 acc = acc * L.i64(scale[i[-1]])
             if bias is not None:
                 acc = acc + L.shl(bias[i[-1]], NORM_FRAC + fg - c.in_types[2].quant.frac_bits[0])
-            return L.saturate(L.rshift_round(acc, NORM_FRAC + fg - c.out_frac_bits), "int8")
+            return L.saturate(L.rshift_round(acc, NORM_FRAC + fg - c.out_frac_bits),
+                              np.dtype(out_dtype(c).np).name)
         return L.compute(out, fn)
 
 

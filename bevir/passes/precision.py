@@ -97,7 +97,7 @@ class Step:
 
 def notches(rule) -> list[tuple[dict, str]]:
     """The moves that give ``rule`` more precision, in order: per-channel weights, 16-bit
-    activations (a ``fixed`` rule: its products, relu, adds, muls and tables take i16
+    activations (a ``fixed`` rule: its products, relu, adds, muls, tables and norms take i16
     codes by i8 weights), out of INT8 (float)."""
     if rule.exclude:
         return []

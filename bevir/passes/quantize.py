@@ -44,6 +44,7 @@ from ..errors import PassError
 from ..ir.graph import Graph, Node, Value
 from ..ir.types import AffineQuant, DType, FixedPointQuant, TensorType
 from ..ops import get_op
+from ..ops.fixed_point import LN_I16_MAX_CHANNELS
 from ..ops.numerics import NORM_FRAC, quantize_fixed
 from .accumulators import accumulator_bounds
 from .analysis import AnalysisManager
@@ -429,7 +430,9 @@ class _Lowering:
             return "normalizes another axis than the last"
         if any(p is not None and not p.is_const for p in (scale, bias)):
             return "scale or bias is not a constant"
-        xq = self.fixed(x, node)
+        dt, out = self.width(node, rule, fy, "fx_layer_norm") \
+            if x.type.shape[-1] <= LN_I16_MAX_CHANNELS else (DType.i8, {"out_frac_bits": fy})
+        xq = self.fixed(x, node, dt)
         if xq is None:
             return "uncalibrated input"
         g = self.graph
@@ -446,8 +449,7 @@ class _Lowering:
             inputs[2] = g.add_const(codes, f"{bias.name}.q", _fixed_type(codes, fb))
         while inputs and inputs[-1] is None:
             inputs.pop()
-        self.replace(node, "fx_layer_norm", inputs, {"epsilon": node.attrs["epsilon"],
-                                                      "out_frac_bits": fy})
+        self.replace(node, "fx_layer_norm", inputs, {"epsilon": node.attrs["epsilon"], **out})
         return None
 
     # ---- deformable attention ---------------------------------------------------------------
