@@ -85,6 +85,24 @@ def test_matmul_by_hand():
     assert r.mapping == "M/pes" and r.own_cycles == per_pe and r.bound == "ddr"
 
 
+@pytest.mark.parametrize("op", ["fx_linear", "fx_conv2d"])
+def test_16bit_activations_take_two_passes_of_the_int8_lanes(op):
+    def fixed(shape, dtype=DType.i8):
+        return TensorType(shape, dtype, quant=bevir.FixedPointQuant((4,)))
+
+    def product(dtype):
+        b = Builder()
+        x_shape, w_shape = ((32, 24), (20, 24)) if op == "fx_linear" else \
+            ((1, 16, 10, 10), (8, 16, 3, 3))
+        x = b.input("x", fixed(x_shape, dtype))
+        w = b.const(np.ones(w_shape, np.int8), "w", fixed(w_shape))
+        attrs = {} if op == "fx_linear" else {"pads": (1, 1, 1, 1)}
+        b.output("y", getattr(b, op)(x, w, out_frac_bits=4, **attrs))
+        return model(b.graph, HW).records[0]
+    narrow, wide = product(DType.i8), product(DType.i16)
+    assert wide.terms["mac"] == 2 * narrow.terms["mac"] and wide.macs == narrow.macs
+
+
 def test_alu_ops_come_from_the_op():
     b = Builder()
     x = b.input("x", TensorType((1, 64, 64), DType.f32))

@@ -17,6 +17,7 @@ in float64 (exact below 2**53). No integer numpy matmul.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -326,6 +327,14 @@ class _FxProduct(Contraction):
             acc = acc + b.astype(np.int64).reshape(shape)
         acc = saturate(acc, np.int32)
         return Rescale.of(self._acc_quant(c), c.out_frac_bits).apply(acc, axis, out_dtype(c).np)
+
+    def pe_mappings(self, c):
+        """The product's mappings; a 16-bit x takes two passes of the int8 MAC lanes (its
+        high and low bytes), as the 16x8 modes of int8 arrays do."""
+        maps = super().pe_mappings(c)
+        if c.in_types[0].dtype is I8:
+            return maps
+        return tuple(dataclasses.replace(m, serial=2 * m.serial) for m in maps)
 
     def acc_dtype(self, c) -> str:
         """The accumulator's dtype: int32 holds any int8 sum (<= 2**16 products of 2**14);
