@@ -497,12 +497,12 @@ def run(config: BEVFormerConfig, out: Path, seed: int = 0, decompose: bool = Fal
 
 def precision_search(config: BEVFormerConfig, out: Path, seed: int, quant_config: QuantConfig,
                      target: str, checkpoint: Path | None = None,
-                     weights_preset: str = "conditioned") -> QuantConfig:
+                     weights_preset: str = "conditioned", max_steps: int = 40) -> QuantConfig:
     """The precision search (bevir.passes.precision) on this model's frame: each step
     quantizes with the config, runs the INT8 golden model and measures top10_iou (the
     reference flow's check, the stricter way round), cls_sqnr, bbox_sqnr and its cost,
     ``cycles`` (the GPNPU cycle model, one core); groups are ranked by their worst local
-    error. Prints the path, writes ``out/quant_config.json``
+    error; at most ``max_steps`` evaluations. Prints the path, writes ``out/quant_config.json``
     (the last config) and returns it."""
     import tempfile
     from bevir.hw import HWConfig
@@ -536,7 +536,8 @@ def precision_search(config: BEVFormerConfig, out: Path, seed: int, quant_config
                               worst_groups(report, qc, producers.get))
         print(f"\n== precision search for {goal}")
         # whole-box matches move in steps: ties go to the config with the better scores
-        steps = search(quant_config, evaluate, goal, tiebreak=("cls_sqnr", "bbox_sqnr"))
+        steps = search(quant_config, evaluate, goal, max_steps=max_steps,
+                       tiebreak=("cls_sqnr", "bbox_sqnr"))
     result = best(steps, goal)
     result.config.save(out / "quant_config.json")
     print(f"   {'met' if result.met else 'not met'} after {len(steps) - 1} step(s) "
@@ -572,6 +573,8 @@ def main(argv=None) -> int:
                          "the reference flow's check both ways round; cls_sqnr, bbox_sqnr in "
                          "dB), moving the groups with the worst local error one notch a step; "
                          "writes quant_config.json, and the flow then runs with it")
+    ap.add_argument("--max-steps", type=int, default=40,
+                    help="the most configurations --target evaluates")
     args = ap.parse_args(argv)
     hw = None if args.cores == 0 else args.hw
     out = args.out or Path("out") / f"bevformer_{args.config}"
@@ -582,7 +585,8 @@ def main(argv=None) -> int:
         quant_config = overridden(load_config(args.quant_config), args.override)
         if args.target:
             quant_config = precision_search(CONFIGS[args.config], out, args.seed, quant_config,
-                                            args.target, args.checkpoint, args.weights)
+                                            args.target, args.checkpoint, args.weights,
+                                            args.max_steps)
         run(CONFIGS[args.config], out, args.seed, args.decompose, quant_config,
             args.checkpoint, hw, args.score_threshold, weights_preset=args.weights)
     except (bevir.BevirError, OSError) as e:
