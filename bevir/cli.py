@@ -214,6 +214,42 @@ def cmd_opt(args) -> int:
     return 0
 
 
+# ---- quantize ----------------------------------------------------------------------------
+def cmd_quantize(args) -> int:
+    from .ir import save
+    from .passes import optimize
+    from .passes.calibrate import calibrate, ranges_of
+    from .passes.precision import Target, best, search, sqnr_evaluator
+    from .passes.quantize import load_config, quantize
+    config = load_config(args.config)
+    target = Target.parse(args.target) if args.target else None   # bad input fails first
+    _check_output_dir(args.output)
+    graph = load_graph(args.model)
+    inputs = read_inputs(graph, args.inputs)
+    if ranges_of(graph) is None:
+        calibrate(graph, inputs, method=config.calibration, percentile=config.percentile,
+                  progress=False)
+    if target is not None:
+        _out(f"precision search for {target} from '{args.config}'")
+        steps = search(config, sqnr_evaluator(graph, inputs, _hw(args.hw) if args.hw else None),
+                       target, max_steps=args.max_steps, log=_out)
+        result = best(steps, target)
+        config = result.config
+        _out(f"{'met' if result.met else 'not met'} after {len(steps) - 1} step(s) "
+             f"(result: {result.change})")
+    if args.write_config:
+        config.save(args.write_config)
+        _out(f"wrote {args.write_config} (--config reproduces it)")
+    stats = quantize(graph, config)
+    optimize(graph, "cse,dce")
+    save(graph, args.output)
+    lowered = sum(v for k, v in stats.items() if k.startswith("lowered-"))
+    _out(f"wrote {args.output}: {len(graph.nodes)} nodes, {lowered} ops lowered to fixed "
+         f"point, {stats.get('activations-i16', 0)} at 16 bits, "
+         f"{stats.get('float-left', 0)} left in float")
+    return 0
+
+
 # ---- run ---------------------------------------------------------------------------------
 def _describe(a: np.ndarray) -> str:
     text = f"{a.dtype}{list(a.shape)}"
@@ -539,6 +575,30 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--asymmetric", action="store_true", help="asymmetric activations")
     s.add_argument("--name", default="backbone", help="the output files' stem")
     s.set_defaults(fn=cmd_quantize_backbone)
+
+    s = sub.add_parser("quantize", help="lower a float model to fixed point by a quantization "
+                       "config, or search the config a target needs")
+    s.add_argument("model", help="a float .bevir or .onnx file (calibrated here unless it "
+                   "carries ranges)")
+    s.add_argument("--inputs", required=True, metavar="FILE.safetensors",
+                   help="one frame of the model's inputs: calibrated on, and the frame "
+                   "--target is measured on")
+    s.add_argument("--config", default="reference-flow", metavar="PRESET|FILE.json",
+                   help="the quantization config, or the search's start (default: "
+                   "reference-flow)")
+    s.add_argument("--target", metavar="METRIC>=VALUE",
+                   help="search the config first: metrics sqnr (the lowest over the "
+                   "outputs), OUTPUT_sqnr (dB against the float run) and cycles; the "
+                   "groups with the worst local error move one notch a step")
+    s.add_argument("--max-steps", type=int, default=24, help="the most configs --target "
+                   "evaluates (default 24)")
+    s.add_argument("--hw", metavar="HW", help="the GPNPU config the cycles are modelled on")
+    s.add_argument("--write-config", metavar="FILE.json", help="write the config used "
+                   "(the search's result)")
+    s.add_argument("-o", "--output", required=True, metavar="FILE.bevir",
+                   help="the quantized model")
+    _plugin_options(s)
+    s.set_defaults(fn=cmd_quantize)
 
     s = sub.add_parser("show", help="print a model's IR and a cost summary")
     s.add_argument("model", help="a .bevir or .onnx file")

@@ -15,6 +15,8 @@ import bevir
 from bevir import Builder, TensorType
 from bevir.cli import main
 from bevir.passes import Pass
+from bevir.passes.quant_config import QuantConfig
+from bevir.sim.compare import layer_error
 
 
 class CliExplode(Pass):
@@ -321,6 +323,8 @@ PLUGIN = '''
 import numpy as np
 import pytest
 from bevir.passes import Pass
+from bevir.passes.quant_config import QuantConfig
+from bevir.sim.compare import layer_error
 from bevir import OpDef
 
 
@@ -368,3 +372,59 @@ def test_load_plugins(tmp_path, capsys, monkeypatch):
     assert "RuntimeError: plugin says no" in one_line_error(capsys)
     assert main(["passes", "--load", str(tmp_path / "absent.py")]) == 1
     assert "no such file" in one_line_error(capsys)
+
+
+def mlp_model(tmp_path: Path) -> tuple[Path, Path]:
+    """A three-layer MLP (one rule group per layer in mlp_config) and one input frame."""
+    rng = np.random.default_rng(5)
+    b = Builder("mlp")
+    h = b.input("x", TensorType((32, 16)))
+    for k in range(3):
+        w = (rng.standard_normal((16, 16)) / 4).astype(np.float32)
+        w[:, 0] *= 30 if k == 1 else 1        # per-tensor weights cannot hold this layer
+        h = b.relu(b.matmul(h, b.const(w, f"w{k}"), loc=f"layer{k}"), loc=f"layer{k}")
+    b.output("y", h)
+    bevir.save(b.graph, tmp_path / "mlp.bevir")
+    save_file({"x": rng.standard_normal((32, 16)).astype(np.float32)}, tmp_path / "in.safetensors")
+    cfg = QuantConfig.build({"rules": [{"name": f"layer{k}", "where": [f"layer{k}"]}
+                                             for k in range(3)]})
+    cfg.save(tmp_path / "start.json")
+    return tmp_path / "mlp.bevir", tmp_path / "in.safetensors"
+
+
+def test_quantize_and_search_a_target(tmp_path, capsys):
+    model, inputs = mlp_model(tmp_path)
+    q = tmp_path / "q.bevir"
+    args = ["quantize", str(model), "--inputs", str(inputs), "-o", str(q)]
+    assert main(args + ["--config", str(tmp_path / "start.json")]) == 0
+    out = capsys.readouterr().out
+    assert f"wrote {q}" in out and "6 ops lowered to fixed point" in out
+    feed = load_file(inputs)
+    ref = bevir.run(bevir.load(model), feed)["y"]
+    start_sqnr = layer_error(ref, bevir.run(bevir.load(q), feed)["y"])[0]
+    target = f"sqnr>={start_sqnr + 3:.1f}"
+    assert main(args + ["--config", str(tmp_path / "start.json"), "--target", target,
+                        "--write-config", str(tmp_path / "found.json")]) == 0
+    out = capsys.readouterr().out
+    assert f"precision search for {target}" in out and "start " in out
+    assert "met after" in out and "not met after" not in out and "cycles" in out
+    found = QuantConfig.load(tmp_path / "found.json")
+    assert found != QuantConfig.load(tmp_path / "start.json")
+    got = bevir.run(bevir.load(q), feed)["y"]
+    assert layer_error(ref, got)[0] >= start_sqnr + 3
+    # the written config reproduces the model
+    again = tmp_path / "again.bevir"
+    assert main(["quantize", str(model), "--inputs", str(inputs), "-o", str(again),
+                 "--config", str(tmp_path / "found.json")]) == 0
+    assert np.array_equal(bevir.run(bevir.load(again), feed)["y"], got)
+
+
+@pytest.mark.parametrize("extra, problem", [
+    (["--target", "sqnr=>3"], "expected METRIC>=VALUE"),
+    (["--target", "nosuch_sqnr>=3"], "target metric 'nosuch_sqnr' is not measured"),
+    (["--config", "nosuch"], "no preset 'nosuch'")])
+def test_quantize_errors_are_one_line(tmp_path, capsys, extra, problem):
+    model, inputs = mlp_model(tmp_path)
+    assert main(["quantize", str(model), "--inputs", str(inputs), "-o",
+                 str(tmp_path / "q.bevir")] + extra) != 0
+    assert problem in one_line_error(capsys)

@@ -5,6 +5,10 @@ local (teacher-forced) error more precision until a target metric holds.
     steps = search(QuantConfig.preset("reference-flow"), evaluate, target)
     best(steps, target).config.save("quant_config.json")     # reproduces that step
 
+For any graph, :func:`sqnr_evaluator` (graph, inputs) is such an ``evaluate``: SQNR of
+each output against the float run, their minimum ``sqnr``, and the modelled ``cycles``
+(``bevir quantize MODEL --inputs FILE --target "sqnr>=30"`` runs it from the command line).
+
 ``evaluate(config)`` quantizes and runs the model with ``config`` and returns an
 :class:`Evaluation`: the metrics the target may name, and the rule groups ranked worst
 first (e.g. by :func:`worst_groups` of a :func:`~bevir.sim.compare.compare_graphs` report).
@@ -219,3 +223,40 @@ def worst_groups(report, config: QuantConfig, node_of: Callable[[str], object]) 
         if name not in order:
             order.append(name)
     return order
+
+
+def sqnr_evaluator(graph, inputs: Mapping, hw=None, cleanup: str = "cse,dce"
+                   ) -> Callable[[QuantConfig], Evaluation]:
+    """An ``evaluate`` for :func:`search` on any float ``graph`` with calibrated ranges
+    attached (:func:`bevir.calibrate`): each config quantizes a clone, runs it on
+    ``inputs`` and measures, against the float run, ``<output>_sqnr`` for each float
+    output and ``sqnr`` (the lowest of them), in dB, and ``cycles`` (the GPNPU cycle
+    model on ``hw``, default :class:`~bevir.hw.HWConfig`, one core); the groups are ranked
+    by their worst local error (:func:`worst_groups`)."""
+    from ..errors import PassError
+    from ..hw import HWConfig
+    from ..sim import run
+    from ..sim.compare import compare_graphs, layer_error
+    from ..sim.cycles import model as cycle_model
+    from .calibrate import ranges_of
+    from .manager import optimize
+    from .quantize import quantize
+    if ranges_of(graph) is None:
+        raise PassError("the precision search needs calibrated ranges: run "
+                        "bevir.calibrate(graph, inputs) first")
+    hw = hw or HWConfig()
+    want = run(graph, inputs)
+    outputs = [k for k, v in graph.outputs.items() if v.type.dtype.is_float]
+    producers = {v.name: v.producer for v in graph.values()}
+
+    def evaluate(config: QuantConfig) -> Evaluation:
+        q = graph.clone()
+        quantize(q, config)
+        optimize(q, cleanup)
+        got = run(q, inputs)
+        metrics = {f"{k}_sqnr": layer_error(want[k], got[k])[0] for k in outputs}
+        metrics["sqnr"] = min(metrics.values(), default=float("inf"))
+        metrics["cycles"] = float(cycle_model(q, hw).makespan)
+        report = compare_graphs(graph, q, inputs)
+        return Evaluation(metrics, worst_groups(report, config, producers.get))
+    return evaluate

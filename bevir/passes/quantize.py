@@ -211,9 +211,9 @@ class _Lowering:
         key = (v, dtype.value)
         if key not in self.twins:
             t = self.twin(v, dtype)
-            other = self.twin(v, _OTHER_WIDTH[dtype]) if t is None and dtype in _OTHER_WIDTH \
-                else None
-            if other is not None and frac is None:      # 8 bits more or fewer, by a shift
+            other = self.twin(v, _OTHER_WIDTH[dtype]) \
+                if t is None and frac is None and dtype in _OTHER_WIDTH else None
+            if other is not None:                       # 8 bits more or fewer, by a shift
                 shift = 8 if dtype is DType.i16 else -8
                 f = max(-31, min(31, other.type.quant.frac_bits[0] + shift))
                 t = self._create("fx_requantize", [other], {"out_frac_bits": f,
