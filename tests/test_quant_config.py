@@ -124,3 +124,24 @@ def test_rule_selects_by_glob():
     g = _linear_graph()
     assert not r.selects(g.nodes[-1])
     assert Rule(name="any").selects(g.nodes[-1])
+
+
+def test_the_shipped_tiny_search_result_is_the_preset_with_more_precision():
+    """examples/bevformer/data/tiny_search_quant_config.json (the precision search's result
+    on tiny, docs/quantization.md) loads, has the preset's groups in order and differs from
+    the preset only by notches the search takes."""
+    from bevir.passes.precision import notches
+    path = (Path(__file__).resolve().parents[1] / "examples" / "bevformer" / "data"
+            / "tiny_search_quant_config.json")
+    found, preset = QuantConfig.load(path), QuantConfig.preset("reference-flow")
+    names = [r.name for r in (*preset.rules, preset.default)]
+    assert [r.name for r in (*found.rules, found.default)] == names
+    assert found.sources == preset.sources
+    for name in names:
+        rule, start = found.group(name), preset.group(name)
+        reachable, cfg = [start], preset
+        while (moves := notches(cfg.group(name))):
+            cfg = cfg.override(name, **moves[0][0])
+            reachable.append(cfg.group(name))
+        assert rule in reachable, name
+    assert found != preset
