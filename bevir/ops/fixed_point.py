@@ -504,7 +504,7 @@ class _FxAddSub(OpDef):
     x_dtypes = FIXED
 
     def infer(self, c, a, b):
-        fa, fb = frac_of(a, "a", FIXED), frac_of(b, "b", FIXED)
+        fa, fb = frac_of(a, "a", self.x_dtypes), frac_of(b, "b", self.x_dtypes)
         require(abs(fa - fb) <= 31, f"frac bits {fa} and {fb} differ by more than 31")
         _require_out_frac(c.out_frac_bits)
         Rescale.of(FixedPointQuant((max(fa, fb),)), c.out_frac_bits)
@@ -559,7 +559,7 @@ class FxMul(OpDef):
     x_dtypes = FIXED
 
     def infer(self, c, a, b):
-        fa, fb = frac_of(a, "a", FIXED), frac_of(b, "b", (I8, I16))
+        fa, fb = frac_of(a, "a", self.x_dtypes), frac_of(b, "b", (I8, I16))
         _require_out_frac(c.out_frac_bits)
         Rescale.of(FixedPointQuant((fa + fb,)), c.out_frac_bits)
         t = _broadcast(a, b)

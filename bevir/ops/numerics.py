@@ -195,8 +195,8 @@ def _cached_table(op: str, in_frac: int, out_frac: int, attrs: tuple, in_dtype: 
         return _table_from_real(get_op(op).real(codes, **dict(attrs)), out_frac, out_dtype)
 
 
-def lut_table(op: str, in_frac_bits: int, out_frac_bits: int, in_dtype: str = "int8",
-              out_dtype: str = "int8", **attrs) -> np.ndarray:
+def lut_table(op: str, in_frac_bits: int, out_frac_bits: int, in_dtype=np.int8,
+              out_dtype=np.int8, **attrs) -> np.ndarray:
     """The table of LUT op ``op``, one entry per input code (256 for int8 input, 65536 for
     int16): entry i is the result for the code ``i + min(in_dtype)``, round_half_up(f(code *
     2**-in_frac_bits) * 2**out_frac_bits) in float64, saturated to ``out_dtype``. Attributes

@@ -235,8 +235,7 @@ def sqnr_evaluator(graph, inputs: Mapping, hw=None, cleanup: str = "cse,dce"
     by their worst local error (:func:`worst_groups`)."""
     from ..errors import PassError
     from ..hw import HWConfig
-    from ..sim import run
-    from ..sim.compare import compare_graphs, layer_error
+    from ..sim.compare import compare_graphs
     from ..sim.cycles import model as cycle_model
     from .calibrate import ranges_of
     from .manager import optimize
@@ -245,18 +244,16 @@ def sqnr_evaluator(graph, inputs: Mapping, hw=None, cleanup: str = "cse,dce"
         raise PassError("the precision search needs calibrated ranges: run "
                         "bevir.calibrate(graph, inputs) first")
     hw = hw or HWConfig()
-    want = run(graph, inputs)
-    outputs = [k for k, v in graph.outputs.items() if v.type.dtype.is_float]
+    outputs = {k: v.name for k, v in graph.outputs.items() if v.type.dtype.is_float}
     producers = {v.name: v.producer for v in graph.values()}
 
     def evaluate(config: QuantConfig) -> Evaluation:
         q = graph.clone()
         quantize(q, config)
         optimize(q, cleanup)
-        got = run(q, inputs)
-        metrics = {f"{k}_sqnr": layer_error(want[k], got[k])[0] for k in outputs}
+        report = compare_graphs(graph, q, inputs)     # one run of each; outputs included
+        metrics = {f"{k}_sqnr": report[name].sqnr_db for k, name in outputs.items()}
         metrics["sqnr"] = min(metrics.values(), default=float("inf"))
         metrics["cycles"] = float(cycle_model(q, hw).makespan)
-        report = compare_graphs(graph, q, inputs)
         return Evaluation(metrics, worst_groups(report, config, producers.get))
     return evaluate
