@@ -1,0 +1,93 @@
+"""The golden model's fast paths compute exactly what their plain definitions compute: the
+activations evaluated block by block and without masked operations, and a stack of matrices
+times one matrix as one GEMM. Every comparison is of the bytes (NaN payloads and the sign of
+zero included)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bevir.ops import elementwise as E
+from bevir.ops.linalg import stacked_matmul
+
+SPECIALS = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45, -1e-45, 1e-300, -1e-300, 1e30, -1e30,
+            88.8, -88.8, 104.0, -104.0, 2.7e-8, -2.7e-8]
+
+
+def plain_erf(x: np.ndarray) -> np.ndarray:
+    """The Chebyshev-fitted erf written as its formula: one pass, np.where for the sign."""
+    z = np.abs(x.astype(np.float64))
+    t = 1.0 / (1.0 + 0.5 * z)
+    acc = t * 0.17087277
+    for c in E._ERFC_TAIL:
+        acc = (acc + c) * t
+    erfc = np.exp(-(z * z) - 1.26551223 + acc) * t
+    return np.where(x < 0, erfc - 1.0, 1.0 - erfc).astype(x.dtype)
+
+
+def plain_sigmoid(x: np.ndarray) -> np.ndarray:
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0, x.dtype.type(1), e) / (e + x.dtype.type(1))
+
+
+def inputs(dtype) -> np.ndarray:
+    """More than a few blocks of values across the ranges that matter, and the specials."""
+    rng = np.random.default_rng(0)
+    n = len(SPECIALS) * (3 * E.BLOCK // len(SPECIALS) + 5)
+    x = np.concatenate([rng.standard_normal(n) * s for s in (0.01, 1.0, 10.0)] + [SPECIALS])
+    with np.errstate(over="ignore"):
+        return x.astype(dtype).reshape(-1, len(SPECIALS))
+
+
+def same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_activations_are_their_definitions_bit_for_bit(dtype):
+    x = inputs(dtype)
+    with np.errstate(all="ignore"):
+        assert same_bytes(E._erf(x), plain_erf(x))
+        assert same_bytes(E._sigmoid(x), plain_sigmoid(x))
+        assert same_bytes(E.Silu.fn(x), x * plain_sigmoid(x))
+        xd = x.astype(np.float64)
+        gelu = (0.5 * xd * (1 + plain_erf(xd / np.sqrt(2)))).astype(dtype)
+        assert same_bytes(E._gelu(x, "none"), gelu)
+
+
+def test_erf_never_gives_negative_zero():
+    # erfc is 1.0 exactly on a run of float64s near |x| = 2.66e-8: erfc - 1 is +0 there,
+    # and so is erf; find the run by bisection and take the floats around it
+    lo, hi = 0.0, 1e-7
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if 1.0 - plain_erf(np.array([mid]))[0] > 1.0 else (lo, mid)
+    x = -(lo + np.arange(-3000, 3000) * np.spacing(lo))
+    y = E._erf(x)
+    assert np.any(y == 0)
+    assert not np.any((y == 0) & np.signbit(y))
+    assert same_bytes(y, plain_erf(x))
+
+
+def test_blockwise_keeps_shape_and_small_inputs():
+    assert E._erf(np.float32(0.5)).shape == ()
+    x = inputs(np.float32)[:7].reshape(7, 1, len(SPECIALS))
+    with np.errstate(all="ignore"):
+        assert same_bytes(E._gelu(x, "tanh"), E._gelu(x.reshape(-1), "tanh").reshape(x.shape))
+
+
+@pytest.mark.parametrize("a_shape,b_shape", [((2, 3, 5, 8), (8, 4)), ((7, 1, 16), (16, 6)),
+                                             ((3, 8), (8, 2)), ((2, 3, 8), (2, 8, 4)),
+                                             ((8,), (8, 3)), ((2, 3, 8), (8,))])
+def test_stacked_matmul_is_numpy_matmul_with_rows_folded(a_shape, b_shape):
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal(a_shape).astype(np.float32)
+    b = rng.standard_normal(b_shape).astype(np.float32)
+    got = stacked_matmul(a, b)
+    assert got.shape == np.matmul(a, b).shape
+    if a.ndim > 2 and b.ndim == 2:
+        want = np.matmul(a.reshape(-1, a.shape[-1]), b).reshape(got.shape)
+    else:
+        want = np.matmul(a, b)
+    assert same_bytes(got, want)
+    np.testing.assert_allclose(got, np.matmul(a, b), rtol=1e-5, atol=1e-5)
