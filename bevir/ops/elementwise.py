@@ -37,24 +37,17 @@ _ERFC_TAIL = (-0.82215223, 1.48851587, -1.13520398, 0.27886807, -0.18628806, 0.0
               0.37409196, 1.00002368)
 
 
-def _sign(x: np.ndarray) -> np.ndarray:
-    """-1.0 where x < 0, else 1.0 (NaN included), float64: multiplying by it negates
-    exactly, without a masked operation (numpy runs those element by element)."""
-    s = np.less(x, 0).astype(np.float64)
-    s *= -2.0
-    s += 1.0
-    return s
-
-
 @blockwise
 def _erf(x: np.ndarray) -> np.ndarray:
     """erf through the Chebyshev-fitted erfc (fractional error < 1.2e-7), in float64:
     erfc = t * exp(-z^2 - 1.26551223 + t * (1.00002368 + t * (... + t * 0.17087277))),
-    t = 1 / (1 + z / 2), z = |x|; erf = 1 - erfc for x >= 0, erfc - 1 below. Horner's
-    rule evaluated in place."""
+    t = 1 / (1 + z / 2), z = |x|; erf = 1 - erfc for x >= 0, erfc - 1 below. Evaluated in
+    place, in as few passes as give the same roundings."""
     flat = np.asarray(x).reshape(-1)        # in-place steps need arrays, also for 0-d x
-    z = np.abs(flat.astype(np.float64))
-    t = 1.0 / (1.0 + 0.5 * z)
+    z = np.abs(flat, dtype=np.float64)
+    t = np.multiply(z, 0.5)
+    t += 1.0
+    np.divide(1.0, t, out=t)
     acc = t * 0.17087277
     for c in _ERFC_TAIL:
         acc += c
@@ -64,10 +57,13 @@ def _erf(x: np.ndarray) -> np.ndarray:
     poly += acc
     erfc = np.exp(poly, out=poly)
     erfc *= t
-    y = np.subtract(1.0, erfc, out=erfc)
-    y *= _sign(flat)                        # erfc - 1 = -(1 - erfc) exactly ...
-    y += 0.0                                # ... but for its zero's sign: +0, as erfc - 1
-    return y.astype(x.dtype).reshape(np.shape(x))
+    # s - s * erfc with s = +-1: 1 - erfc, or exactly -(1 - erfc) = erfc - 1 (+0 as erfc - 1
+    # gives it); the sign of x + 0, so that -0 counts as x >= 0
+    sign = np.add(flat, 0.0, dtype=np.float64)
+    np.copysign(1.0, sign, out=sign)
+    erfc *= sign
+    y = np.subtract(sign, erfc, out=erfc)
+    return y.astype(x.dtype, copy=False).reshape(np.shape(x))
 
 
 @blockwise
