@@ -4,6 +4,8 @@ times one matrix as one GEMM. Every comparison is of the bytes (NaN payloads and
 zero included)."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -78,7 +80,9 @@ def test_blockwise_keeps_shape_and_small_inputs():
 
 @pytest.mark.parametrize("a_shape,b_shape", [((2, 3, 5, 8), (8, 4)), ((7, 1, 16), (16, 6)),
                                              ((3, 8), (8, 2)), ((2, 3, 8), (2, 8, 4)),
-                                             ((8,), (8, 3)), ((2, 3, 8), (8,))])
+                                             ((8,), (8, 3)), ((2, 3, 8), (8,)),
+                                             ((2, 3, 0), (0, 4)), ((0, 3, 5), (5, 2)),
+                                             ((2, 3, 5), (5, 0))])
 def test_stacked_matmul_is_numpy_matmul_with_rows_folded(a_shape, b_shape):
     rng = np.random.default_rng(1)
     a = rng.standard_normal(a_shape).astype(np.float32)
@@ -86,7 +90,7 @@ def test_stacked_matmul_is_numpy_matmul_with_rows_folded(a_shape, b_shape):
     got = stacked_matmul(a, b)
     assert got.shape == np.matmul(a, b).shape
     if a.ndim > 2 and b.ndim == 2:
-        want = np.matmul(a.reshape(-1, a.shape[-1]), b).reshape(got.shape)
+        want = np.matmul(a.reshape(math.prod(a.shape[:-1]), a.shape[-1]), b).reshape(got.shape)
     else:
         want = np.matmul(a, b)
     assert same_bytes(got, want)

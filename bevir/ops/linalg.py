@@ -1,6 +1,8 @@
 """Convolution and matrix products: the ops that carry the MACs, all through BLAS."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..ir.types import Layout, TensorType
@@ -76,8 +78,8 @@ def stacked_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """``np.matmul(a, b)``. A stack of matrices times one matrix runs as one GEMM of all
     their rows: numpy would call BLAS once per matrix and read ``b`` each time."""
     if a.ndim > 2 and b.ndim == 2:
-        y = np.matmul(a.reshape(-1, a.shape[-1]), b)
-        return y.reshape(a.shape[:-1] + b.shape[1:])
+        rows = a.reshape(math.prod(a.shape[:-1]), a.shape[-1])     # not -1: K may be 0
+        return np.matmul(rows, b).reshape(a.shape[:-1] + b.shape[1:])
     return np.matmul(a, b)
 
 
