@@ -212,25 +212,33 @@ class AvgPool2d(OpDef):
         return y.astype(x.dtype, copy=False)
 
 
-def mlas_global_mean(flat: np.ndarray) -> np.ndarray:
-    """Mean over the last axis of ``flat`` [..., S] summed as onnxruntime's float
-    GlobalAveragePool does (MLAS ``MlasPoolGlobalKernel``): four lanes, lane j summing
-    elements j, j + 4, ... in order; the lanes reduced as (l0 + l2) + (l1 + l3); the last
-    S % 4 elements added one by one; the sum divided by S. In ``flat``'s dtype."""
-    s = flat.shape[-1]
-    body = s - s % 4
-    rows = flat.reshape(-1, s)
-    lanes = np.zeros((rows.shape[0], 4), flat.dtype)
-    if body:
-        # add.reduce over axis 0 adds row after row (numpy sums pairwise only along the
-        # contiguous axis), so make the lane vectors the rows: a byte copy of 4-lane units
-        unit = np.dtype((np.void, 4 * flat.dtype.itemsize))
-        steps = np.ascontiguousarray(rows[:, :body].view(unit).T).view(flat.dtype)
-        lanes = np.add.reduce(steps, axis=0).reshape(-1, 4)
-    total = (lanes[:, 0] + lanes[:, 2]) + (lanes[:, 1] + lanes[:, 3])
+def mlas_global_mean(x: np.ndarray, channels_last: bool = False) -> np.ndarray:
+    """Mean over the spatial axis of ``x`` [N, C, S] ([N, S, C] with ``channels_last``),
+    summed as onnxruntime's float GlobalAveragePool does (MLAS ``MlasPoolGlobalKernel``):
+    four lanes, lane j summing elements j, j + 4, ... in order; the lanes reduced as
+    (l0 + l2) + (l1 + l3); the last S % 4 elements added one by one; the sum divided by S.
+    In ``x``'s dtype; the result is [N, C].
+
+    numpy's add.reduce adds row after row along any axis but the contiguous one (there it
+    sums pairwise), so the lanes are laid out with the spatial steps outermost: a view of
+    channels-last data, a byte copy of 4-element units of channels-first data."""
+    if channels_last:
+        n, s, ch = x.shape
+        body = s - s % 4
+        lanes = np.add.reduce(x[:, :body].reshape(n, body // 4, 4, ch), axis=1)    # [N, 4, C]
+        lane, element = (lambda j: lanes[:, j]), (lambda i: x[:, i])
+    else:
+        n, ch, s = x.shape
+        body = s - s % 4
+        rows = x.reshape(-1, s)
+        unit = np.dtype((np.void, 4 * x.dtype.itemsize))
+        steps = np.ascontiguousarray(rows[:, :body].view(unit).T).view(x.dtype)
+        lanes = np.add.reduce(steps, axis=0).reshape(-1, 4)                      # [N*C, 4]
+        lane, element = (lambda j: lanes[:, j]), (lambda i: rows[:, i])
+    total = (lane(0) + lane(2)) + (lane(1) + lane(3))
     for i in range(body, s):
-        total += rows[:, i]
-    return (total / flat.dtype.type(s)).reshape(flat.shape[:-1])
+        total += element(i)
+    return (total / x.dtype.type(s)).reshape(n, ch)
 
 
 class GlobalAvgPool(OpDef):
@@ -249,12 +257,13 @@ class GlobalAvgPool(OpDef):
         return moved(x, (1 if i in _global_axes(x) else d for i, d in enumerate(x.shape)))
 
     def compute(self, c, x):
-        # a contiguous [N, C, spatial] copy fixes the summation order: the result does not
+        # the summation order is onnxruntime's in either layout: the result does not
         # depend on the layout or on the memory order of x
-        t = c.in_types[0]
-        nchw = x.transpose(0, 3, 1, 2) if t.layout is Layout.nhwc else x
-        flat = np.ascontiguousarray(nchw, _acc(x.dtype)).reshape(x.shape[0], nchw.shape[1], -1)
-        return mlas_global_mean(flat).astype(x.dtype, copy=False).reshape(c.out_types[0].shape)
+        nhwc = c.in_types[0].layout is Layout.nhwc
+        flat = np.ascontiguousarray(x, _acc(x.dtype))
+        flat = flat.reshape(x.shape[0], -1, x.shape[3]) if nhwc else flat.reshape(x.shape[:2] + (-1,))
+        mean = mlas_global_mean(flat, channels_last=nhwc)
+        return mean.astype(x.dtype, copy=False).reshape(c.out_types[0].shape)
 
 
 def _global_axes(t: TensorType) -> tuple[int, ...]:
