@@ -4,10 +4,13 @@
 (canonicalize, fuse, to-nhwc), the golden/onnxruntime ratio, the largest relative
 difference to onnxruntime, and the worst and median ratio over the models.
 
-    python bench/bench_zoo.py [--repeat 3] [--threads 1] [--models resnet18 ...]
+    python bench/bench_zoo.py [--repeat 3] [--threads 1] [--models resnet18 ...] [--outputs DIR]
 
 ``--threads`` caps both sides alike (onnxruntime's intra-op threads, the BLAS threads of
 numpy): on a small shared machine one thread each gives the steadiest ratio.
+``--outputs DIR`` keeps the golden outputs (imported and pipelined graph) per model in DIR:
+the first run writes them, later runs compare their bytes and print how many elements
+differ, so a speed-up can show that it changed no bit.
 
 Goal (issue 22): worst <= 3x, median <= 1.5x.
 """
@@ -57,7 +60,28 @@ def best_of(fn, repeat: int) -> float:
     return min(times)
 
 
-def measure(name: str, folder: Path, repeat: int, threads: int) -> dict:
+def bits_against(outputs: Path | None, name: str, results: dict[str, np.ndarray]) -> str:
+    """How many elements of ``results`` differ, bit for bit, from the outputs kept in
+    ``outputs`` ("new" when none are kept yet: they are written; "" without ``outputs``)."""
+    if outputs is None:
+        return ""
+    paths = {kind: outputs / f"{name}_{kind}.npy" for kind in results}
+    if not all(p.exists() for p in paths.values()):
+        for kind, got in results.items():
+            np.save(paths[kind], got)
+        return "new"
+    differing = 0
+    for kind, got in results.items():
+        kept = np.load(paths[kind])
+        if kept.dtype != got.dtype or kept.shape != got.shape:
+            differing += got.size
+            continue
+        bits = f"u{got.dtype.itemsize}"
+        differing += int(np.sum(kept.view(bits) != got.view(bits)))
+    return str(differing)
+
+
+def measure(name: str, folder: Path, repeat: int, threads: int, outputs: Path | None) -> dict:
     model, x = build(name, "full")
     path = folder / f"{name}.onnx"
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
@@ -74,9 +98,11 @@ def measure(name: str, folder: Path, repeat: int, threads: int) -> dict:
     t_graph = best_of(lambda: bevir.run(graph, feed), repeat)
     t_opt = best_of(lambda: bevir.run(optimized, feed), repeat)
     (got,) = bevir.run(optimized, feed).values()
+    (imported,) = bevir.run(graph, feed).values()
     rel = float(np.abs(got - want).max() / max(float(np.abs(want).max()), 1e-12))
     return {"ort": t_ort, "graph": t_graph, "opt": t_opt, "rel": rel,
-            "nodes": len(graph.nodes), "opt_nodes": len(optimized.nodes)}
+            "nodes": len(graph.nodes), "opt_nodes": len(optimized.nodes),
+            "bits": bits_against(outputs, name, {"graph": imported, "opt": got})}
 
 
 def main() -> None:
@@ -84,21 +110,25 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
+    ap.add_argument("--outputs", type=Path, help="keep / compare the golden outputs here")
     args = ap.parse_args()
+    if args.outputs:
+        args.outputs.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(args.threads)
     print(f"onnxruntime {ort.__version__}, torch {torch.__version__}; {args.threads} thread(s) "
           f"each side; best of {args.repeat}")
     print(f"{'model':24s} {'nodes':>11s} {'ort ms':>8s} {'golden ms':>10s} {'ratio':>6s} "
-          f"{'pipeline ms':>12s} {'ratio':>6s} {'rel diff':>9s}", flush=True)
+          f"{'pipeline ms':>12s} {'ratio':>6s} {'rel diff':>9s}"
+          f"{' bits differing' if args.outputs else ''}", flush=True)
     ratios = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models:
-            r = measure(name, Path(tmp), args.repeat, args.threads)
+            r = measure(name, Path(tmp), args.repeat, args.threads, args.outputs)
             ratio, ratio_opt = r["graph"] / r["ort"], r["opt"] / r["ort"]
             ratios.append(min(ratio, ratio_opt))
             print(f"{name:24s} {r['nodes']:>5d}->{r['opt_nodes']:<5d} {1e3 * r['ort']:8.1f} "
                   f"{1e3 * r['graph']:10.1f} {ratio:6.2f} {1e3 * r['opt']:12.1f} {ratio_opt:6.2f} "
-                  f"{r['rel']:9.1e}", flush=True)
+                  f"{r['rel']:9.1e} {r['bits']:>15s}", flush=True)
     worst, median = max(ratios), statistics.median(ratios)
     print(f"golden/onnxruntime ratio (best of imported and pipelined graph): worst {worst:.2f}x "
           f"(goal <= 3), median {median:.2f}x (goal <= 1.5)")
