@@ -155,11 +155,13 @@ class Lowering:
     def min(self, a, b):
         return self.tirx.min(a, b)
 
-    def saturate(self, v, dtype: str):
-        """Clamp int64 ``v`` to the range of the integer ``dtype`` and convert (numerics.saturate)."""
+    def saturate(self, v, dtype):
+        """Clamp int64 ``v`` to the range of the integer ``dtype`` (a name or numpy dtype)
+        and convert (numerics.saturate)."""
         info = np.iinfo(dtype)
         v = self.i64(v)
-        return self.cast(self.min(self.max(v, self.i64(info.min)), self.i64(info.max)), dtype)
+        return self.cast(self.min(self.max(v, self.i64(info.min)), self.i64(info.max)),
+                         np.dtype(dtype).name)
 
     def rshift_round(self, v, shift):
         """round_half_up(v / 2**shift) of int64 ``v`` (numerics.rshift_round); ``shift`` a
@@ -176,7 +178,7 @@ class Lowering:
         half = self.select(right > zero, one << self.max(right - one, zero), zero)
         return ((v + half) >> right) << self.max(-s, zero)
 
-    def rescale(self, acc, rescale, channel, dtype: str):
+    def rescale(self, acc, rescale, channel, dtype):
         """numerics.Rescale.apply of int64 ``acc``: per tensor, or per channel with
         ``channel`` the index expression of the element's channel."""
         m, n = rescale.multiplier, rescale.shift

@@ -154,7 +154,7 @@ class FxRequantize(OpDef):
         q, out = c.in_types[0].quant, c.out_types[0]
         r = Rescale.of(q, c.out_frac_bits)
         return L.compute(out, lambda *i: L.rescale(x[i], r, None if q.axis is None else i[q.axis],
-                                                   np.dtype(out_dtype(c).np).name))
+                                                   out_dtype(c).np))
 
 
 # ---- boundaries: float, onnxruntime's affine codes ---------------------------------------
@@ -188,7 +188,7 @@ class FxQuantize(OpDef):
                       L.tirx.const(info.max + 1.0, "float64"))
             v = L.select(L.tirx.isnan(v), L.tirx.const(info.min - 1.0, "float64"), v)
             return L.saturate(L.cast(L.tirx.floor(v + L.tirx.const(0.5, "float64")), "int64"),
-                              np.dtype(out_dtype(c).np).name)
+                              out_dtype(c).np)
         return L.compute(c.out_types[0], fn)
 
 
@@ -362,7 +362,7 @@ class _FxProduct(Contraction):
             v = L.i64(acc(i))
             if b is not None:
                 v = L.saturate(v + L.i64(b[i[axis]]), "int32")
-            return L.rescale(v, r, i[axis], np.dtype(out_dtype(c).np).name)
+            return L.rescale(v, r, i[axis], out_dtype(c).np)
         return L.compute(out, fn)
 
 
@@ -526,7 +526,7 @@ class _FxAddSub(OpDef):
             va = L.shl(a[L.broadcast_index(ta, out.shape, i)], f - fa)
             vb = L.shl(b[L.broadcast_index(tb, out.shape, i)], f - fb)
             s = va + vb if self.sign > 0 else va - vb
-            return L.saturate(L.rshift_round(s, f - c.out_frac_bits), np.dtype(out_dtype(c).np).name)
+            return L.saturate(L.rshift_round(s, f - c.out_frac_bits), out_dtype(c).np)
         return L.compute(out, fn)
 
 
@@ -575,7 +575,7 @@ class FxMul(OpDef):
         f = ta.quant.frac_bits[0] + tb.quant.frac_bits[0]
         return L.compute(out, lambda *i: L.saturate(L.rshift_round(
             L.i64(a[L.broadcast_index(ta, out.shape, i)]) * L.i64(b[L.broadcast_index(tb, out.shape, i)]),
-            f - c.out_frac_bits), np.dtype(out_dtype(c).np).name))
+            f - c.out_frac_bits), out_dtype(c).np))
 
 
 class FxDiv(OpDef):
@@ -739,7 +739,7 @@ class FxRelu(OpDef):
         fx = c.in_types[0].quant.frac_bits[0]
         return L.compute(c.out_types[0], lambda *i: L.saturate(L.rshift_round(
             L.max(L.i64(x[i]), L.i64(0)), fx - self._out_frac(c, fx)),
-            np.dtype(out_dtype(c).np).name))
+            out_dtype(c).np))
 
 
 # ---- lookup tables -----------------------------------------------------------------------
@@ -895,7 +895,7 @@ class FxSoftmax(OpDef):
                           name="max")
         total = L.te.compute(row, lambda *i: L.sum(exp(at(i, k2), mx), axis=k2), name="sum")
         recip = L.te.compute(row, lambda *i: L.i64(1 << RECIP_BITS) // total[i], name="recip")
-        dtype = np.dtype(out_dtype(c).np).name
+        dtype = out_dtype(c).np
         return L.compute(out, lambda *i: L.saturate(L.rshift_round(
             exp(i, mx) * recip[at(i, 0)], RECIP_BITS - c.out_frac_bits), dtype))
 
@@ -1034,7 +1034,7 @@ class FxLayerNorm(OpDef):
             if bias is not None:
                 acc = acc + L.shl(bias[i[-1]], NORM_FRAC + fg - c.in_types[2].quant.frac_bits[0])
             return L.saturate(L.rshift_round(acc, NORM_FRAC + fg - c.out_frac_bits),
-                              np.dtype(out_dtype(c).np).name)
+                              out_dtype(c).np)
         return L.compute(out, fn)
 
 
