@@ -36,6 +36,7 @@ import numpy as np
 
 from . import __version__
 from .errors import BevirError, CodegenError
+from .passes.precision import MAX_STEPS
 from .plugins import load_plugins
 
 
@@ -590,8 +591,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="search the config first: metrics sqnr (the lowest over the "
                    "outputs), OUTPUT_sqnr (dB against the float run) and cycles; the "
                    "groups with the worst local error move one notch a step")
-    s.add_argument("--max-steps", type=int, default=24, help="the most configs --target "
-                   "evaluates (default 24)")
+    s.add_argument("--max-steps", type=int, default=MAX_STEPS, help="the most configs "
+                   f"--target evaluates (default {MAX_STEPS})")
     s.add_argument("--hw", metavar="HW", help="the GPNPU config the cycles are modelled on")
     s.add_argument("--write-config", metavar="FILE.json", help="write the config used "
                    "(the search's result)")

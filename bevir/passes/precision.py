@@ -124,8 +124,12 @@ def next_move(config: QuantConfig, worst: list[str], tried: set = frozenset()
     return None
 
 
+#: the most configurations :func:`search` evaluates unless told otherwise
+MAX_STEPS = 24
+
+
 def search(config: QuantConfig, evaluate: Callable[[QuantConfig], Evaluation], target: Target,
-           max_steps: int = 24, tiebreak: Sequence[str] = (),
+           max_steps: int = MAX_STEPS, tiebreak: Sequence[str] = (),
            log: Callable[[str], None] | None = print) -> list[Step]:
     """The configurations tried from ``config``, in order (see the module docstring for the
     policy), until ``target`` holds and nothing can be given back, no move is left or
