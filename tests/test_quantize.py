@@ -114,6 +114,29 @@ def test_16bit_activations_where_the_rule_asks_and_requantized_at_the_border():
     assert ops["fx_sigmoid"].outputs[0].type.dtype.value == "i8"     # no loc: the default
 
 
+def test_fixed16_norm_of_long_rows_stays_8_bit():
+    # an i16 row's exact variance fits int64 up to 512 channels: a longer norm of a
+    # fixed16 group reads i8 codes (the op says so through takes_x), a shorter one i16
+    from bevir.ops import get_op
+    norm = get_op("fx_layer_norm")
+    assert norm.takes_x(bevir.DType.i16, (4, 512)) and not norm.takes_x(bevir.DType.i16, (4, 513))
+    assert norm.takes_x(bevir.DType.i8, (4, 4096))
+    rng = np.random.default_rng(0)
+    for ch, want in ((512, "i16"), (600, "i8")):
+        b = Builder("norm")
+        x = b.input("x", TensorType((4, ch)))
+        with b.loc("enc.norm"):
+            b.output("y", b.layer_norm(x, b.const(np.ones(ch, np.float32), "g"),
+                                       b.const(np.zeros(ch, np.float32), "beta")))
+        g = b.graph
+        bevir.calibrate(g, [{"x": rng.standard_normal((4, ch)).astype(np.float32)}])
+        quantize(g, _config(activations="fixed16"))
+        bevir.verify(g)
+        ln = next(n for n in g.nodes if n.op == "fx_layer_norm")
+        assert ln.inputs[0].type.dtype.value == want, ch
+        bevir.run(g, {"x": rng.standard_normal((4, ch)).astype(np.float32)})
+
+
 def test_pass_from_a_pipeline_with_a_config_file(tmp_path):
     g = _mlp()
     bevir.calibrate(g, _inputs(2))

@@ -967,10 +967,21 @@ class FxLayerNorm(OpDef):
     splits = ("rows",)
     x_dtypes = (I8, I16)
 
+    @staticmethod
+    def max_channels(dtype: DType) -> int:
+        """The longest row whose exact integer variance fits int64, for ``dtype`` codes."""
+        return 4096 if dtype is I8 else LN_I16_MAX_CHANNELS
+
+    def takes_x(self, dtype: DType, shape: tuple[int, ...]) -> bool:
+        """Whether an x of ``dtype`` codes and ``shape`` fits the op (the quantize pass asks
+        before it picks 16-bit activations)."""
+        ch = shape[-1] if shape else 0
+        return dtype in self.x_dtypes and 1 <= ch <= self.max_channels(dtype)
+
     def infer(self, c, x, scale=None, bias=None):
         fx = frac_of(x, "x", self.x_dtypes)
         ch = x.shape[-1] if x.rank else 0
-        top = 4096 if x.dtype is I8 else LN_I16_MAX_CHANNELS
+        top = self.max_channels(x.dtype)
         require(1 <= ch <= top, f"normalized length {ch} outside [1, {top}] for {x.dtype} x")
         fg = 0 if scale is None else frac_of(scale, "scale", (I8, I16))
         for p, what in ((scale, "scale"), (bias, "bias")):

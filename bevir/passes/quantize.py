@@ -44,7 +44,6 @@ from ..errors import PassError
 from ..ir.graph import Graph, Node, Value
 from ..ir.types import AffineQuant, DType, FixedPointQuant, TensorType
 from ..ops import get_op
-from ..ops.fixed_point import LN_I16_MAX_CHANNELS
 from ..ops.numerics import NORM_FRAC, quantize_fixed
 from .accumulators import accumulator_bounds
 from .analysis import AnalysisManager
@@ -131,6 +130,14 @@ def _integer_valued(v: Value) -> bool:
         return not p.inputs[0].type.dtype.is_float
     return p.op in ("max", "min", "add", "reduce_sum", "reduce_max", "reduce_min") and all(
         _integer_valued(x) for x in p.inputs if x is not None)
+
+
+def _takes_x(op: str, dtype: DType, shape: tuple[int, ...]) -> bool:
+    """Whether fx op ``op`` takes an x operand of ``dtype`` and ``shape``: its ``takes_x``
+    where it has limits beyond the dtype, else its ``x_dtypes``."""
+    spec = get_op(op)
+    takes = getattr(spec, "takes_x", None)
+    return takes(dtype, shape) if takes else dtype in getattr(spec, "x_dtypes", ())
 
 
 #: the other activation width a value's codes may be requantized from
@@ -230,9 +237,9 @@ class _Lowering:
     def width(self, node: Node, rule: Rule, fy: int, *ops: str) -> tuple[DType, dict]:
         """(the activation dtype, the result attributes) of ``node`` lowered to ``ops``: i16
         where the rule asks for 16-bit activations and every op takes them (its
-        ``x_dtypes``), else i8 at ``fy``."""
-        if rule.activations != "fixed16" or any(
-                DType.i16 not in getattr(get_op(op), "x_dtypes", ()) for op in ops):
+        ``x_dtypes``, or its ``takes_x`` for node's first operand), else i8 at ``fy``."""
+        if rule.activations != "fixed16" or not all(
+                _takes_x(op, DType.i16, node.inputs[0].type.shape) for op in ops):
             return DType.i8, {"out_frac_bits": fy}
         self.stat("activations-i16")
         return DType.i16, {"out_frac_bits": self.frac(node.output, np.int16), "out_dtype": "i16"}
@@ -430,8 +437,7 @@ class _Lowering:
             return "normalizes another axis than the last"
         if any(p is not None and not p.is_const for p in (scale, bias)):
             return "scale or bias is not a constant"
-        dt, out = self.width(node, rule, fy, "fx_layer_norm") \
-            if x.type.shape[-1] <= LN_I16_MAX_CHANNELS else (DType.i8, {"out_frac_bits": fy})
+        dt, out = self.width(node, rule, fy, "fx_layer_norm")
         xq = self.fixed(x, node, dt)
         if xq is None:
             return "uncalibrated input"
