@@ -2,16 +2,9 @@
 for its processor."""
 from __future__ import annotations
 
-import os
-from pathlib import Path
+from ..ops.native import cache_dir
 
-
-def cache_dir() -> Path:
-    """Where built kernels are kept: $BEVIR_CACHE, else ~/.cache/bevir/kernels."""
-    root = os.environ.get("BEVIR_CACHE") or Path.home() / ".cache" / "bevir"
-    path = Path(root) / "kernels"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+__all__ = ["cache_dir", "host_target"]
 
 
 def host_target():

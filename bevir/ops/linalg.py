@@ -4,9 +4,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from numpy.lib.stride_tricks import as_strided
 
 from ..ir.types import Layout, TensorType
 from ..ir.opdef import Bool, FixedLowering, Float, Int, Ints, OpDef, Piece, aligned_range
+from . import native
 from .common import ArrayCache, float_operands, require
 from .cost import PEMapping, Work
 from .layout_rules import NATIVE
@@ -19,17 +21,16 @@ def conv_out_size(size: int, k: int, stride: int, pad: int, dilation: int) -> in
 
 def im2col_nhwc(x: np.ndarray, kh: int, kw: int, oh: int, ow: int, strides, dilations,
                 groups: int = 1) -> np.ndarray:
-    """Gather the (G, N, OH, OW, KH, KW, C/G) windows of a padded NHWC array: KH*KW strided
-    copies, group-major so that each group's GEMM operand comes out contiguous."""
-    n, h, wd, ch = x.shape
+    """Gather the (G, N, OH, OW, KH, KW, C/G) windows of a padded NHWC array, group-major so
+    that each group's GEMM operand comes out contiguous: one copy of a strided view (numpy
+    merges the dimensions that stay contiguous, a window row's KW*C values when G is 1)."""
+    n, _, _, ch = x.shape
     (sh, sw), (dh, dw) = strides, dilations
-    xg = x.reshape(n, h, wd, groups, ch // groups).transpose(3, 0, 1, 2, 4)
-    cols = np.empty((groups, n, oh, ow, kh, kw, ch // groups), x.dtype)
-    for i in range(kh):
-        for j in range(kw):
-            cols[:, :, :, :, i, j] = xg[:, :, i * dh: i * dh + sh * (oh - 1) + 1: sh,
-                                        j * dw: j * dw + sw * (ow - 1) + 1: sw]
-    return cols
+    s0, s1, s2, s3 = x.strides
+    cg = ch // groups
+    windows = as_strided(x, (groups, n, oh, ow, kh, kw, cg),
+                         (cg * s3, s0, s1 * sh, s2 * sw, s1 * dh, s2 * dw, s3), writeable=False)
+    return np.ascontiguousarray(windows)
 
 
 #: float32 represents every integer of magnitude up to this exactly
@@ -106,18 +107,24 @@ def depthwise_conv_nhwc(xp: np.ndarray, w: np.ndarray, strides, dilations,
     a batched matrix-vector product per channel would leave BLAS with nothing to do.
 
     The products are in ``out``'s dtype and summed tap by tap, so integer-valued operands
-    stay exact while KH*KW products fit :func:`exact_chunk` (or ``out`` is float64)."""
+    stay exact while KH*KW products fit :func:`exact_chunk` (or ``out`` is float64). The
+    native kernel (:func:`bevir.ops.native.depthwise`) runs the same sums in one pass."""
     n, oh, ow, o = out.shape
     kh, kw = w.shape[2:]
     (sh, sw), (dh, dw) = strides, dilations
     if o != xp.shape[3]:                    # a channel multiplier: repeat each input channel
         xp = np.repeat(xp, o // xp.shape[3], axis=3)
+    wk = w.reshape(o, kh * kw).T
+    # numpy multiplies in out's dtype where xp converts to it exactly: so does the C kernel
+    if np.result_type(xp.dtype, out.dtype) == out.dtype and native.depthwise(
+            xp.astype(out.dtype, copy=False), wk, out, (kh, kw), strides, dilations):
+        return
     taps = [(i * dh, j * dw) for i in range(kh) for j in range(kw)]
     # strided windows read from contiguous phase planes, so each tap's rows are contiguous
     phases = {(a % sh, b % sw): np.ascontiguousarray(xp[:, a % sh::sh, b % sw::sw])
               for a, b in taps}
     # a tap's weights repeated along a row: the multiply runs over whole rows
-    wt = np.tile(w.reshape(o, kh * kw).T.astype(out.dtype, copy=False), (1, ow))
+    wt = np.tile(wk.astype(out.dtype, copy=False), (1, ow))
     acc = out.reshape(n, oh, ow * o)
     rows = max(1, DEPTHWISE_BAND // (n * ow * o))
     tmp = np.empty((n, min(rows, oh), ow * o), out.dtype)
