@@ -57,6 +57,16 @@ def test_activations_are_their_definitions_bit_for_bit(dtype):
         assert same_bytes(E._gelu(x, "none"), gelu)
 
 
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64, np.int8, np.int32])
+def test_relu_is_maximum_with_zero_bit_for_bit(dtype):
+    """Blocks of zeros in place of the scalar: NaN kept, -0 made +0, every layout and size."""
+    with np.errstate(invalid="ignore"):
+        x = inputs(np.float64) * 100 if np.dtype(dtype).kind == "i" else inputs(dtype)
+        x = x.astype(dtype)
+    for v in (x, x.T, x.reshape(-1)[:5], x.reshape(-1)[:E.BLOCK + 1], np.asarray(x[0, 1])):
+        assert same_bytes(E.relu_values(v), np.maximum(v, v.dtype.type(0)))
+
+
 def test_erf_never_gives_negative_zero():
     # erfc is 1.0 exactly on a run of float64s near |x| = 2.66e-8: erfc - 1 is +0 there,
     # and so is erf; find the run by bisection and take the floats around it

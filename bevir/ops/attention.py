@@ -14,6 +14,7 @@ from .common import float_operands, require
 from .nn import softmax_np
 from ..ir.opdef import FixedLowering, Int, Ints, OpDef, Str
 from .cost import sampling_work
+from .elementwise import relu_values
 from .onnx_export import ms_deform_attn
 
 
@@ -396,7 +397,7 @@ class FFN(OpDef):
         return x
 
     def compute(self, c, x, w1, b1, w2, b2):
-        return (x + _linear(np.maximum(_linear(x, w1, b1), 0), w2, b2)).astype(x.dtype)
+        return (x + _linear(relu_values(_linear(x, w1, b1)), w2, b2)).astype(x.dtype)
 
     def decompose(self, b, node):
         x, w1, b1, w2, b2 = node.inputs

@@ -32,6 +32,27 @@ def blockwise(fn):
     return run
 
 
+@functools.cache
+def _zeros(dtype: np.dtype) -> np.ndarray:
+    zeros = np.zeros(BLOCK, dtype)
+    zeros.setflags(write=False)
+    return zeros
+
+
+def relu_values(x: np.ndarray) -> np.ndarray:
+    """``np.maximum(x, 0)`` (NaN kept, -0 made +0), compared block by block with an array
+    of zeros where ``x`` is contiguous: numpy's maximum runs its vector loop for two
+    arrays, and a loop about three times slower for an array and a scalar."""
+    if not x.flags.c_contiguous:
+        return np.maximum(x, x.dtype.type(0))
+    flat = x.reshape(-1)
+    out, zeros = np.empty_like(flat), _zeros(x.dtype)
+    for i in range(0, flat.size, BLOCK):
+        j = min(i + BLOCK, flat.size)
+        np.maximum(flat[i:j], zeros[:j - i], out=out[i:j])
+    return out.reshape(x.shape)
+
+
 #: the Chebyshev fit of erfc's exponent, innermost coefficient last (Numerical Recipes)
 _ERFC_TAIL = (-0.82215223, 1.48851587, -1.13520398, 0.27886807, -0.18628806, 0.09678418,
               0.37409196, 1.00002368)
@@ -120,7 +141,7 @@ class Relu(Unary):
         return x
 
     def compute(self, c, x):
-        return np.maximum(x, x.dtype.type(0))
+        return relu_values(x)
 
 
 Sigmoid = unary("sigmoid", _sigmoid, "1 / (1 + exp(-x))",
