@@ -5,6 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import bevir
+from bevir import Builder, TensorType
+from bevir.ir.types import Layout
 from bevir.ops import linalg, native
 from bevir.ops.linalg import conv2d_nhwc
 
@@ -93,3 +96,36 @@ def test_no_compiler_runs_numpy_with_one_warning(monkeypatch, tmp_path):
     finally:
         native.library.cache_clear()
     assert np.array_equal(got, want)
+
+
+# (kernel, strides, pads, dilations, ceil_mode)
+POOLS = [((3, 3), (2, 2), (1, 1, 1, 1), (1, 1), False), ((2, 3), (1, 2), (0, 1, 1, 0), (2, 1), True),
+         ((3, 3), (3, 3), (0, 0, 0, 0), (1, 1), True), ((1, 1), (2, 2), (0, 0, 0, 0), (1, 1), False)]
+
+
+@pytest.mark.parametrize("layout", [Layout.nhwc, Layout.nchw])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int8, np.uint8, np.int16, np.int32])
+@pytest.mark.parametrize("pool", POOLS, ids=str)
+def test_native_maxpool_bits_are_numpys(pool, dtype, layout, monkeypatch):
+    """Special values included: a NaN wins its windows, -0 against +0 as numpy's maximum."""
+    kernel, strides, pads, dilations, ceil = pool
+    rng = np.random.default_rng(7)
+    if np.dtype(dtype).kind == "f":
+        x = rng.standard_normal((2, 9, 11, 37)).astype(dtype)
+        flat = x.reshape(-1)
+        flat[::13], flat[5::17], flat[7::19], flat[3::23] = -0.0, 0.0, np.nan, -np.inf
+    else:
+        info = np.iinfo(dtype)
+        x = rng.integers(info.min, info.max, (2, 9, 11, 37), endpoint=True).astype(dtype)
+    if layout is Layout.nchw:
+        x = x.transpose(0, 3, 1, 2).copy()
+    b = Builder("pool")
+    y = b.maxpool2d(b.input("x", TensorType.of(x, layout)), kernel=kernel, strides=strides,
+                    pads=pads, dilations=dilations, ceil_mode=ceil)
+    b.output("y", y)
+    runs = {}
+    for on in ("1", "0"):
+        monkeypatch.setenv("BEVIR_NATIVE", on)
+        runs[on] = bevir.run(b.graph, {"x": x})["y"]
+    assert runs["1"].dtype == runs["0"].dtype and runs["1"].shape == runs["0"].shape
+    assert runs["1"].tobytes() == runs["0"].tobytes()

@@ -12,6 +12,7 @@ import numpy as np
 from ..ir.types import DType, Layout, TensorType
 from ..ir.opdef import (Bool, Ctx, FixedLowering, Float, Floats, Int, Ints, LayoutRule, OpDef,
                         Str)
+from . import native
 from .common import float_operands, norm_axis, require
 from .layout_rules import NATIVE, size_attr
 from .shape import moved
@@ -66,17 +67,30 @@ def pool_infer(c, x: TensorType) -> TensorType:
     return moved(x, shape)
 
 
-def window_taps(x: np.ndarray, axes, c, out, fill, pads=None):
-    """Pad ``x``'s two spatial ``axes`` with ``fill`` (far enough for every window,
-    ceil_mode included) and yield, per kernel tap, the strided view of the taps at every
-    output position: KH*KW views of the output's shape."""
+def pool_padded(x: np.ndarray, axes, c, out, fill, pads=None) -> np.ndarray:
+    """``x`` with its two spatial ``axes`` padded with ``fill``, far enough for every
+    window (ceil_mode included)."""
     pads = c.pads if pads is None else pads
     width = [(0, 0)] * x.ndim
     for i, a in enumerate(axes):
         need = (out[i] - 1) * c.strides[i] + _dilations(c)[i] * (c.kernel[i] - 1) + 1
         width[a] = (pads[i], max(need - pads[i] - x.shape[a], 0))
-    if any(w != (0, 0) for w in width):
-        x = np.pad(x, width, constant_values=fill)
+    if all(w == (0, 0) for w in width):
+        return x
+    # the input copied once and only the border slabs filled (np.pad writes everything twice)
+    y = np.empty([n + lo + hi for n, (lo, hi) in zip(x.shape, width)], x.dtype)
+    y[tuple(slice(lo, lo + n) for n, (lo, _) in zip(x.shape, width))] = x
+    for a in axes:
+        lo, n = width[a][0], x.shape[a]
+        for band in (slice(0, lo), slice(lo + n, None)):
+            y[(slice(None),) * a + (band,)] = fill
+    return y
+
+
+def window_taps(x: np.ndarray, axes, c, out, fill, pads=None):
+    """Pad ``x`` (:func:`pool_padded`) and yield, per kernel tap, the strided view of the
+    taps at every output position: KH*KW views of the output's shape."""
+    x = pool_padded(x, axes, c, out, fill, pads)
     for taps in product(*(range(k) for k in c.kernel)):
         idx = [slice(None)] * x.ndim
         for i, (a, t) in enumerate(zip(axes, taps)):
@@ -111,8 +125,14 @@ class MaxPool2d(OpDef):
 
     def compute(self, c, x):
         fill = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
-        axes = spatial_axes(c.in_types[0])
-        taps = window_taps(x, axes, c, pool_out(c, c.in_types[0]), fill)
+        axes, out = spatial_axes(c.in_types[0]), pool_out(c, c.in_types[0])
+        xp = pool_padded(x, axes, c, out, fill)
+        # the native kernel vectorizes over channels: NCHW's one per pixel gives it nothing
+        if c.in_types[0].layout is Layout.nhwc:
+            y = np.empty((xp.shape[0], *out, xp.shape[3]), x.dtype)
+            if native.maxpool(xp, y, c.kernel, c.strides, _dilations(c)):
+                return y
+        taps = window_taps(xp, axes, c, out, fill, pads=(0, 0))
         y = next(taps).copy()
         for t in taps:
             np.maximum(y, t, out=y)

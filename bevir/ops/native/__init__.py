@@ -74,14 +74,30 @@ def library() -> ctypes.CDLL | None:
                           "running numpy code instead", RuntimeWarning, stacklevel=2)
             return None
         tmp.replace(lib)
-    dll = ctypes.CDLL(str(lib))
-    for name in ("bevir_depthwise_f32", "bevir_depthwise_f64"):
-        getattr(dll, name).argtypes = [ctypes.c_void_p] * 3 + [ctypes.POINTER(ctypes.c_long)]
-    return dll
+    return ctypes.CDLL(str(lib))
 
 
-#: the C type of each kernel's arrays
-_SUFFIX = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64"}
+#: the C type of each kernel's arrays, by numpy dtype
+_SUFFIX = {np.dtype(t): name for t, name in [
+    (np.float32, "f32"), (np.float64, "f64"), (np.int8, "i8"), (np.uint8, "u8"),
+    (np.int16, "i16"), (np.int32, "i32")]}
+
+
+def _window_kernel(name: str, arrays: list[np.ndarray], out: np.ndarray, kernel, strides,
+                   dilations, dtypes=tuple(_SUFFIX)) -> bool:
+    """Run ``bevir_<name>_<type>`` on the C-contiguous ``arrays`` (padded NHWC input first)
+    and ``out`` [N, OH, OW, C], over ``kernel`` windows: False, running nothing, where no
+    native kernel takes ``out``'s dtype or the kernels are off."""
+    xp = arrays[0]
+    if (out.dtype not in dtypes or xp.dtype != out.dtype or not out.flags.c_contiguous
+            or not enabled()):
+        return False
+    fn = getattr(library(), f"bevir_{name}_{_SUFFIX[out.dtype]}")
+    arrays = [np.ascontiguousarray(a, out.dtype) for a in arrays]
+    n, hp, wp, c = xp.shape
+    dims = (ctypes.c_long * 12)(n, hp, wp, c, *out.shape[1:3], *kernel, *strides, *dilations)
+    fn(*(ctypes.c_void_p(a.ctypes.data) for a in (*arrays, out)), dims)
+    return True
 
 
 def depthwise(xp: np.ndarray, wt: np.ndarray, out: np.ndarray, kernel, strides,
@@ -89,12 +105,12 @@ def depthwise(xp: np.ndarray, wt: np.ndarray, out: np.ndarray, kernel, strides,
     """``out`` [N, OH, OW, C] = the depthwise convolution of padded NHWC ``xp`` with the
     tap-major weights ``wt`` [KH*KW, C], summed tap by tap (linalg.depthwise_conv_nhwc).
     Returns False, writing nothing, where no native kernel takes these dtypes."""
-    suffix = _SUFFIX.get(out.dtype)
-    if suffix is None or xp.dtype != out.dtype or not out.flags.c_contiguous or not enabled():
-        return False
-    xp, wt = np.ascontiguousarray(xp), np.ascontiguousarray(wt, out.dtype)
-    n, hp, wp, c = xp.shape
-    dims = (ctypes.c_long * 12)(n, hp, wp, c, *out.shape[1:3], *kernel, *strides, *dilations)
-    getattr(library(), f"bevir_depthwise_{suffix}")(xp.ctypes.data, wt.ctypes.data,
-                                                    out.ctypes.data, dims)
-    return True
+    return _window_kernel("depthwise", [xp, wt], out, kernel, strides, dilations,
+                          dtypes=(np.dtype(np.float32), np.dtype(np.float64)))
+
+
+def maxpool(xp: np.ndarray, out: np.ndarray, kernel, strides, dilations) -> bool:
+    """``out`` [N, OH, OW, C] = the window maxima of NHWC ``xp`` (padded with its dtype's
+    lowest value), tap by tap as numpy's maximum takes them (nn.MaxPool2d). Returns False,
+    writing nothing, where no native kernel takes the dtype."""
+    return _window_kernel("maxpool", [xp], out, kernel, strides, dilations)
