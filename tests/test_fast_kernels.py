@@ -105,3 +105,21 @@ def test_stacked_matmul_is_numpy_matmul_with_rows_folded(a_shape, b_shape):
         want = np.matmul(a, b)
     assert same_bytes(got, want)
     np.testing.assert_allclose(got, np.matmul(a, b), rtol=1e-5, atol=1e-5)
+
+
+def test_compact_copies_any_view_and_reshape_keeps_views():
+    """compact is np.ascontiguousarray for every kind of view (a short strided last axis
+    takes its own path); reshape stays a view wherever numpy's would be one."""
+    from bevir.ops.shape import compact
+    from bevir.ir.opdef import Ctx, get_op
+    x = np.arange(2 * 6 * 4 * 3, dtype=np.float32).reshape(2, 6, 4, 3)
+    for v in (x, x.transpose(0, 2, 3, 1), x.transpose(0, 1, 3, 2), x[:, ::2], x[..., ::2],
+              x.reshape(48, 3).T, x.reshape(-1)[::5], np.asarray(x[0, 0, 0, 0])):
+        c = compact(v)
+        assert c.flags.c_contiguous and same_bytes(c, np.ascontiguousarray(v))
+    reshape = get_op("reshape")
+    shuffled = x.reshape(2, 6, 4, 3).transpose(0, 1, 3, 2)         # needs a copy
+    y = reshape.compute(Ctx({"shape": (2, 6, 12)}), shuffled)
+    assert same_bytes(y, np.ascontiguousarray(shuffled).reshape(2, 6, 12))
+    split = x.reshape(48, 3).T                                      # stays a view
+    assert np.shares_memory(reshape.compute(Ctx({"shape": (3, 1, 48)}), split), x)

@@ -26,6 +26,22 @@ def norm_axes(axes, rank: int) -> tuple[int, ...]:
     return out
 
 
+#: a strided last axis at most this long is copied one index at a time (:func:`compact`)
+SHORT_AXIS = 8
+
+
+def compact(x: np.ndarray) -> np.ndarray:
+    """``np.ascontiguousarray(x)``, faster where x's last axis is short and strided (the
+    transposed pairs of a channel shuffle): numpy would copy element by element, a copy per
+    index of that axis moves rows of the axes before it (about 5x faster)."""
+    if x.flags.c_contiguous or x.ndim < 2 or x.shape[-1] > SHORT_AXIS or x.strides[-1] == x.itemsize:
+        return np.ascontiguousarray(x)
+    out = np.empty(x.shape, x.dtype)
+    for i in range(x.shape[-1]):
+        out[..., i] = x[..., i]
+    return out
+
+
 def moved(x: TensorType, shape, layout: Layout | None = None) -> TensorType:
     """The type of data moved out of ``x`` into ``shape``: same dtype, per-tensor quant kept;
     ``layout`` (default: x's) only survives on a 4-D result."""
@@ -136,7 +152,10 @@ class Reshape(OpDef):
         return moved(x, c.shape, Layout(c.layout))
 
     def compute(self, c, x):
-        return x.reshape(c.shape)
+        try:
+            return np.reshape(x, c.shape, copy=False)
+        except ValueError:                  # x's strides need a copy
+            return compact(x).reshape(c.shape)
 
     def tvm_lowering(self, c, L, x):
         return L.same_order(x, c.in_types[0], c.out_types[0])
