@@ -1,6 +1,9 @@
-"""The golden model's native kernels (bevir/ops/native): the same bits as the numpy code
-they stand in for, special values included, and the numpy code where they cannot build."""
+"""The golden model's native kernels (bevir/ops/native): the same numbers, bit for bit, as
+the numpy code they stand in for, special values included; and the numpy code, after one
+warning, wherever they cannot build, load or pass their self-check."""
 from __future__ import annotations
+
+import warnings
 
 import numpy as np
 import pytest
@@ -11,29 +14,41 @@ from bevir.ir.types import Layout
 from bevir.ops import linalg, native
 from bevir.ops.linalg import conv2d_nhwc
 
-# (channels, channel multiplier, kernel, stride, dilation, pads): channel counts below,
-# between and above the kernel's vector widths (4 float64 / 8 float32 lanes, 4 vectors)
+# (channels, channel multiplier, kernel, strides, dilations, pads): channel counts below,
+# between and above the kernels' vector widths (4 float64 / 8 float32 lanes, 4 vectors);
+# kernels, strides and dilations that differ between the axes
 CASES = [
-    (3, 1, 3, 1, 1, (1, 1, 1, 1)),
-    (37, 1, 3, 2, 1, (1, 1, 1, 1)),
-    (72, 1, 5, 2, 1, (2, 2, 2, 2)),
-    (20, 1, 3, 1, 2, (2, 2, 2, 2)),
-    (16, 2, 3, 2, 1, (0, 1, 1, 0)),
-    (9, 1, 1, 2, 1, (0, 0, 0, 0)),
-    (40, 1, 7, 1, 1, (3, 3, 3, 3)),
+    (3, 1, (3, 3), (1, 1), (1, 1), (1, 1, 1, 1)),
+    (37, 1, (3, 3), (2, 2), (1, 1), (1, 1, 1, 1)),
+    (72, 1, (5, 5), (2, 2), (1, 1), (2, 2, 2, 2)),
+    (20, 1, (2, 3), (1, 2), (2, 1), (2, 2, 2, 2)),
+    (16, 2, (3, 1), (2, 1), (1, 3), (0, 1, 1, 0)),
+    (9, 1, (1, 1), (2, 2), (1, 1), (0, 0, 0, 0)),
+    (40, 1, (7, 7), (1, 1), (1, 1), (3, 3, 3, 3)),
 ]
 
 
+@pytest.fixture
+def native_runs(monkeypatch):
+    """The native kernels that ran, by name."""
+    assert native.library() is not None, "the native kernels build on the test machines"
+    names = []
+    real = native._call
+    monkeypatch.setattr(native, "_call",
+                        lambda dll, name, *a: names.append(name) or real(dll, name, *a))
+    return names
+
+
 def depthwise(x, w, case, native_on: bool, monkeypatch):
-    ch, mult, k, s, d, pads = case
+    ch, _, _, strides, dilations, pads = case
     monkeypatch.setenv("BEVIR_NATIVE", "1" if native_on else "0")
-    return conv2d_nhwc(x, w, (s, s), pads, (d, d), groups=ch)
+    return conv2d_nhwc(x, w, strides, pads, dilations, groups=ch)
 
 
 def operands(case, dtype, rng, special: bool = False):
-    ch, mult, k, *_ = case
+    ch, mult, (kh, kw), *_ = case
     x = rng.standard_normal((2, 11, 13, ch)).astype(dtype)
-    w = rng.standard_normal((ch * mult, 1, k, k)).astype(dtype)
+    w = rng.standard_normal((ch * mult, 1, kh, kw)).astype(dtype)
     if special:     # IEEE corner values: infinities, signed zeros, tiny and huge products
         flat = x.reshape(-1)
         flat[::7], flat[3::11], flat[5::13] = np.inf, -0.0, 1e-30
@@ -43,89 +58,129 @@ def operands(case, dtype, rng, special: bool = False):
     return x, w
 
 
+def same_numbers(fast: np.ndarray, slow: np.ndarray) -> None:
+    """Equal bits everywhere but at NaNs, which must sit in the same places (where two NaNs
+    meet in an add, the compiler's operand order picks the sign that survives)."""
+    assert fast.dtype == slow.dtype and fast.shape == slow.shape
+    nan = np.isnan(slow)
+    assert np.array_equal(np.isnan(fast), nan)
+    bits = f"u{fast.itemsize}"
+    differ = fast.view(bits) != slow.view(bits)
+    assert not (differ & ~nan).any(), f"{int((differ & ~nan).sum())} elements differ"
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
 @pytest.mark.parametrize("case", CASES, ids=str)
-def test_native_depthwise_bits_are_numpys(case, dtype, monkeypatch):
-    assert native.library() is not None, "the native kernels build on the test machines"
-    rng = np.random.default_rng(len(case[5]) + case[0])
+def test_native_depthwise_bits_are_numpys(case, dtype, monkeypatch, native_runs, rng):
     for special in (False, True):
         x, w = operands(case, dtype, rng, special)
         with np.errstate(invalid="ignore", over="ignore"):
             fast = depthwise(x, w, case, True, monkeypatch)
             slow = depthwise(x, w, case, False, monkeypatch)
-        assert fast.dtype == slow.dtype and fast.shape == slow.shape
-        # NaNs (inf * 0, inf - inf) compare by position; every other value by its bits
-        nan = np.isnan(slow)
-        assert np.array_equal(np.isnan(fast), nan)
-        bits = fast.view(f"u{fast.itemsize}") != slow.view(f"u{slow.itemsize}")
-        assert not (bits & ~nan).any(), f"{int((bits & ~nan).sum())} elements differ"
-        assert special == nan.any() or not special
+        same_numbers(fast, slow)
+        if special:
+            assert np.isnan(slow).any()
+    assert native_runs and all(n.startswith("bevir_depthwise_") for n in native_runs)
 
 
-@pytest.mark.parametrize("xdtype, native_runs", [(np.float16, True), (np.int16, True),
-                                                  (np.int32, False)])
-def test_native_only_where_numpy_multiplies_in_the_out_dtype(xdtype, native_runs, monkeypatch):
+@pytest.mark.parametrize("xdtype, native_runs_too", [(np.float16, True), (np.int16, True),
+                                                     (np.int32, False)])
+def test_native_only_where_numpy_multiplies_in_the_out_dtype(xdtype, native_runs_too,
+                                                            monkeypatch, native_runs):
     """numpy multiplies int32 by float32 in float64 and rounds once more into a float32
     out: the numpy path keeps that case; float16 and int16 convert to float32 exactly."""
-    calls = []
-    real = native.depthwise
-    monkeypatch.setattr(native, "depthwise", lambda *a: calls.append(a) or real(*a))
     xp = np.arange(2 * 6 * 6 * 3).reshape(2, 6, 6, 3).astype(xdtype)
     w = np.linspace(-1, 1, 27, dtype=np.float32).reshape(3, 1, 3, 3)
     out = np.empty((2, 4, 4, 3), np.float32)
     linalg.depthwise_conv_nhwc(xp, w, (1, 1), (1, 1), out)
-    assert bool(calls) == native_runs
+    assert bool(native_runs) == native_runs_too
     monkeypatch.setenv("BEVIR_NATIVE", "0")
     want = np.empty_like(out)
     linalg.depthwise_conv_nhwc(xp, w, (1, 1), (1, 1), want)
-    assert np.array_equal(out.view(np.uint32), want.view(np.uint32))
+    assert out.tobytes() == want.tobytes()
 
 
-def test_no_compiler_runs_numpy_with_one_warning(monkeypatch, tmp_path):
-    rng = np.random.default_rng(6)
-    x, w = operands(CASES[2], np.float32, rng)
-    want = depthwise(x, w, CASES[2], False, monkeypatch)
-    monkeypatch.setenv("BEVIR_NATIVE", "1")
-    monkeypatch.setenv("CC", "no-such-compiler-bevir")
-    monkeypatch.setenv("BEVIR_CACHE", str(tmp_path))
-    native.library.cache_clear()
-    try:
-        with pytest.warns(RuntimeWarning, match="native kernels did not build"):
-            assert not native.enabled()
-        got = depthwise(x, w, CASES[2], True, monkeypatch)
-    finally:
-        native.library.cache_clear()
-    assert np.array_equal(got, want)
+def test_windows_outside_the_input_are_refused():
+    """The kernels read through raw pointers: sizes that would read past the input raise."""
+    xp, wt = np.zeros((1, 4, 4, 8), np.float32), np.zeros((9, 8), np.float32)
+    with pytest.raises(ValueError, match="do not make"):
+        native.depthwise(xp, wt, np.empty((1, 3, 3, 8), np.float32), (3, 3), (1, 1), (1, 1))
+    with pytest.raises(ValueError, match="do not make"):
+        linalg.im2col_nhwc(xp, 3, 3, 2, 3, (1, 1), (1, 1))
 
 
 # (kernel, strides, pads, dilations, ceil_mode)
-POOLS = [((3, 3), (2, 2), (1, 1, 1, 1), (1, 1), False), ((2, 3), (1, 2), (0, 1, 1, 0), (2, 1), True),
-         ((3, 3), (3, 3), (0, 0, 0, 0), (1, 1), True), ((1, 1), (2, 2), (0, 0, 0, 0), (1, 1), False)]
+POOLS = [((3, 3), (2, 2), (1, 1, 1, 1), (1, 1), False),
+         ((2, 3), (1, 2), (0, 1, 1, 0), (2, 1), True),
+         ((3, 3), (3, 3), (0, 0, 0, 0), (1, 1), True),
+         ((1, 1), (2, 2), (0, 0, 0, 0), (1, 1), False)]
 
 
-@pytest.mark.parametrize("layout", [Layout.nhwc, Layout.nchw])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int8, np.uint8, np.int16, np.int32])
 @pytest.mark.parametrize("pool", POOLS, ids=str)
-def test_native_maxpool_bits_are_numpys(pool, dtype, layout, monkeypatch):
-    """Special values included: a NaN wins its windows, -0 against +0 as numpy's maximum."""
+def test_native_maxpool_bits_are_numpys(pool, dtype, monkeypatch, native_runs, rng):
+    """NHWC (NCHW stays numpy's); a NaN wins its windows, -0 meets +0 as in numpy's maximum."""
     kernel, strides, pads, dilations, ceil = pool
-    rng = np.random.default_rng(7)
     if np.dtype(dtype).kind == "f":
         x = rng.standard_normal((2, 9, 11, 37)).astype(dtype)
         flat = x.reshape(-1)
         flat[::13], flat[5::17], flat[7::19], flat[3::23] = -0.0, 0.0, np.nan, -np.inf
+        flat[11::29] = -np.nan
     else:
         info = np.iinfo(dtype)
         x = rng.integers(info.min, info.max, (2, 9, 11, 37), endpoint=True).astype(dtype)
-    if layout is Layout.nchw:
-        x = x.transpose(0, 3, 1, 2).copy()
     b = Builder("pool")
-    y = b.maxpool2d(b.input("x", TensorType.of(x, layout)), kernel=kernel, strides=strides,
-                    pads=pads, dilations=dilations, ceil_mode=ceil)
+    y = b.maxpool2d(b.input("x", TensorType.of(x, Layout.nhwc)), kernel=kernel,
+                    strides=strides, pads=pads, dilations=dilations, ceil_mode=ceil)
     b.output("y", y)
     runs = {}
     for on in ("1", "0"):
         monkeypatch.setenv("BEVIR_NATIVE", on)
         runs[on] = bevir.run(b.graph, {"x": x})["y"]
-    assert runs["1"].dtype == runs["0"].dtype and runs["1"].shape == runs["0"].shape
-    assert runs["1"].tobytes() == runs["0"].tobytes()
+    assert native_runs == [f"bevir_maxpool_{native._SUFFIX[np.dtype(dtype)]}"]
+    assert runs["1"].dtype == runs["0"].dtype and runs["1"].tobytes() == runs["0"].tobytes()
+
+
+def numpy_after_one_warning(monkeypatch, match: str) -> None:
+    """With the library rebuilt under the patched settings: one warning matching ``match``,
+    and a convolution and a pooling that give the numpy path's results."""
+    rng = np.random.default_rng(6)
+    x, w = operands(CASES[2], np.float32, rng)
+    want = depthwise(x, w, CASES[2], False, monkeypatch)
+    monkeypatch.setenv("BEVIR_NATIVE", "1")
+    native.library.cache_clear()
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert not native.enabled() and not native.enabled()
+            got = depthwise(x, w, CASES[2], True, monkeypatch)
+        messages = [str(c.message) for c in caught]
+        assert len(messages) == 1 and "native kernels are off" in messages[0]
+        assert match in messages[0]
+    finally:
+        native.library.cache_clear()
+    assert got.tobytes() == want.tobytes()
+
+
+def test_no_compiler_runs_numpy(monkeypatch, tmp_path):
+    monkeypatch.setenv("CC", "no-such-compiler-bevir")
+    monkeypatch.setenv("BEVIR_CACHE", str(tmp_path))
+    numpy_after_one_warning(monkeypatch, "no-such-compiler-bevir")
+
+
+def test_unusable_cache_runs_numpy(monkeypatch, tmp_path):
+    (tmp_path / "file").write_text("not a folder")
+    monkeypatch.setenv("BEVIR_CACHE", str(tmp_path / "file"))
+    numpy_after_one_warning(monkeypatch, "file")
+
+
+def test_kernel_that_fails_its_self_check_runs_numpy(monkeypatch, tmp_path):
+    """A max pooling that lets the first operand win ties (as numpy's scalar loop does on
+    other processors) differs at maximum(-0, +0): the self-check turns the kernels off."""
+    source = native.SOURCE.read_text()
+    assert "(m > v) | (m != m)" in source
+    mutant = tmp_path / "kernels.c"
+    mutant.write_text(source.replace("(m > v) | (m != m)", "(m >= v) | (m != m)"))
+    monkeypatch.setattr(native, "SOURCE", mutant)
+    monkeypatch.setenv("BEVIR_CACHE", str(tmp_path))
+    numpy_after_one_warning(monkeypatch, "maxpool (float32) differs from numpy")

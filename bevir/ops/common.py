@@ -43,6 +43,17 @@ def broadcast_types(*types: TensorType, dtype: DType | None = None) -> TensorTyp
     return TensorType(shape, dtype or same_dtype(*types), layout if len(shape) == 4 else Layout.plain)
 
 
+def check_windows(in_hw, out_hw, kernel, strides, dilations) -> None:
+    """ValueError unless ``out_hw`` windows of ``kernel`` taps (``strides`` and
+    ``dilations`` apart) lie inside an input of ``in_hw`` along both spatial axes: the
+    kernels that read windows through raw strides and pointers ask before they read."""
+    for size, out, k, s, d in zip(in_hw, out_hw, kernel, strides, dilations):
+        if min(k, s, d) < 1 or (out and (out - 1) * s + (k - 1) * d >= size):
+            raise ValueError(f"{tuple(kernel)} windows (strides {tuple(strides)}, dilations "
+                             f"{tuple(dilations)}) of {tuple(in_hw)} do not make "
+                             f"{tuple(out_hw)}")
+
+
 def cast_like(x: np.ndarray, t: TensorType) -> np.ndarray:
     return np.asarray(x, dtype=t.dtype.np)
 

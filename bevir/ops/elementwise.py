@@ -33,20 +33,27 @@ def blockwise(fn):
 
 
 @functools.cache
-def _zeros(dtype: np.dtype) -> np.ndarray:
+def _zeros(dtype: np.dtype) -> np.ndarray | None:
+    """BLOCK read-only zeros of ``dtype``, or None where numpy's maximum against an array
+    of zeros differs from its maximum against a scalar zero (its vector and scalar loops
+    may break the tie of -0 and +0 differently on other processors)."""
     zeros = np.zeros(BLOCK, dtype)
     zeros.setflags(write=False)
-    return zeros
+    values = [-0.0, 0.0, np.nan, -np.nan, -1.0, 1.0] if dtype.kind == "f" else [-1, 0, 1]
+    probe = np.resize(np.array(values).astype(dtype), 67)
+    vector, scalar = np.maximum(probe, zeros[:probe.size]), np.maximum(probe, dtype.type(0))
+    return zeros if vector.tobytes() == scalar.tobytes() else None
 
 
 def relu_values(x: np.ndarray) -> np.ndarray:
-    """``np.maximum(x, 0)`` (NaN kept, -0 made +0), compared block by block with an array
-    of zeros where ``x`` is contiguous: numpy's maximum runs its vector loop for two
-    arrays, and a loop about three times slower for an array and a scalar."""
-    if not x.flags.c_contiguous:
+    """``np.maximum(x, 0)``, compared block by block with an array of zeros where ``x`` is
+    contiguous: numpy's maximum runs its vector loop for two arrays, and a loop about three
+    times slower for an array and a scalar (the same bits: :func:`_zeros` checks)."""
+    zeros = _zeros(x.dtype) if x.flags.c_contiguous else None
+    if zeros is None:
         return np.maximum(x, x.dtype.type(0))
     flat = x.reshape(-1)
-    out, zeros = np.empty_like(flat), _zeros(x.dtype)
+    out = np.empty_like(flat)
     for i in range(0, flat.size, BLOCK):
         j = min(i + BLOCK, flat.size)
         np.maximum(flat[i:j], zeros[:j - i], out=out[i:j])

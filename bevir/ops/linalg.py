@@ -9,7 +9,7 @@ from numpy.lib.stride_tricks import as_strided
 from ..ir.types import Layout, TensorType
 from ..ir.opdef import Bool, FixedLowering, Float, Int, Ints, OpDef, Piece, aligned_range
 from . import native
-from .common import ArrayCache, float_operands, require
+from .common import ArrayCache, check_windows, float_operands, require
 from .cost import PEMapping, Work
 from .layout_rules import NATIVE
 from .onnx_export import onnx_as
@@ -24,8 +24,9 @@ def im2col_nhwc(x: np.ndarray, kh: int, kw: int, oh: int, ow: int, strides, dila
     """Gather the (G, N, OH, OW, KH, KW, C/G) windows of a padded NHWC array, group-major so
     that each group's GEMM operand comes out contiguous: one copy of a strided view (numpy
     merges the dimensions that stay contiguous, a window row's KW*C values when G is 1)."""
-    n, _, _, ch = x.shape
+    n, h, wd, ch = x.shape
     (sh, sw), (dh, dw) = strides, dilations
+    check_windows((h, wd), (oh, ow), (kh, kw), strides, dilations)
     s0, s1, s2, s3 = x.strides
     cg = ch // groups
     windows = as_strided(x, (groups, n, oh, ow, kh, kw, cg),
@@ -126,7 +127,7 @@ def depthwise_conv_nhwc(xp: np.ndarray, w: np.ndarray, strides, dilations,
     # a tap's weights repeated along a row: the multiply runs over whole rows
     wt = np.tile(wk.astype(out.dtype, copy=False), (1, ow))
     acc = out.reshape(n, oh, ow * o)
-    rows = max(1, DEPTHWISE_BAND // (n * ow * o))
+    rows = max(1, DEPTHWISE_BAND // max(1, n * ow * o))
     tmp = np.empty((n, min(rows, oh), ow * o), out.dtype)
     for y0 in range(0, oh, rows):
         band, prod = acc[:, y0:y0 + rows], tmp[:, :min(rows, oh - y0)]

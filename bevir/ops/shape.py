@@ -34,7 +34,8 @@ def compact(x: np.ndarray) -> np.ndarray:
     """``np.ascontiguousarray(x)``, faster where x's last axis is short and strided (the
     transposed pairs of a channel shuffle): numpy would copy element by element, a copy per
     index of that axis moves rows of the axes before it (about 5x faster)."""
-    if x.flags.c_contiguous or x.ndim < 2 or x.shape[-1] > SHORT_AXIS or x.strides[-1] == x.itemsize:
+    if (x.flags.c_contiguous or x.ndim < 2 or x.shape[-1] > SHORT_AXIS
+            or x.strides[-1] == x.itemsize):
         return np.ascontiguousarray(x)
     out = np.empty(x.shape, x.dtype)
     for i in range(x.shape[-1]):

@@ -4,9 +4,11 @@ memory (a depthwise convolution is a multiply and an add per tap, each a pass), 
 codegen's kernels.
 
 A native kernel performs the IEEE operations of the numpy code it stands in for, in the same
-order, built without FMA contraction or fast math: the bits are the same (tests/test_native.py
-holds both paths to that). Where no C compiler works, or with ``BEVIR_NATIVE=0``, the numpy
-code runs.
+order, built without FMA contraction or fast math, so every number comes out with the same
+bits (tests/test_native.py holds both paths to that; a NaN stays a NaN in the same place, but
+where two NaNs meet in one add, which one's sign survives is the compiler's choice). A
+self-check on special values runs when the library loads; where it fails, where no C compiler
+works, or with ``BEVIR_NATIVE=0``, the numpy code runs.
 """
 from __future__ import annotations
 
@@ -14,18 +16,27 @@ import ctypes
 import functools
 import hashlib
 import os
-import platform
+import shlex
 import subprocess
+import tempfile
+import threading
 import warnings
 from pathlib import Path
 
 import numpy as np
 
+from ..common import check_windows
+
 SOURCE = Path(__file__).with_name("kernels.c")
 
-#: -march=native: the build is this machine's (its key names the processor); no FMA
-#: contraction and no fast math keep every multiply and add rounded as numpy rounds them
+#: -march=native: the build is this machine's (its key holds the compiler's target macros);
+#: no FMA contraction and no fast math keep every multiply and add rounded as numpy rounds
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared"]
+
+#: seconds a build may take
+BUILD_TIMEOUT = 300
+
+_BUILD_LOCK = threading.Lock()
 
 
 def cache_dir() -> Path:
@@ -38,66 +49,99 @@ def cache_dir() -> Path:
 
 
 def enabled() -> bool:
-    """Native kernels run unless ``BEVIR_NATIVE=0`` (read at each call) or the build failed."""
+    """Native kernels run unless ``BEVIR_NATIVE=0`` (read at each call) or the build or its
+    self-check failed."""
     return os.environ.get("BEVIR_NATIVE", "1") != "0" and library() is not None
 
 
-def _processor() -> str:
-    """What -march=native builds for: the processor's model and feature flags."""
+class _Unavailable(Exception):
+    """Why the native kernels cannot run here."""
+
+
+def _run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
     try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        lines = []
-    keys = ("model name", "flags", "Features", "CPU part")
-    seen = {ln.split(":")[0].strip(): ln for ln in lines if ln.split(":")[0].strip() in keys}
-    return platform.machine() + platform.processor() + "".join(sorted(seen.values()))
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT, **kw)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise _Unavailable(f"{cmd[0]}: {e}") from None
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        raise _Unavailable(f"{cmd[0]}: {last}")
+    return done
+
+
+def _build() -> ctypes.CDLL:
+    """Build (or find in the cache) and load the kernels."""
+    cc = shlex.split(os.environ.get("CC", "cc"))
+    # the compiler's predefined macros name its version and the processor's features
+    target = _run([*cc, *FLAGS[:2], "-E", "-dM", "-x", "c", os.devnull]).stdout
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join([*cc, *FLAGS]).encode()
+                         + target.encode()).hexdigest()[:20]
+    try:
+        lib = cache_dir() / f"golden_native_{key}.so"
+        if not lib.exists():
+            fd, tmp = tempfile.mkstemp(dir=lib.parent, prefix=lib.stem, suffix=".tmp")
+            os.close(fd)
+            try:
+                _run([*cc, *FLAGS, str(SOURCE), "-o", tmp])
+                os.replace(tmp, lib)
+            finally:
+                Path(tmp).unlink(missing_ok=True)
+        return ctypes.CDLL(str(lib))
+    except OSError as e:
+        raise _Unavailable(str(e)) from None
 
 
 @functools.cache
 def library() -> ctypes.CDLL | None:
-    """The built kernels (built on first use), or None, with one warning, where the build
-    fails."""
-    cc = os.environ.get("CC", "cc")
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join([cc, *FLAGS]).encode()
-                         + _processor().encode()).hexdigest()[:20]
-    lib = cache_dir() / f"golden_native_{key}.so"
-    if not lib.exists():
-        tmp = lib.with_suffix(f".{os.getpid()}.tmp")
+    """The built kernels (built on first use, once per process), or None, with one warning,
+    where they cannot be built or loaded or fail their self-check."""
+    with _BUILD_LOCK:
         try:
-            done = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(tmp)],
-                                  capture_output=True, text=True)
-        except OSError as e:
-            done = subprocess.CompletedProcess([], 1, "", str(e))
-        if done.returncode != 0:
-            warnings.warn(f"the golden model's native kernels did not build ({cc}: "
-                          f"{(done.stderr.strip().splitlines() or ['failed'])[-1]}); "
-                          "running numpy code instead", RuntimeWarning, stacklevel=2)
+            dll = _build()
+            for name in _KERNELS:
+                getattr(dll, name).restype = ctypes.c_int
+            _self_check(dll)
+            return dll
+        except _Unavailable as e:
+            warnings.warn(f"the golden model's native kernels are off ({e}); running numpy "
+                          "code instead", RuntimeWarning, stacklevel=4)
             return None
-        tmp.replace(lib)
-    return ctypes.CDLL(str(lib))
 
 
 #: the C type of each kernel's arrays, by numpy dtype
 _SUFFIX = {np.dtype(t): name for t, name in [
     (np.float32, "f32"), (np.float64, "f64"), (np.int8, "i8"), (np.uint8, "u8"),
     (np.int16, "i16"), (np.int32, "i32")]}
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+_KERNELS = [f"bevir_depthwise_{_SUFFIX[t]}" for t in _FLOATS] + [
+    f"bevir_maxpool_{suffix}" for suffix in _SUFFIX.values()]
+
+
+def _call(dll, name: str, arrays: list[np.ndarray], out: np.ndarray, kernel, strides,
+          dilations) -> bool:
+    """Run kernel ``name`` of ``dll`` on padded NHWC ``arrays[0]`` (and the other operands)
+    into ``out`` [N, OH, OW, C]: False where it could not run (its tap offsets could not be
+    allocated)."""
+    n, hp, wp, c = arrays[0].shape
+    oh, ow = out.shape[1:3]
+    if out.shape[0] != n or out.shape[3] != c:
+        raise ValueError(f"{name}: {arrays[0].shape} cannot make {out.shape}")
+    check_windows((hp, wp), (oh, ow), kernel, strides, dilations)
+    arrays = [np.ascontiguousarray(a, out.dtype) for a in arrays]
+    dims = (ctypes.c_int64 * 12)(n, hp, wp, c, oh, ow, *kernel, *strides, *dilations)
+    return getattr(dll, name)(*(ctypes.c_void_p(a.ctypes.data) for a in (*arrays, out)),
+                              dims) == 0
 
 
 def _window_kernel(name: str, arrays: list[np.ndarray], out: np.ndarray, kernel, strides,
                    dilations, dtypes=tuple(_SUFFIX)) -> bool:
-    """Run ``bevir_<name>_<type>`` on the C-contiguous ``arrays`` (padded NHWC input first)
-    and ``out`` [N, OH, OW, C], over ``kernel`` windows: False, running nothing, where no
-    native kernel takes ``out``'s dtype or the kernels are off."""
-    xp = arrays[0]
-    if (out.dtype not in dtypes or xp.dtype != out.dtype or not out.flags.c_contiguous
-            or not enabled()):
+    """:func:`_call` with kernel ``bevir_<name>_<type>`` of the built library: False,
+    writing nothing, where no native kernel takes ``out``'s dtype or the kernels are off."""
+    if (out.dtype not in dtypes or arrays[0].dtype != out.dtype or not out.flags.c_contiguous
+            or not out.size or not enabled()):
         return False
-    fn = getattr(library(), f"bevir_{name}_{_SUFFIX[out.dtype]}")
-    arrays = [np.ascontiguousarray(a, out.dtype) for a in arrays]
-    n, hp, wp, c = xp.shape
-    dims = (ctypes.c_long * 12)(n, hp, wp, c, *out.shape[1:3], *kernel, *strides, *dilations)
-    fn(*(ctypes.c_void_p(a.ctypes.data) for a in (*arrays, out)), dims)
-    return True
+    return _call(library(), f"bevir_{name}_{_SUFFIX[out.dtype]}", arrays, out, kernel,
+                 strides, dilations)
 
 
 def depthwise(xp: np.ndarray, wt: np.ndarray, out: np.ndarray, kernel, strides,
@@ -105,8 +149,10 @@ def depthwise(xp: np.ndarray, wt: np.ndarray, out: np.ndarray, kernel, strides,
     """``out`` [N, OH, OW, C] = the depthwise convolution of padded NHWC ``xp`` with the
     tap-major weights ``wt`` [KH*KW, C], summed tap by tap (linalg.depthwise_conv_nhwc).
     Returns False, writing nothing, where no native kernel takes these dtypes."""
-    return _window_kernel("depthwise", [xp, wt], out, kernel, strides, dilations,
-                          dtypes=(np.dtype(np.float32), np.dtype(np.float64)))
+    if wt.shape != (kernel[0] * kernel[1], out.shape[3]):
+        raise ValueError(f"depthwise: weights {wt.shape} do not fit {kernel} windows of "
+                         f"{out.shape[3]} channels")
+    return _window_kernel("depthwise", [xp, wt], out, kernel, strides, dilations, _FLOATS)
 
 
 def maxpool(xp: np.ndarray, out: np.ndarray, kernel, strides, dilations) -> bool:
@@ -114,3 +160,31 @@ def maxpool(xp: np.ndarray, out: np.ndarray, kernel, strides, dilations) -> bool
     lowest value), tap by tap as numpy's maximum takes them (nn.MaxPool2d). Returns False,
     writing nothing, where no native kernel takes the dtype."""
     return _window_kernel("maxpool", [xp], out, kernel, strides, dilations)
+
+
+#: the self-check's values: signed zeros, infinities, NaNs of both signs, extremes
+_SPECIALS = [0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan, 1e-45, -1e-45, 3e38, -3e38, 1.5, -2.5]
+
+
+def _self_check(dll) -> None:
+    """Each float kernel against numpy on the special values, 2x2 windows over more channels
+    than a vector group holds (the vector and the scalar code both run): _Unavailable where
+    any number (a NaN by its place) differs, e.g. where this processor's numpy breaks a tie
+    of maximum(-0, +0) the other way."""
+    rng = np.random.default_rng(0)
+    for dtype in _FLOATS:
+        x = rng.choice(np.array(_SPECIALS, dtype), (1, 3, 4, 37))
+        w = rng.choice(np.array(_SPECIALS, dtype), (4, 37))
+        taps = [x[:, i:i + 2, j:j + 3] for i in range(2) for j in range(2)]
+        with np.errstate(all="ignore"):
+            conv, pool = taps[0] * w[0], taps[0]
+            for t in range(1, 4):
+                conv, pool = conv + taps[t] * w[t], np.maximum(pool, taps[t])
+            for name, operands, want in [("depthwise", [x, w], conv), ("maxpool", [x], pool)]:
+                got = np.empty_like(want)
+                ran = _call(dll, f"bevir_{name}_{_SUFFIX[dtype]}", operands, got, (2, 2),
+                            (1, 1), (1, 1))
+                nan, bits = np.isnan(want), f"u{dtype.itemsize}"
+                if not (ran and np.array_equal(np.isnan(got), nan)
+                        and np.array_equal(got[~nan].view(bits), want[~nan].view(bits))):
+                    raise _Unavailable(f"{name} ({dtype}) differs from numpy on special values")
