@@ -83,8 +83,12 @@ def test_rshift_round_is_round_half_up_against_rationals():
     for s in (-7, -1, 0, 1, 2, 5, 13, 31, 40):
         got = rshift_round(v, s)
         assert got.tolist() == [rhu(int(a), s) for a in v]
+    # a shift per element (per channel, per row) takes the broadcasting path
+    shifts = rng.integers(-7, 41, v.shape)
+    assert rshift_round(v, shifts).tolist() == [rhu(int(a), int(s)) for a, s in zip(v, shifts)]
     # ties go toward +inf: 2.5 -> 3, -2.5 -> -2, -0.5 -> 0
     assert rshift_round(np.array([5, -5, -1, 3]), 1).tolist() == [3, -2, 0, 2]
+    assert int(rshift_round(-5, 1)) == -2 and np.shape(rshift_round(np.int64(7), 2)) == ()
 
 
 @pytest.mark.parametrize("ratio", [1.0, 0.75, 1 / 3, 2**-20 * 0.9, 12345.678, 1 - 2**-40,

@@ -58,6 +58,12 @@ def rshift_round(v, shift) -> np.ndarray:
     channel, per row)."""
     v = np.asarray(v, np.int64)
     s = np.asarray(shift, np.int64)
+    if s.ndim == 0:                         # one shift: two passes, in place
+        s = int(s)
+        if s <= 0:
+            return np.left_shift(v, -s) if s else v.copy()
+        out = np.add(v, np.int64(1) << (s - 1))
+        return np.right_shift(out, s, out=out if out.ndim else None)
     right = np.maximum(s, 0)
     half = np.where(right > 0, np.left_shift(np.int64(1), np.maximum(right - 1, 0)), 0)
     return np.left_shift(np.right_shift(v + half, right), np.maximum(-s, 0))
