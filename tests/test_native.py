@@ -184,3 +184,22 @@ def test_kernel_that_fails_its_self_check_runs_numpy(monkeypatch, tmp_path):
     monkeypatch.setattr(native, "SOURCE", mutant)
     monkeypatch.setenv("BEVIR_CACHE", str(tmp_path))
     numpy_after_one_warning(monkeypatch, "maxpool (float32) differs from numpy")
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.int16])
+def test_gather_mac_wraps_as_numpy_int32(dtype, native_runs, rng):
+    """fx_ms_deform_attn's sampling: the native gather and multiply-accumulate gives
+    numpy's int32 results, wrap-around included (weights near 2**31)."""
+    info = np.iinfo(dtype)
+    v = rng.integers(info.min, info.max, (50, 11), endpoint=True).astype(dtype)
+    idx = rng.integers(0, 50, (3, 7, 4))
+    cw = rng.integers(-2**31, 2**31, (3, 7, 4)).astype(np.int32)
+    acc = rng.integers(-2**31, 2**31, (3, 7, 11)).astype(np.int32)
+    want = acc.copy()
+    with np.errstate(over="ignore"):
+        for p in range(4):
+            want += v[idx[..., p]].astype(np.int32) * cw[..., p, None]
+    assert native.gather_mac(v, idx, cw, acc)          # True: the native kernel ran
+    assert acc.tobytes() == want.tobytes()
+    with pytest.raises(ValueError, match="do not fit"):
+        native.gather_mac(v, idx + 50, cw, acc)

@@ -26,6 +26,7 @@ from ..errors import InterpreterError
 from ..ir.opdef import Bool, Float, Int, Ints, OpDef, Piece, Str
 from ..ir.types import AffineQuant, DType, FixedPointQuant, Layout, Quant, TensorType
 from .attention import level_shapes
+from . import native
 from .common import broadcast_types, norm_axis, require
 from .linalg import (CONV_ATTRS, NCHW_CHANNEL_LIMIT, Contraction, Convolution, MatrixProduct,
                      batch_index, conv2d_nchw, conv2d_nhwc, conv_accumulator, from_nhwc, matmul_shape,
@@ -1134,6 +1135,8 @@ class FxMsDeformAttn(OpDef):
             ok = (xi >= 0) & (xi < w) & (yi >= 0) & (yi < h)
             cw = np.where(ok, rshift_round(a * wt, bits), 0).astype(np.int32)
             idx = np.where(ok, yi * w + xi, 0) + base
+            if native.gather_mac(v, idx, cw, acc):
+                continue
             for p in range(points):
                 acc += v[idx[..., p]].astype(np.int32) * cw[..., p, None]
 

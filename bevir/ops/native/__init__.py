@@ -114,7 +114,8 @@ _SUFFIX = {np.dtype(t): name for t, name in [
     (np.int16, "i16"), (np.int32, "i32")]}
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 _KERNELS = [f"bevir_depthwise_{_SUFFIX[t]}" for t in _FLOATS] + [
-    f"bevir_maxpool_{suffix}" for suffix in _SUFFIX.values()]
+    f"bevir_maxpool_{suffix}" for suffix in _SUFFIX.values()] + [
+    "bevir_gather_mac_i8", "bevir_gather_mac_i16"]
 
 
 def _call(dll, name: str, arrays: list[np.ndarray], out: np.ndarray, kernel, strides,
@@ -160,6 +161,28 @@ def maxpool(xp: np.ndarray, out: np.ndarray, kernel, strides, dilations) -> bool
     lowest value), tap by tap as numpy's maximum takes them (nn.MaxPool2d). Returns False,
     writing nothing, where no native kernel takes the dtype."""
     return _window_kernel("maxpool", [xp], out, kernel, strides, dilations)
+
+
+def gather_mac(v: np.ndarray, idx: np.ndarray, cw: np.ndarray, acc: np.ndarray) -> bool:
+    """``acc[..., :] += v[idx[..., p]] * cw[..., p]`` for every tap p, in wrapping int32
+    arithmetic (fx_ms_deform_attn's sampling): ``v`` [V, D] int8/int16 rows, ``idx`` and
+    ``cw`` [..., P] (indices into v, int32 weights), ``acc`` [..., D] int32, C-contiguous,
+    updated in place. Returns False, touching nothing, where no native kernel takes v."""
+    suffix = _SUFFIX.get(v.dtype)
+    if (suffix not in ("i8", "i16") or acc.dtype != np.int32 or not acc.flags.c_contiguous
+            or not enabled()):
+        return False
+    depth = acc.shape[-1]
+    if (v.ndim != 2 or v.shape[1] != depth or idx.shape != cw.shape
+            or idx.shape[:-1] != acc.shape[:-1]
+            or (idx.size and (idx.min() < 0 or idx.max() >= v.shape[0]))):
+        raise ValueError(f"gather_mac: indices {idx.shape} into {v.shape} do not fit "
+                         f"{acc.shape}")
+    v, cw = np.ascontiguousarray(v), np.ascontiguousarray(cw, np.int32)
+    idx = np.ascontiguousarray(idx, np.int64)
+    dims = (ctypes.c_int64 * 3)(acc.size // max(depth, 1), idx.shape[-1], depth)
+    return getattr(library(), f"bevir_gather_mac_{suffix}")(
+        *(ctypes.c_void_p(a.ctypes.data) for a in (v, idx, cw, acc)), dims) == 0
 
 
 #: the self-check's values: signed zeros, infinities, NaNs of both signs, extremes

@@ -117,3 +117,25 @@ MAXPOOL(bevir_maxpool_i8, int8_t, int8_t)
 MAXPOOL(bevir_maxpool_u8, uint8_t, int8_t)
 MAXPOOL(bevir_maxpool_i16, int16_t, int16_t)
 MAXPOOL(bevir_maxpool_i32, int32_t, int32_t)
+
+/* Gathered multiply-accumulate (fx_ms_deform_attn's sampling): for each of `rows` rows r
+ * and its `points` taps p, acc[r, :] += v[idx[r, p], :] * cw[r, p] over `depth` channels,
+ * in int32 arithmetic that wraps as numpy's does (done in uint32: the same bits, no
+ * undefined overflow). dims: rows, points, depth. idx is checked by the caller. */
+#define GATHER_MAC(NAME, T)                                                               \
+  int NAME(const T *v, const int64_t *idx, const int32_t *cw, uint32_t *acc,             \
+           const int64_t *d) {                                                            \
+    const int64_t rows = d[0], points = d[1], depth = d[2];                               \
+    for (int64_t r = 0; r < rows; r++) {                                                  \
+      uint32_t *a = acc + r * depth;                                                      \
+      for (int64_t p = 0; p < points; p++) {                                              \
+        const T *s = v + idx[r * points + p] * depth;                                     \
+        const uint32_t w = (uint32_t)cw[r * points + p];                                  \
+        for (int64_t k = 0; k < depth; k++) a[k] += (uint32_t)(int32_t)s[k] * w;          \
+      }                                                                                   \
+    }                                                                                     \
+    return 0;                                                                             \
+  }
+
+GATHER_MAC(bevir_gather_mac_i8, int8_t)
+GATHER_MAC(bevir_gather_mac_i16, int16_t)
