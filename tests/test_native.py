@@ -203,3 +203,34 @@ def test_gather_mac_wraps_as_numpy_int32(dtype, native_runs, rng):
     assert acc.tobytes() == want.tobytes()
     with pytest.raises(ValueError, match="do not fit"):
         native.gather_mac(v, idx + 50, cw, acc)
+
+
+needs_vnni = pytest.mark.skipif(not (native.enabled() and native._has_vnni()),
+                                reason="no AVX512-VNNI here")
+
+
+@needs_vnni
+@pytest.mark.parametrize("codes, zero_point", [(np.uint8, 0), (np.uint8, 131), (np.int8, 0),
+                                               (np.int8, -7)])
+@pytest.mark.parametrize("m, k, n", [(1, 2, 1), (5, 9, 17), (4, 64, 32), (37, 300, 40),
+                                     (9, 2304, 70)])
+def test_u8s8_gemm_is_the_exact_integer_product(codes, zero_point, m, k, n, rng):
+    """Ragged rows (4 per tile), reductions (4 per lane) and columns (16 per vector), and
+    every code and weight extreme: (codes - zero_point) @ w, exactly."""
+    info = np.iinfo(codes)
+    x = rng.integers(info.min, info.max, (m, k), endpoint=True).astype(codes)
+    w = rng.integers(-128, 127, (k, n), endpoint=True).astype(np.float32)
+    x.reshape(-1)[:2], w.reshape(-1)[:2] = (info.min, info.max), (-128, 127)
+    gemm = native.U8S8Gemm.of(w, x.dtype, zero_point)
+    want = (x.astype(np.int64) - zero_point) @ w.astype(np.int64)
+    assert gemm is not None and np.array_equal(gemm(x), want)
+
+
+def test_u8s8_gemm_declines_what_it_cannot_take(monkeypatch):
+    w = np.ones((8, 3), np.float32)
+    assert native.U8S8Gemm.of(w * 128, np.uint8, 0) is None          # weight out of s8
+    assert native.U8S8Gemm.of(w * 0.5, np.uint8, 0) is None          # not integers
+    assert native.U8S8Gemm.of(w, np.int16, 0) is None                 # 16-bit codes
+    assert native.U8S8Gemm.of(w, np.uint8, np.array([1, 2, 3])) is None   # zero point per column
+    monkeypatch.setenv("BEVIR_NATIVE", "0")
+    assert native.U8S8Gemm.of(w, np.uint8, 0) is None

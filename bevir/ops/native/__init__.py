@@ -115,7 +115,7 @@ _SUFFIX = {np.dtype(t): name for t, name in [
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 _KERNELS = [f"bevir_depthwise_{_SUFFIX[t]}" for t in _FLOATS] + [
     f"bevir_maxpool_{suffix}" for suffix in _SUFFIX.values()] + [
-    "bevir_gather_mac_i8", "bevir_gather_mac_i16"]
+    "bevir_gather_mac_i8", "bevir_gather_mac_i16", "bevir_u8s8_gemm"]
 
 
 def _call(dll, name: str, arrays: list[np.ndarray], out: np.ndarray, kernel, strides,
@@ -183,6 +183,62 @@ def gather_mac(v: np.ndarray, idx: np.ndarray, cw: np.ndarray, acc: np.ndarray) 
     dims = (ctypes.c_int64 * 3)(acc.size // max(depth, 1), idx.shape[-1], depth)
     return getattr(library(), f"bevir_gather_mac_{suffix}")(
         *(ctypes.c_void_p(a.ctypes.data) for a in (v, idx, cw, acc)), dims) == 0
+
+
+class U8S8Gemm:
+    """The exact integer product ``(codes - zero_point) @ w`` of 8-bit activation codes and
+    integer weights in [-128, 127] (qlinear_conv's GEMM), on AVX512-VNNI: u8 codes (int8
+    ones shifted by 128) times s8 weights summed exactly in int32, less ``zero_point *
+    colsum(w)``. :meth:`of` gives None where the kernel cannot take the operands."""
+
+    #: reductions longer than this could leave int32 (255 * 128 per product)
+    MAX_K = (2**31 - 1) // (255 * 128)
+
+    def __init__(self, w: np.ndarray, shift: int, zero_point: int):
+        k, n = w.shape
+        self.k, self.n, self.k4, self.nb = k, n, -(-k // 4), -(-n // 16)
+        padded = np.zeros((self.k4 * 4, self.nb * 16), np.int8)
+        padded[:k, :n] = w
+        # blocks of 16 columns, each k4 step holding 16 lanes of 4 consecutive k
+        self.packed = np.ascontiguousarray(
+            padded.reshape(self.k4, 4, self.nb, 16).transpose(2, 0, 3, 1))
+        self.shift = shift
+        self.offset = (zero_point + shift) * w.sum(0, dtype=np.int64)
+
+    @classmethod
+    def of(cls, w: np.ndarray, codes: np.dtype, zero_point) -> U8S8Gemm | None:
+        """For integer-valued weights ``w`` [K, N] and activation codes of dtype ``codes``
+        with one ``zero_point``; None where the kernel does not apply or cannot run."""
+        zp = np.asarray(zero_point)
+        if (np.dtype(codes) not in (np.dtype(np.uint8), np.dtype(np.int8)) or zp.size != 1
+                or not 0 < w.shape[0] <= cls.MAX_K or not enabled() or not _has_vnni()
+                or w.min(initial=0) < -128 or w.max(initial=0) > 127
+                or not np.array_equal(w, np.round(w))):
+            return None
+        return cls(w.astype(np.int8), 128 if np.dtype(codes) == np.int8 else 0, int(zp))
+
+    def __call__(self, codes: np.ndarray) -> np.ndarray:
+        """int32 [M, N]: the exact product of the [M, K] codes."""
+        m = codes.shape[0]
+        a = np.zeros((m, self.k4 * 4), np.uint8)
+        a[:, :self.k] = codes.view(np.uint8) ^ np.uint8(self.shift) if self.shift else codes
+        out = np.empty((m, self.n), np.int32)
+        dims = (ctypes.c_int64 * 4)(m, self.k4, self.nb, self.n)
+        if library().bevir_u8s8_gemm(*(ctypes.c_void_p(x.ctypes.data)
+                                       for x in (a, self.packed, out)), dims) != 0:
+            raise RuntimeError("bevir_u8s8_gemm: no AVX512-VNNI in this build")
+        out -= self.offset.astype(np.int32)
+        return out
+
+
+@functools.cache
+def _has_vnni() -> bool:
+    """The native library (built) has AVX512-VNNI."""
+    one = np.ones((1, 4), np.uint8)
+    return library().bevir_u8s8_gemm(ctypes.c_void_p(one.ctypes.data),
+                                     ctypes.c_void_p(np.zeros(64, np.int8).ctypes.data),
+                                     ctypes.c_void_p(np.zeros(1, np.int32).ctypes.data),
+                                     (ctypes.c_int64 * 4)(1, 1, 1, 1)) == 0
 
 
 #: the self-check's values: signed zeros, infinities, NaNs of both signs, extremes

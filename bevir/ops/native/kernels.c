@@ -9,6 +9,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef __AVX512VNNI__
+#include <immintrin.h>
+#endif
 
 /* The element offsets of a window's taps from its first, in (kh, kw) order (malloc'd). */
 static ptrdiff_t *tap_offsets(const int64_t *d) {
@@ -139,3 +142,47 @@ MAXPOOL(bevir_maxpool_i32, int32_t, int32_t)
 
 GATHER_MAC(bevir_gather_mac_i8, int8_t)
 GATHER_MAC(bevir_gather_mac_i16, int16_t)
+
+/* Exact u8 x s8 matrix product (qlinear_conv's integer GEMM): out[m, n] = sum over k of
+ * a[m, k] * w[k, n] in int32 (vpdpbusd adds four u8 x s8 products into each lane, without
+ * saturation). a: u8 [M, K4*4]; wp: w packed as s8 [NB][K4][16][4] (16 output columns per
+ * block, 4 k per lane, zero padded); out: int32 [M, N]. dims: M, K4, NB, N. Returns -1
+ * where the processor (the build) has no AVX512-VNNI: the caller falls back. A tile of 4
+ * rows x 32 columns keeps 8 accumulators in registers. */
+int bevir_u8s8_gemm(const uint8_t *a, const int8_t *wp, int32_t *out, const int64_t *d) {
+#ifdef __AVX512VNNI__
+  const int64_t M = d[0], K4 = d[1], NB = d[2], N = d[3];
+  for (int64_t nb = 0; nb < NB; nb += 2) {
+    const int two = nb + 1 < NB;
+    const int8_t *b[2] = {wp + nb * K4 * 64, wp + (nb + two) * K4 * 64};
+    __mmask16 mask[2];
+    for (int j = 0; j < 2; j++) {
+      const int64_t left = N - (nb + j) * 16;
+      mask[j] = (j && !two) || left <= 0 ? 0 : left >= 16 ? 0xFFFF : (__mmask16)((1u << left) - 1);
+    }
+    for (int64_t m = 0; m < M; m += 4) {
+      const int rows = M - m < 4 ? (int)(M - m) : 4;
+      __m512i c[4][2];
+      for (int r = 0; r < 4; r++) c[r][0] = c[r][1] = _mm512_setzero_si512();
+      for (int64_t k = 0; k < K4; k++) {
+        const __m512i w0 = _mm512_loadu_si512(b[0] + k * 64), w1 = _mm512_loadu_si512(b[1] + k * 64);
+        for (int r = 0; r < rows; r++) {
+          int32_t x;
+          memcpy(&x, a + (m + r) * K4 * 4 + 4 * k, 4);
+          const __m512i v = _mm512_set1_epi32(x);
+          c[r][0] = _mm512_dpbusd_epi32(c[r][0], v, w0);
+          c[r][1] = _mm512_dpbusd_epi32(c[r][1], v, w1);
+        }
+      }
+      for (int r = 0; r < rows; r++) {
+        _mm512_mask_storeu_epi32(out + (m + r) * N + nb * 16, mask[0], c[r][0]);
+        _mm512_mask_storeu_epi32(out + (m + r) * N + nb * 16 + 16, mask[1], c[r][1]);
+      }
+    }
+  }
+  return 0;
+#else
+  (void)a; (void)wp; (void)out; (void)d;
+  return -1;
+#endif
+}
