@@ -26,6 +26,7 @@ import numpy as np
 
 from ..ir.opdef import get_op
 from ..ir.types import AffineQuant, DType, FixedPointQuant, Quant
+from . import native
 from .common import require
 from .linalg import exact_chunk, exact_int_matmul
 
@@ -130,7 +131,11 @@ def int_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     block) so every partial sum is exact."""
     a2 = a[None, :] if a.ndim == 1 else a
     b2 = b[:, None] if b.ndim == 1 else b
-    if a.dtype == np.int16:       # |products| <= 2**22: float64 sums of <= 2**16 are exact
+    vnni = (native.U8S8Gemm.of(b2, a.dtype, 0)
+            if a2.ndim == b2.ndim == 2 and a.dtype == b.dtype == np.int8 else None)
+    if vnni is not None:          # the same integers, on the VNNI kernel
+        acc = vnni(a2).astype(np.int64)
+    elif a.dtype == np.int16:     # |products| <= 2**22: float64 sums of <= 2**16 are exact
         acc = np.matmul(a2.astype(np.float64), b2.astype(np.float64)).astype(np.int64)
     else:
         acc = exact_int_matmul(a2.astype(np.float32), b2.astype(np.float32),
