@@ -203,6 +203,10 @@ def test_gather_mac_wraps_as_numpy_int32(dtype, native_runs, rng):
     assert acc.tobytes() == want.tobytes()
     with pytest.raises(ValueError, match="do not fit"):
         native.gather_mac(v, idx + 50, cw, acc)
+    frozen = acc.copy()
+    frozen.setflags(write=False)
+    assert not native.gather_mac(v, idx, cw, frozen)                  # numpy's path raises there
+    assert not native.gather_mac(v, idx.astype(np.float64), cw, acc)  # and for float indices
 
 
 needs_vnni = pytest.mark.skipif(not (native.enabled() and native._has_vnni()),
@@ -232,5 +236,11 @@ def test_u8s8_gemm_declines_what_it_cannot_take(monkeypatch):
     assert native.U8S8Gemm.of(w * 0.5, np.uint8, 0) is None          # not integers
     assert native.U8S8Gemm.of(w, np.int16, 0) is None                 # 16-bit codes
     assert native.U8S8Gemm.of(w, np.uint8, np.array([1, 2, 3])) is None   # zero point per column
+    assert native.U8S8Gemm.of(w, np.uint8, 256) is None               # codes - zp past 255
+    assert native.U8S8Gemm.of(w, np.int8, -129) is None
+    gemm = native.U8S8Gemm.of(w, np.uint8, np.array([3]))              # one zero point, any shape
+    if gemm is not None:
+        with pytest.raises(ValueError, match="columns"):
+            gemm(np.ones((2, 1), np.uint8))
     monkeypatch.setenv("BEVIR_NATIVE", "0")
     assert native.U8S8Gemm.of(w, np.uint8, 0) is None

@@ -62,7 +62,7 @@ def rshift_round(v, shift) -> np.ndarray:
     if s.ndim == 0:                         # one shift: two passes, in place
         s = int(s)
         if s <= 0:
-            return np.left_shift(v, -s) if s else v.copy()
+            return np.left_shift(v, -s)
         out = np.add(v, np.int64(1) << (s - 1))
         return np.right_shift(out, s, out=out if out.ndim else None)
     right = np.maximum(s, 0)

@@ -167,9 +167,11 @@ def gather_mac(v: np.ndarray, idx: np.ndarray, cw: np.ndarray, acc: np.ndarray) 
     """``acc[..., :] += v[idx[..., p]] * cw[..., p]`` for every tap p, in wrapping int32
     arithmetic (fx_ms_deform_attn's sampling): ``v`` [V, D] int8/int16 rows, ``idx`` and
     ``cw`` [..., P] (indices into v, int32 weights), ``acc`` [..., D] int32, C-contiguous,
-    updated in place. Returns False, touching nothing, where no native kernel takes v."""
+    updated in place (an index outside v raises ValueError first). Returns False, touching
+    nothing, where no native kernel takes the operands."""
     suffix = _SUFFIX.get(v.dtype)
     if (suffix not in ("i8", "i16") or acc.dtype != np.int32 or not acc.flags.c_contiguous
+            or not acc.flags.writeable or idx.dtype.kind not in "iu" or cw.dtype.kind not in "iu"
             or not enabled()):
         return False
     depth = acc.shape[-1]
@@ -209,23 +211,27 @@ class U8S8Gemm:
     def of(cls, w: np.ndarray, codes: np.dtype, zero_point) -> U8S8Gemm | None:
         """For integer-valued weights ``w`` [K, N] and activation codes of dtype ``codes``
         with one ``zero_point``; None where the kernel does not apply or cannot run."""
-        zp = np.asarray(zero_point)
+        zp, shift = np.asarray(zero_point), 128 if np.dtype(codes) == np.int8 else 0
         if (np.dtype(codes) not in (np.dtype(np.uint8), np.dtype(np.int8)) or zp.size != 1
+                or zp.dtype.kind not in "iu" or not 0 <= int(zp.item()) + shift <= 255
                 or not 0 < w.shape[0] <= cls.MAX_K or not enabled() or not _has_vnni()
                 or w.min(initial=0) < -128 or w.max(initial=0) > 127
                 or not np.array_equal(w, np.round(w))):
             return None
-        return cls(w.astype(np.int8), 128 if np.dtype(codes) == np.int8 else 0, int(zp))
+        return cls(w.astype(np.int8), shift, int(zp.item()))
 
-    def __call__(self, codes: np.ndarray) -> np.ndarray:
-        """int32 [M, N]: the exact product of the [M, K] codes."""
+    def __call__(self, codes: np.ndarray, dll=None) -> np.ndarray:
+        """int32 [M, N]: the exact product of the [M, K] codes (through ``dll``, else the
+        built library)."""
+        if codes.ndim != 2 or codes.shape[1] != self.k:
+            raise ValueError(f"U8S8Gemm: codes {codes.shape} do not have {self.k} columns")
         m = codes.shape[0]
         a = np.zeros((m, self.k4 * 4), np.uint8)
         a[:, :self.k] = codes.view(np.uint8) ^ np.uint8(self.shift) if self.shift else codes
         out = np.empty((m, self.n), np.int32)
         dims = (ctypes.c_int64 * 4)(m, self.k4, self.nb, self.n)
-        if library().bevir_u8s8_gemm(*(ctypes.c_void_p(x.ctypes.data)
-                                       for x in (a, self.packed, out)), dims) != 0:
+        if (dll or library()).bevir_u8s8_gemm(*(ctypes.c_void_p(x.ctypes.data)
+                                                for x in (a, self.packed, out)), dims) != 0:
             raise RuntimeError("bevir_u8s8_gemm: no AVX512-VNNI in this build")
         out -= self.offset.astype(np.int32)
         return out
@@ -234,10 +240,8 @@ class U8S8Gemm:
 @functools.cache
 def _has_vnni() -> bool:
     """The native library (built) has AVX512-VNNI."""
-    one = np.ones((1, 4), np.uint8)
-    return library().bevir_u8s8_gemm(ctypes.c_void_p(one.ctypes.data),
-                                     ctypes.c_void_p(np.zeros(64, np.int8).ctypes.data),
-                                     ctypes.c_void_p(np.zeros(1, np.int32).ctypes.data),
+    a, wp, out = np.ones((1, 4), np.uint8), np.zeros(64, np.int8), np.zeros(1, np.int32)
+    return library().bevir_u8s8_gemm(*(ctypes.c_void_p(x.ctypes.data) for x in (a, wp, out)),
                                      (ctypes.c_int64 * 4)(1, 1, 1, 1)) == 0
 
 
@@ -267,3 +271,26 @@ def _self_check(dll) -> None:
                 if not (ran and np.array_equal(np.isnan(got), nan)
                         and np.array_equal(got[~nan].view(bits), want[~nan].view(bits))):
                     raise _Unavailable(f"{name} ({dtype}) differs from numpy on special values")
+    _self_check_integers(dll, rng)
+
+
+def _self_check_integers(dll, rng) -> None:
+    """The integer kernels against numpy: wrapping int32 sums, exact u8 x s8 products (where
+    the build has AVX512-VNNI)."""
+    v = rng.integers(-128, 128, (5, 3)).astype(np.int8)
+    idx, cw = rng.integers(0, 5, (4, 2)), rng.integers(-2**31, 2**31, (4, 2)).astype(np.int32)
+    acc, want = np.zeros((4, 3), np.int32), np.zeros((4, 3), np.int32)
+    with np.errstate(over="ignore"):
+        for p in range(2):
+            want += v[idx[:, p]].astype(np.int32) * cw[:, p, None]
+    dll.bevir_gather_mac_i8(*(ctypes.c_void_p(x.ctypes.data) for x in (v, idx, cw, acc)),
+                            (ctypes.c_int64 * 3)(4, 2, 3))
+    if not np.array_equal(acc, want):
+        raise _Unavailable("gather_mac differs from numpy's int32 arithmetic")
+    codes, w = rng.integers(0, 256, (5, 9)).astype(np.uint8), rng.integers(-128, 128, (9, 33))
+    try:
+        got = U8S8Gemm(w.astype(np.int8), 0, 7)(codes, dll)
+    except RuntimeError:                    # no AVX512-VNNI in the build: the kernel is off
+        return
+    if not np.array_equal(got, (codes.astype(np.int64) - 7) @ w):
+        raise _Unavailable("u8s8_gemm differs from numpy's integer product")
