@@ -209,7 +209,7 @@ def test_gather_mac_wraps_as_numpy_int32(dtype, native_runs, rng):
     assert not native.gather_mac(v, idx.astype(np.float64), cw, acc)  # and for float indices
 
 
-needs_vnni = pytest.mark.skipif(not (native.enabled() and native._has_vnni()),
+needs_vnni = pytest.mark.skipif(not native.has_vnni(),
                                 reason="no AVX512-VNNI here")
 
 

@@ -108,6 +108,16 @@ def library() -> ctypes.CDLL | None:
             return None
 
 
+def has_vnni() -> bool:
+    """The native kernels run and their build has AVX512-VNNI (the self-check found out)."""
+    return enabled() and library().vnni
+
+
+def _pointers(*arrays: np.ndarray) -> list[ctypes.c_void_p]:
+    """The data pointers of ``arrays`` for a kernel call (the caller keeps them alive)."""
+    return [ctypes.c_void_p(a.ctypes.data) for a in arrays]
+
+
 #: the C type of each kernel's arrays, by numpy dtype
 _SUFFIX = {np.dtype(t): name for t, name in [
     (np.float32, "f32"), (np.float64, "f64"), (np.int8, "i8"), (np.uint8, "u8"),
@@ -130,8 +140,7 @@ def _call(dll, name: str, arrays: list[np.ndarray], out: np.ndarray, kernel, str
     check_windows((hp, wp), (oh, ow), kernel, strides, dilations)
     arrays = [np.ascontiguousarray(a, out.dtype) for a in arrays]
     dims = (ctypes.c_int64 * 12)(n, hp, wp, c, oh, ow, *kernel, *strides, *dilations)
-    return getattr(dll, name)(*(ctypes.c_void_p(a.ctypes.data) for a in (*arrays, out)),
-                              dims) == 0
+    return getattr(dll, name)(*_pointers(*arrays, out), dims) == 0
 
 
 def _window_kernel(name: str, arrays: list[np.ndarray], out: np.ndarray, kernel, strides,
@@ -184,7 +193,7 @@ def gather_mac(v: np.ndarray, idx: np.ndarray, cw: np.ndarray, acc: np.ndarray) 
     idx = np.ascontiguousarray(idx, np.int64)
     dims = (ctypes.c_int64 * 3)(acc.size // max(depth, 1), idx.shape[-1], depth)
     return getattr(library(), f"bevir_gather_mac_{suffix}")(
-        *(ctypes.c_void_p(a.ctypes.data) for a in (v, idx, cw, acc)), dims) == 0
+        *_pointers(v, idx, cw, acc), dims) == 0
 
 
 class U8S8Gemm:
@@ -214,7 +223,7 @@ class U8S8Gemm:
         zp, shift = np.asarray(zero_point), 128 if np.dtype(codes) == np.int8 else 0
         if (np.dtype(codes) not in (np.dtype(np.uint8), np.dtype(np.int8)) or zp.size != 1
                 or zp.dtype.kind not in "iu" or not 0 <= int(zp.item()) + shift <= 255
-                or not 0 < w.shape[0] <= cls.MAX_K or not enabled() or not _has_vnni()
+                or not 0 < w.shape[0] <= cls.MAX_K or not has_vnni()
                 or w.min(initial=0) < -128 or w.max(initial=0) > 127
                 or not np.array_equal(w, np.round(w))):
             return None
@@ -226,23 +235,17 @@ class U8S8Gemm:
         if codes.ndim != 2 or codes.shape[1] != self.k:
             raise ValueError(f"U8S8Gemm: codes {codes.shape} do not have {self.k} columns")
         m = codes.shape[0]
-        a = np.zeros((m, self.k4 * 4), np.uint8)
-        a[:, :self.k] = codes.view(np.uint8) ^ np.uint8(self.shift) if self.shift else codes
+        if codes.dtype == np.uint8 and self.k % 4 == 0 and codes.flags.c_contiguous:
+            a = codes                       # already u8 rows of whole 4-byte groups
+        else:
+            a = np.zeros((m, self.k4 * 4), np.uint8)
+            a[:, :self.k] = codes.view(np.uint8) ^ np.uint8(self.shift) if self.shift else codes
         out = np.empty((m, self.n), np.int32)
         dims = (ctypes.c_int64 * 4)(m, self.k4, self.nb, self.n)
-        if (dll or library()).bevir_u8s8_gemm(*(ctypes.c_void_p(x.ctypes.data)
-                                                for x in (a, self.packed, out)), dims) != 0:
+        if (dll or library()).bevir_u8s8_gemm(*_pointers(a, self.packed, out), dims) != 0:
             raise RuntimeError("bevir_u8s8_gemm: no AVX512-VNNI in this build")
         out -= self.offset.astype(np.int32)
         return out
-
-
-@functools.cache
-def _has_vnni() -> bool:
-    """The native library (built) has AVX512-VNNI."""
-    a, wp, out = np.ones((1, 4), np.uint8), np.zeros(64, np.int8), np.zeros(1, np.int32)
-    return library().bevir_u8s8_gemm(*(ctypes.c_void_p(x.ctypes.data) for x in (a, wp, out)),
-                                     (ctypes.c_int64 * 4)(1, 1, 1, 1)) == 0
 
 
 #: the self-check's values: signed zeros, infinities, NaNs of both signs, extremes
@@ -283,14 +286,15 @@ def _self_check_integers(dll, rng) -> None:
     with np.errstate(over="ignore"):
         for p in range(2):
             want += v[idx[:, p]].astype(np.int32) * cw[:, p, None]
-    dll.bevir_gather_mac_i8(*(ctypes.c_void_p(x.ctypes.data) for x in (v, idx, cw, acc)),
-                            (ctypes.c_int64 * 3)(4, 2, 3))
+    dll.bevir_gather_mac_i8(*_pointers(v, idx, cw, acc), (ctypes.c_int64 * 3)(4, 2, 3))
     if not np.array_equal(acc, want):
         raise _Unavailable("gather_mac differs from numpy's int32 arithmetic")
     codes, w = rng.integers(0, 256, (5, 9)).astype(np.uint8), rng.integers(-128, 128, (9, 33))
     try:
         got = U8S8Gemm(w.astype(np.int8), 0, 7)(codes, dll)
     except RuntimeError:                    # no AVX512-VNNI in the build: the kernel is off
+        dll.vnni = False
         return
+    dll.vnni = True
     if not np.array_equal(got, (codes.astype(np.int64) - 7) @ w):
         raise _Unavailable("u8s8_gemm differs from numpy's integer product")
