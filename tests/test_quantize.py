@@ -280,6 +280,46 @@ def test_every_op_of_an_attention_block_is_lowered_between_the_sources_and_outpu
     assert all(np.array_equal(got[k], again[k]) for k in got)
 
 
+def _refinement_loop(layers=5, n=4096, seed=0):
+    """The decoder's box refinement: ref <- sigmoid(delta + inverse_sigmoid(ref)), delta a
+    small product of the query (finer frac bits than the logits)."""
+    rng = np.random.default_rng(seed)
+    b = Builder("refine")
+    q = b.input("q", TensorType((n, 8)))
+    ref = b.sigmoid(b.input("r", TensorType((n, 2))))
+    for i in range(layers):
+        with b.loc(f"dec.{i}"):
+            delta = b.matmul(q, b.const((0.03 * rng.standard_normal((8, 2))).astype(np.float32), f"w{i}"))
+            x1 = b.clip(ref, min=0.0, max=1.0)
+            num, den = b.clip(x1, min=1e-5), b.clip(b.sub(b.const(np.float32(1), f"one{i}"), x1), min=1e-5)
+            ref = b.sigmoid(b.concat(b.add(delta, b.log(b.div(num, den))), axis=-1))
+    b.output("ref", ref)
+    return b.graph
+
+
+def test_sums_read_by_tables_are_exact_so_a_refinement_loop_does_not_drift():
+    g = _refinement_loop()
+    ref = g.clone()
+    rng = np.random.default_rng(1)
+    feeds = [{"q": rng.standard_normal((4096, 8)).astype(np.float32),
+              "r": rng.standard_normal((4096, 2)).astype(np.float32)} for _ in range(2)]
+    bevir.calibrate(g, feeds)
+    stats = quantize(g, QuantConfig.build({"sources": ["q", "r"], "default": {"name": "all"}}))
+    bevir.verify(g)
+    assert stats["exact-i16"] == 10                     # 5 sums and the concats they feed
+    for add in (n for n in g.nodes if n.op == "fx_add"):
+        fracs = [v.type.quant.frac_bits[0] for v in add.inputs]
+        assert add.output.type.dtype.value == "i16"
+        assert add.attrs["out_frac_bits"] == max(fracs) > min(fracs)   # no rounding
+    assert all(n.inputs[0].type.dtype.value == "i16" for n in g.nodes if n.op == "fx_sigmoid"
+               and n.inputs[0].producer.op != "fx_quantize")
+    got, want = bevir.run(g, feeds[0])["ref"], bevir.run(ref, feeds[0])["ref"]
+    # rounding the sums half up would add a quarter of a logit step per layer (~1/350 of
+    # the range); exact sums leave the tables' rounding, which is unbiased
+    assert abs(float(np.mean(got - want))) < 1 / 1024
+    assert layer_error(want, got)[0] > 30
+
+
 def test_sampling_offsets_beyond_the_location_bound_stay_float():
     g = _attention_block()
     feeds = _block_inputs(2)

@@ -44,6 +44,7 @@ from ..errors import PassError
 from ..ir.graph import Graph, Node, Value
 from ..ir.types import AffineQuant, DType, FixedPointQuant, TensorType
 from ..ops import get_op
+from ..ops.fixed_point import FxLookup
 from ..ops.numerics import NORM_FRAC, quantize_fixed
 from .accumulators import accumulator_bounds
 from .analysis import AnalysisManager
@@ -329,7 +330,8 @@ class _Lowering:
 
     def unary(self, node: Node, rule: Rule, fy: int, target: str) -> str | None:
         dt, out = self.width(node, rule, fy, target)
-        qs = self.operands(node, node.inputs[:1], dt)
+        wide = self.twin(node.inputs[0], DType.i16) if _is_table(target) else None
+        qs = [wide] if wide is not None else self.operands(node, node.inputs[:1], dt)
         if qs is None:
             return "uncalibrated input"
         self.replace(node, target, qs, out)
@@ -342,8 +344,21 @@ class _Lowering:
         qs = self.operands(node, None, dt)
         if qs is None:
             return "uncalibrated input"
+        if target in ("fx_add", "fx_sub") and dt is DType.i8:
+            out.update(self.exact_width(node.output, qs))
         self.replace(node, target, qs, out)
         return None
+
+    def exact_width(self, v: Value, qs: list[Value]) -> dict:
+        """A sum read only by tables keeps every bit of its operands, in 16 bits: a table
+        takes 16-bit codes at the cost of 8-bit ones, and rounding a sum of operands with
+        finer frac bits (half up) would bias it by a quarter step, which a loop such as
+        the decoder's box refinement (sigmoid(delta + inverse_sigmoid(ref))) accumulates."""
+        if not _read_by_tables(v):
+            return {}
+        exact = max(q.type.quant.frac_bits[0] for q in qs)
+        self.stat("exact-i16")
+        return {"out_dtype": "i16", "out_frac_bits": min(exact, self.frac(v, np.int16))}
 
     def mul(self, node: Node, rule: Rule, fy: int, target: None) -> str | None:
         a, b = node.inputs
@@ -422,12 +437,21 @@ class _Lowering:
         return None
 
     def concat(self, node: Node, rule: Rule, fy: int, target: None) -> str | None:
-        """concat on the codes, each operand requantized to the result's frac bits."""
-        qs = self.operands(node)
-        if qs is None:
+        """concat on the codes, each operand requantized to the result's frac bits; in 16
+        bits, keeping every bit, where some operands are exact sums on their way to a
+        table (see exact_width)."""
+        wide = [self.twin(v, DType.i16) for v in node.inputs] \
+            if _read_by_tables(node.output) else []
+        if all(w is None for w in wide):
+            qs, out = self.operands(node), {"out_frac_bits": fy}
+        else:
+            qs = [self.fixed(v, node) if w is None else w for v, w in zip(node.inputs, wide)]
+            out = self.exact_width(node.output, qs) if None not in qs else {}
+        if qs is None or None in qs:
             return "uncalibrated input"
-        qs = [q if q.type.quant.frac_bits[0] == fy else
-              self._create("fx_requantize", [q], {"out_frac_bits": fy}, node) for q in qs]
+        qs = [q if (q.type.quant.frac_bits[0], q.type.dtype.value) ==
+              (out["out_frac_bits"], out.get("out_dtype", "i8")) else
+              self._create("fx_requantize", [q], out, node) for q in qs]
         self._swap(node, self._create("concat", qs, node.attrs, node))
         return None
 
@@ -549,6 +573,22 @@ class _Lowering:
     def _dead(self, node: Node) -> bool:
         outs = set(map(id, self.graph.outputs.values()))
         return node.graph is None or not any(o.uses or id(o) in outs for o in node.outputs)
+
+
+def _is_table(op: str | None) -> bool:
+    """Whether fx op ``op`` is a table lookup (one entry per input code, 8 or 16 bits)."""
+    return op is not None and isinstance(get_op(op), FxLookup)
+
+
+def _read_by_tables(v: Value) -> bool:
+    """Whether every use of ``v`` is an op that lowers to a table lookup, directly or
+    through data movement and concatenation."""
+    def tabled(u: Node) -> bool:
+        spec = u.opdef.fixed_point
+        return spec is not None and _is_table(spec.target)
+    return bool(v.uses) and all(
+        tabled(u) or ((u.opdef.moves_data and i == 0) or u.op == "concat")
+        and _read_by_tables(u.output) for u, i in v.uses)
 
 
 def _feeds(v: Value, ops: tuple[str, ...], operand: int | None = None) -> bool:
