@@ -27,7 +27,8 @@ bias (i32 fixed).
 Statistics: ``lowered-<op>`` per op, ``float-left`` (compute ops of the kinds above left
 in float: excluded or uncalibrated), ``affine-left`` (ops of rules with
 ``activations="affine"``: their quantization is onnxruntime's, imported from the INT8
-ONNX model, not made here), ``activations-i16`` (ops lowered with 16-bit activations).
+ONNX model, not made here), ``activations-i16`` (ops lowered with 16-bit activations),
+``exact-i16`` (sums, and concats of them, kept exact in 16 bits for the tables that read them).
 """
 from __future__ import annotations
 
