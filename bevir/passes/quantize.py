@@ -584,21 +584,25 @@ def _is_table(op: str | None) -> bool:
 def _read_by_tables(v: Value) -> bool:
     """Whether every use of ``v`` is an op that lowers to a table lookup, directly or
     through data movement and concatenation."""
-    def tabled(u: Node) -> bool:
+    def tabled(u: Node, i: int) -> bool:
         spec = u.opdef.fixed_point
         return spec is not None and _is_table(spec.target)
-    return bool(v.uses) and all(
-        tabled(u) or ((u.opdef.moves_data and i == 0) or u.op == "concat")
-        and _read_by_tables(u.output) for u, i in v.uses)
+    return _all_uses(v, tabled, through=("concat",))
 
 
 def _feeds(v: Value, ops: tuple[str, ...], operand: int | None = None) -> bool:
     """Whether every use of ``v`` is by one of ``ops`` (as operand ``operand``, if given),
     directly or through data movement."""
-    users = v.uses
-    return bool(users) and all(
-        (u.op in ops and (operand is None or i == operand)) or
-        (u.opdef.moves_data and i == 0 and _feeds(u.output, ops, operand)) for u, i in users)
+    return _all_uses(v, lambda u, i: u.op in ops and (operand is None or i == operand))
+
+
+def _all_uses(v: Value, accept: Callable[[Node, int], bool], through: tuple[str, ...] = ()
+              ) -> bool:
+    """Whether ``v`` has uses and ``accept(user, operand index)`` holds for each, looking
+    past data movement (of its first operand) and the ops ``through`` to their users."""
+    return bool(v.uses) and all(
+        accept(u, i) or ((u.opdef.moves_data and i == 0) or u.op in through)
+        and _all_uses(u.output, accept, through) for u, i in v.uses)
 
 
 def _inverse_sigmoid(node: Node) -> tuple[Value | None, float]:
