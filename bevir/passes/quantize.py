@@ -345,18 +345,17 @@ class _Lowering:
         qs = self.operands(node, None, dt)
         if qs is None:
             return "uncalibrated input"
-        if target in ("fx_add", "fx_sub") and dt is DType.i8:
-            out.update(self.exact_width(node.output, qs))
+        if target in ("fx_add", "fx_sub") and dt is DType.i8 and _read_by_tables(node.output):
+            out = self.exact_width(node.output, qs)
         self.replace(node, target, qs, out)
         return None
 
     def exact_width(self, v: Value, qs: list[Value]) -> dict:
-        """A sum read only by tables keeps every bit of its operands, in 16 bits: a table
-        takes 16-bit codes at the cost of 8-bit ones, and rounding a sum of operands with
-        finer frac bits (half up) would bias it by a quarter step, which a loop such as
-        the decoder's box refinement (sigmoid(delta + inverse_sigmoid(ref))) accumulates."""
-        if not _read_by_tables(v):
-            return {}
+        """The result attributes of ``v``, a sum read only by tables, that keep every bit of
+        its operands ``qs``, in 16 bits: a table takes 16-bit codes at the cost of 8-bit
+        ones, and rounding a sum of operands with finer frac bits (half up) would bias it
+        by up to a quarter step, which a loop such as the decoder's box refinement
+        (sigmoid(delta + inverse_sigmoid(ref))) accumulates."""
         exact = max(q.type.quant.frac_bits[0] for q in qs)
         self.stat("exact-i16")
         return {"out_dtype": "i16", "out_frac_bits": min(exact, self.frac(v, np.int16))}
@@ -441,15 +440,13 @@ class _Lowering:
         """concat on the codes, each operand requantized to the result's frac bits; in 16
         bits, keeping every bit, where some operands are exact sums on their way to a
         table (see exact_width)."""
-        wide = [self.twin(v, DType.i16) for v in node.inputs] \
-            if _read_by_tables(node.output) else []
-        if all(w is None for w in wide):
-            qs, out = self.operands(node), {"out_frac_bits": fy}
-        else:
-            qs = [self.fixed(v, node) if w is None else w for v, w in zip(node.inputs, wide)]
-            out = self.exact_width(node.output, qs) if None not in qs else {}
-        if qs is None or None in qs:
+        to_table = _read_by_tables(node.output)
+        wide = [self.twin(v, DType.i16) if to_table else None for v in node.inputs]
+        qs = [self.fixed(v, node) if w is None else w for v, w in zip(node.inputs, wide)]
+        if None in qs:
             return "uncalibrated input"
+        out = {"out_frac_bits": fy} if all(w is None for w in wide) else \
+            self.exact_width(node.output, qs)
         qs = [q if (q.type.quant.frac_bits[0], q.type.dtype.value) ==
               (out["out_frac_bits"], out.get("out_dtype", "i8")) else
               self._create("fx_requantize", [q], out, node) for q in qs]
