@@ -335,20 +335,35 @@ class _Lowering:
         qs = [wide] if wide is not None else self.operands(node, node.inputs[:1], dt)
         if qs is None:
             return "uncalibrated input"
-        self.replace(node, target, qs, out)
+        self.replace(node, target, qs, self.table_width(node, dt, out) if _is_table(target) else out)
         return None
+
+    def table_width(self, node: Node, dt: DType, out: dict) -> dict:
+        """A table's result attributes: 16 bits where only exact sums read it (they keep 16
+        bits anyway, and a table of 16-bit entries costs what one of 8-bit entries does)."""
+        if dt is not DType.i8 or not _all_uses(node.output, _exact_sum):
+            return out
+        self.stat("exact-i16")
+        return {"out_dtype": "i16", "out_frac_bits": self.frac(node.output, np.int16)}
 
     def binary(self, node: Node, rule: Rule, fy: int, target: str) -> str | None:
         if all(v.is_const for v in node.inputs):
             return "both operands are constants"
         dt, out = self.width(node, rule, fy, target)
-        qs = self.operands(node, None, dt)
+        exact = dt is DType.i8 and _exact_sum(node)
+        qs = self.wide_operands(node) if exact else self.operands(node, None, dt)
         if qs is None:
             return "uncalibrated input"
-        if target in ("fx_add", "fx_sub") and dt is DType.i8 and _read_by_tables(node.output):
-            out = self.exact_width(node.output, qs)
-        self.replace(node, target, qs, out)
+        self.replace(node, target, qs, self.exact_width(node.output, qs) if exact else out)
         return None
+
+    def wide_operands(self, node: Node) -> list[Value] | None:
+        """The operands as fixed point for an op that keeps 16 bits: their codes where
+        they have them (16 or 8 bits), else quantized to 16 bits (None if one is
+        uncalibrated)."""
+        qs = [self.twin(v, DType.i16) or self.twin(v, DType.i8) or self.fixed(v, node, DType.i16)
+              for v in node.inputs]
+        return None if None in qs else qs
 
     def exact_width(self, v: Value, qs: list[Value]) -> dict:
         """The result attributes of ``v``, a sum read only by tables, that keep every bit of
@@ -422,7 +437,7 @@ class _Lowering:
         xq = self.fixed(x, node, dt)
         if xq is None:
             return "uncalibrated input"
-        self.replace(node, "fx_inverse_sigmoid", [xq], {**out, "eps": eps})
+        self.replace(node, "fx_inverse_sigmoid", [xq], {**self.table_width(node, dt, out), "eps": eps})
         return None
 
     def softmax(self, node: Node, rule: Rule, fy: int, target: None) -> str | None:
@@ -440,12 +455,10 @@ class _Lowering:
         """concat on the codes, each operand requantized to the result's frac bits; in 16
         bits, keeping every bit, where some operands are exact sums on their way to a
         table (see exact_width)."""
-        to_table = _read_by_tables(node.output)
-        wide = [self.twin(v, DType.i16) if to_table else None for v in node.inputs]
-        qs = [self.fixed(v, node) if w is None else w for v, w in zip(node.inputs, wide)]
-        if None in qs:
+        qs = self.wide_operands(node) if _read_by_tables(node.output) else self.operands(node)
+        if qs is None:
             return "uncalibrated input"
-        out = {"out_frac_bits": fy} if all(w is None for w in wide) else \
+        out = {"out_frac_bits": fy} if all(q.type.dtype is DType.i8 for q in qs) else \
             self.exact_width(node.output, qs)
         qs = [q if (q.type.quant.frac_bits[0], q.type.dtype.value) ==
               (out["out_frac_bits"], out.get("out_dtype", "i8")) else
@@ -585,6 +598,11 @@ def _read_by_tables(v: Value) -> bool:
         spec = u.opdef.fixed_point
         return spec is not None and _is_table(spec.target)
     return _all_uses(v, tabled, through=("concat",))
+
+
+def _exact_sum(node: Node, i: int = 0) -> bool:
+    """Whether ``node`` is a sum that lowers exact, in 16 bits: one read only by tables."""
+    return node.op in ("add", "sub") and _read_by_tables(node.output)
 
 
 def _feeds(v: Value, ops: tuple[str, ...], operand: int | None = None) -> bool:
