@@ -28,7 +28,8 @@ Statistics: ``lowered-<op>`` per op, ``float-left`` (compute ops of the kinds ab
 in float: excluded or uncalibrated), ``affine-left`` (ops of rules with
 ``activations="affine"``: their quantization is onnxruntime's, imported from the INT8
 ONNX model, not made here), ``activations-i16`` (ops lowered with 16-bit activations),
-``exact-i16`` (sums, and concats of them, kept exact in 16 bits for the tables that read them).
+``exact-i16`` (sums, and concats of them, kept exact in 16 bits for the tables that read
+them; tables read only by such sums, giving 16 bits).
 """
 from __future__ import annotations
 
@@ -331,17 +332,18 @@ class _Lowering:
 
     def unary(self, node: Node, rule: Rule, fy: int, target: str) -> str | None:
         dt, out = self.width(node, rule, fy, target)
-        wide = self.twin(node.inputs[0], DType.i16) if _is_table(target) else None
+        table = _is_table(target)
+        wide = self.twin(node.inputs[0], DType.i16) if table else None
         qs = [wide] if wide is not None else self.operands(node, node.inputs[:1], dt)
         if qs is None:
             return "uncalibrated input"
-        self.replace(node, target, qs, self.table_width(node, dt, out) if _is_table(target) else out)
+        self.replace(node, target, qs, self.table_width(node, dt, out) if table else out)
         return None
 
     def table_width(self, node: Node, dt: DType, out: dict) -> dict:
         """A table's result attributes: 16 bits where only exact sums read it (they keep 16
         bits anyway, and a table of 16-bit entries costs what one of 8-bit entries does)."""
-        if dt is not DType.i8 or not _all_uses(node.output, _exact_sum):
+        if dt is not DType.i8 or not _all_uses(node.output, lambda u, i: _exact_sum(u)):
             return out
         self.stat("exact-i16")
         return {"out_dtype": "i16", "out_frac_bits": self.frac(node.output, np.int16)}
@@ -600,7 +602,7 @@ def _read_by_tables(v: Value) -> bool:
     return _all_uses(v, tabled, through=("concat",))
 
 
-def _exact_sum(node: Node, i: int = 0) -> bool:
+def _exact_sum(node: Node) -> bool:
     """Whether ``node`` is a sum that lowers exact, in 16 bits: one read only by tables."""
     return node.op in ("add", "sub") and _read_by_tables(node.output)
 
