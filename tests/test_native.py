@@ -13,6 +13,7 @@ from bevir import Builder, TensorType
 from bevir.ir.types import Layout
 from bevir.ops import linalg, native
 from bevir.ops.linalg import conv2d_nhwc
+from tests.e2e_digests import platform_key
 
 # (channels, channel multiplier, kernel, strides, dilations, pads): channel counts below,
 # between and above the kernels' vector widths (4 float64 / 8 float32 lanes, 4 vectors);
@@ -244,3 +245,90 @@ def test_u8s8_gemm_declines_what_it_cannot_take(monkeypatch):
             gemm(np.ones((2, 1), np.uint8))
     monkeypatch.setenv("BEVIR_NATIVE", "0")
     assert native.U8S8Gemm.of(w, np.uint8, 0) is None
+
+
+# ---- FMA products: conv2d through native.GatherGemm where BLAS sums by FMA steps too ----
+# (layout, NCHW dims, out channels, kernel, strides, dilations, pads, groups)
+FMA_CASES = [
+    (Layout.nhwc, (1, 3, 40, 36), 24, (3, 3), (2, 2), (1, 1), (1, 1, 1, 1), 1),   # a stem
+    (Layout.plain, (2, 3, 33, 30), 16, (7, 7), (2, 2), (1, 1), (3, 3, 3, 3), 1),
+    (Layout.nhwc, (1, 20, 12, 14), 40, (3, 3), (1, 1), (1, 1), (1, 1, 1, 1), 1),
+    (Layout.nhwc, (1, 48, 14, 14), 48, (1, 1), (1, 1), (1, 1), (0, 0, 0, 0), 1),
+    (Layout.plain, (1, 24, 9, 11), 33, (2, 3), (1, 2), (2, 1), (0, 1, 2, 0), 1),
+    (Layout.nhwc, (1, 32, 10, 10), 32, (3, 3), (1, 1), (1, 1), (1, 1, 1, 1), 2),
+    (Layout.nhwc, (1, 48, 10, 10), 48, (3, 3), (1, 1), (1, 1), (1, 1, 1, 1), 6),
+]
+
+
+@pytest.fixture
+def fma_runs(monkeypatch):
+    """How many native FMA products ran."""
+    runs = []
+    real = native.GatherGemm.__call__
+    monkeypatch.setattr(native.GatherGemm, "__call__",
+                        lambda self, *a: runs.append(self) or real(self, *a))
+    return runs
+
+
+def conv_graph(case, rng, special: bool = False):
+    layout, (n, c, h, w), o, kernel, strides, dilations, pads, groups = case
+    x = rng.standard_normal((n, h, w, c) if layout is Layout.nhwc else (n, c, h, w))
+    wt = rng.standard_normal((o, c // groups, *kernel))
+    if special:
+        x.reshape(-1)[::7], x.reshape(-1)[3::11], wt.reshape(-1)[::5] = np.inf, -0.0, -0.0
+        wt.reshape(-1)[2::9] = 1e30
+    x, wt = x.astype(np.float32), wt.astype(np.float32)
+    b = Builder("conv")
+    y = b.conv2d(b.input("x", TensorType.of(x, layout)), b.const(wt),
+                 b.const(rng.standard_normal(o).astype(np.float32)), strides=strides,
+                 pads=pads, dilations=dilations, groups=groups)
+    b.output("y", y)
+    return b.graph, x
+
+
+@pytest.mark.parametrize("special", [False, True], ids=["normal", "special"])
+@pytest.mark.parametrize("case", FMA_CASES, ids=str)
+def test_fma_conv_bits_are_numpys(case, special, monkeypatch, fma_runs, rng):
+    """Native or not, the same bits (a NaN by its place): the native product runs only
+    where native.agrees found BLAS to sum the same way (OpenBLAS does for the stems; not in
+    the tail columns of some widths, nor with 8 channels a group, here)."""
+    graph, x = conv_graph(case, rng, special)
+    runs = {}
+    for on in ("1", "0"):
+        monkeypatch.setenv("BEVIR_NATIVE", on)
+        bevir.run(graph, {"x": x})              # the first run of a shape checks the kernel
+        fma_runs.clear()
+        runs[on] = bevir.run(graph, {"x": x})["y"]
+        if on == "1" and case in FMA_CASES[:2] and "openblas SkylakeX" in platform_key():
+            assert fma_runs, "the stems run natively"
+    nan = np.isnan(runs["0"])
+    assert np.array_equal(np.isnan(runs["1"]), nan)
+    assert runs["1"][~nan].tobytes() == runs["0"][~nan].tobytes()
+
+
+def test_agrees_tells_another_summation_order_apart(rng):
+    """A product summed in reverse order is found out in one trial, and the verdict kept."""
+    a, b = rng.standard_normal((30, 40)).astype(np.float32), rng.standard_normal((40, 20))
+    b = b.astype(np.float32)
+    calls = []
+
+    def reversed_sum(a, b):
+        calls.append(1)
+        return np.matmul(a[:, ::-1].copy(), b[::-1].copy())
+
+    key = ("reversed", a.shape, b.shape)
+    assert not native.agrees(key, reversed_sum, np.matmul, (a, b))
+    assert not native.agrees(key, reversed_sum, np.matmul, (a, b)) and len(calls) == 1
+    assert native.agrees(("same", a.shape, b.shape), np.matmul, np.matmul, (a, b))
+    assert not native.agrees(("cannot", a.shape), lambda *_: None, np.matmul, (a, b))
+
+
+def test_gather_gemm_refuses_offsets_outside_its_operand():
+    with pytest.raises(ValueError, match="outside the 12 elements"):
+        native.GatherGemm(np.array([0, 8]), np.array([0, 1, 4]), 12, 3)
+    with pytest.raises(ValueError, match="outside"):
+        native.GatherGemm(np.array([0, 2]), np.array([0, 1]), 12, 3, groups=3, group_stride=5)
+    gemm = native.GatherGemm(np.array([0, 3]), np.array([0, 1, 2]), 6, 2)
+    with pytest.raises(ValueError, match="operands"):
+        gemm(np.zeros(7, np.float32), np.zeros((1, 3, 2), np.float32), None,
+             np.zeros((2, 2), np.float32))

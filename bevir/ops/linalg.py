@@ -1,6 +1,7 @@
 """Convolution and matrix products: the ops that carry the MACs, all through BLAS."""
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -296,6 +297,111 @@ def from_nhwc(y: np.ndarray, layout: Layout) -> np.ndarray:
     return y if layout is Layout.nhwc else y.transpose(0, 3, 1, 2)
 
 
+def conv2d_float(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, layout: Layout, strides,
+                 pads, dilations, groups: int) -> np.ndarray:
+    """conv2d's float semantics: few input channels (the stem) by :func:`conv2d_nchw`, the
+    others by :func:`conv2d_nhwc`, each the same algorithm (and float sums) in either
+    layout, so results never depend on it; then the bias."""
+    if groups == 1 and w.shape[1] < NCHW_CHANNEL_LIMIT:
+        nhwc = layout is Layout.nhwc
+        y = conv2d_nchw(x.transpose(0, 3, 1, 2) if nhwc else x, w, strides, pads, dilations)
+        y = y if b is None else y + b[:, None, None]
+        return y.transpose(0, 2, 3, 1) if nhwc else y
+    y = conv2d_nhwc(to_nhwc(x, layout), w, strides, pads, dilations, groups)
+    if b is not None:
+        y += b
+    return from_nhwc(y, layout)
+
+
+#: the largest convolution (MACs) that runs through native FMA products: beyond it BLAS
+#: runs its own threads, and the kernel has one
+FMA_MACS = 1 << 23
+#: and the longest reduction: BLAS splits longer ones into blocks (their sums differ)
+FMA_REDUCTION = 512
+
+
+def fma_eligible(x: np.ndarray, w: np.ndarray, strides, groups: int) -> bool:
+    """Whether :func:`conv2d_fma` may stand in for :func:`conv2d_float` (where
+    native.agrees finds the same bits): a float32 convolution, not a depthwise one (a
+    kernel of its own), not too large."""
+    o, cg, kh, kw = w.shape
+    k, pixels = cg * kh * kw, x.size // (cg * groups * strides[0] * strides[1])
+    return (x.dtype == w.dtype == np.float32 and (cg > 1 or groups == 1)
+            and k <= FMA_REDUCTION and pixels * k * o <= FMA_MACS and native.enabled())
+
+
+def conv2d_fma(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, layout: Layout, strides,
+               pads, dilations, groups: int) -> np.ndarray | None:
+    """The float32 convolution as native FMA products over the padded input
+    (:class:`native.GatherGemm`, no im2col copy), each group's reduction in
+    :func:`conv2d_float`'s order, (c, kh, kw) for an ungrouped one of few channels, else
+    (kh, kw, c), and the bias added after; None where the kernel cannot run. Where BLAS
+    also sums by FMA steps (native.agrees finds out), the bits are conv2d_float's."""
+    o, cg, kh, kw = w.shape
+    nhwc = layout is Layout.nhwc
+    xp = np.ascontiguousarray(pad_nhwc(x, pads) if nhwc else pad_nchw(x, pads))
+    n, h, wd = xp.shape[0], xp.shape[-3 + (not nhwc)], xp.shape[-2 + (not nhwc)]
+    oh = conv_out_size(h, kh, strides[0], 0, dilations[0])
+    ow = conv_out_size(wd, kw, strides[1], 0, dilations[1])
+    channel_major = groups == 1 and cg < NCHW_CHANNEL_LIMIT
+    plan = _window_plan(xp.shape, nhwc, o, (oh, ow), (kh, kw), tuple(strides),
+                        tuple(dilations), groups, channel_major)
+    if plan is None:
+        return None
+    out = np.empty((n, oh, ow, o), np.float32)
+    plan(xp, fma_weights(w, groups, channel_major), b, out.reshape(-1, o))
+    return from_nhwc(out, layout)
+
+
+def pad_nchw(x: np.ndarray, pads) -> np.ndarray:
+    """NCHW ``x`` padded with zeros by ``pads`` = (top, left, bottom, right)."""
+    top, left, bottom, right = pads
+    return np.pad(x, ((0, 0), (0, 0), (top, bottom), (left, right))) if any(pads) else x
+
+
+@functools.lru_cache(maxsize=512)
+def _window_plan(shape, nhwc: bool, o: int, out_hw, kernel, strides, dilations, groups: int,
+                 channel_major: bool) -> native.GatherGemm | None:
+    """The native product of a convolution over a padded C-contiguous input of ``shape``:
+    a row per output pixel (its window's first element), an offset per tap of a group, in
+    (c, kh, kw) order where ``channel_major``, else (kh, kw, c)."""
+    if nhwc:
+        n, h, wd, ch = shape
+        sn, sh_, sw_, sc = h * wd * ch, wd * ch, ch, 1
+    else:
+        n, ch, h, wd = shape
+        sn, sc, sh_, sw_ = ch * h * wd, h * wd, wd, 1
+    (oh, ow), (kh, kw), (sy, sx), (dy, dx) = out_hw, kernel, strides, dilations
+    cg = ch // groups
+    rows = (np.arange(n)[:, None, None] * sn + np.arange(oh)[:, None] * (sy * sh_)
+            + np.arange(ow) * (sx * sw_)).reshape(-1)
+    c, i, j = np.arange(cg) * sc, np.arange(kh) * (dy * sh_), np.arange(kw) * (dx * sw_)
+    offs = (c[:, None, None] + i[:, None] + j if channel_major
+            else i[:, None, None] + j[:, None] + c).reshape(-1)
+    return native.GatherGemm.of(rows, offs, math.prod(shape), o // groups, groups, cg * sc)
+
+
+#: the [G, K, O/G] operands of read-only weights for conv2d_fma while they live
+_FMA_WEIGHTS = ArrayCache()
+
+
+def fma_weights(w: np.ndarray, groups: int, channel_major: bool) -> np.ndarray:
+    """``w`` [O, C/G, KH, KW] as the C-contiguous float32 [G, K, O/G] operand of conv2d_fma,
+    rows in (c, kh, kw) order where ``channel_major``, else (kh, kw, c); made once for a
+    weight nothing can change (a graph constant)."""
+    hit = _FMA_WEIGHTS.get(w)
+    if hit is not None and hit[0] == (groups, channel_major):
+        return hit[1]
+    o, cg, kh, kw = w.shape
+    m = w.reshape(groups, o // groups, cg, kh, kw)
+    m = m.transpose(0, 2, 3, 4, 1) if channel_major else m.transpose(0, 3, 4, 2, 1)
+    m = np.ascontiguousarray(m, np.float32).reshape(groups, cg * kh * kw, o // groups)
+    if _read_only(w):
+        m.setflags(write=False)
+        _FMA_WEIGHTS.put(w, ((groups, channel_major), m))
+    return m
+
+
 # ---- the product families: one shape rule and one MAC count each --------------------------
 class Contraction(OpDef):
     """Ops whose results are sums of products: MACs = result elements x reduction length.
@@ -509,17 +615,14 @@ class Conv2d(Convolution):
         require(b is None or b.shape == (w.shape[0],), f"bias must be [{w.shape[0]}], got {b}")
         return TensorType(shape, x.dtype, x.layout)
     def compute(self, c, x, w, b=None):
-        layout = c.in_types[0].layout
-        if c.groups == 1 and w.shape[1] < NCHW_CHANNEL_LIMIT:
-            # the same algorithm (and float sums) in either layout: results never depend on it
-            nhwc = layout is Layout.nhwc
-            y = conv2d_nchw(x.transpose(0, 3, 1, 2) if nhwc else x, w, c.strides, c.pads, c.dilations)
-            y = y if b is None else y + b[:, None, None]
-            return y.transpose(0, 2, 3, 1) if nhwc else y
-        y = conv2d_nhwc(to_nhwc(x, layout), w, c.strides, c.pads, c.dilations, c.groups)
-        if b is not None:
-            y += b
-        return from_nhwc(y, layout)
+        args = (c.in_types[0].layout, tuple(c.strides), tuple(c.pads), tuple(c.dilations),
+                c.groups)
+        if fma_eligible(x, w, c.strides, c.groups) and native.agrees(
+                ("conv2d", x.shape, w.shape, b is None) + args,
+                lambda *xwb: conv2d_fma(*xwb, *args), lambda *xwb: conv2d_float(*xwb, *args),
+                (x, w, b)):
+            return conv2d_fma(x, w, b, *args)
+        return conv2d_float(x, w, b, *args)
 
 
 class MatMul(MatrixProduct):

@@ -21,6 +21,7 @@ import subprocess
 import tempfile
 import threading
 import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -100,6 +101,7 @@ def library() -> ctypes.CDLL | None:
             dll = _build()
             for name in _KERNELS:
                 getattr(dll, name).restype = ctypes.c_int
+            dll.bevir_gather_gemm_f32.argtypes = [ctypes.c_void_p] * 7
             _self_check(dll)
             return dll
         except _Unavailable as e:
@@ -125,7 +127,7 @@ _SUFFIX = {np.dtype(t): name for t, name in [
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 _KERNELS = [f"bevir_depthwise_{_SUFFIX[t]}" for t in _FLOATS] + [
     f"bevir_maxpool_{suffix}" for suffix in _SUFFIX.values()] + [
-    "bevir_gather_mac_i8", "bevir_gather_mac_i16", "bevir_u8s8_gemm"]
+    "bevir_gather_mac_i8", "bevir_gather_mac_i16", "bevir_u8s8_gemm", "bevir_gather_gemm_f32"]
 
 
 def _call(dll, name: str, arrays: list[np.ndarray], out: np.ndarray, kernel, strides,
@@ -194,6 +196,81 @@ def gather_mac(v: np.ndarray, idx: np.ndarray, cw: np.ndarray, acc: np.ndarray) 
     dims = (ctypes.c_int64 * 3)(acc.size // max(depth, 1), idx.shape[-1], depth)
     return getattr(library(), f"bevir_gather_mac_{suffix}")(
         *_pointers(v, idx, cw, acc), dims) == 0
+
+
+class GatherGemm:
+    """The float32 product ``out`` [M, N] = A @ b [K, N] (+ bias [N]) of one shape, A's
+    element (m, k) read from a flat operand at ``rows[m] + offs[k]``, each sum of products
+    fused-multiply-added in k order onto +0 (``bevir_gather_gemm_f32``: how an FMA kernel of
+    BLAS sums; whether BLAS sums a given shape so is for :func:`agrees` to find). A
+    convolution's rows are its output pixels' first window elements and its offsets the
+    taps' distances from them, so it runs without an im2col copy. The offsets are checked
+    once, against the operand size they are made for; :meth:`of` gives None where the
+    kernel cannot run."""
+
+    def __init__(self, rows: np.ndarray, offs: np.ndarray, size: int, n: int, groups: int = 1,
+                 group_stride: int = 0):
+        rows, offs = (np.ascontiguousarray(i, np.int64) for i in (rows, offs))
+        last = (groups - 1) * group_stride
+        if rows.ndim != 1 or offs.ndim != 1 or groups < 1 or group_stride < 0 or (
+                rows.size and offs.size and (rows.min() < 0 or offs.min() < 0
+                                             or rows.max() + offs.max() + last >= size)):
+            raise ValueError(f"GatherGemm: offsets outside the {size} elements of the operand")
+        self.rows, self.offs, self.size, self.groups = rows, offs, size, groups
+        self.m, self.k, self.n = rows.size, offs.size, n
+        self.dims = (ctypes.c_int64 * 6)(self.m, n, self.k, groups * n, groups, group_stride)
+        self._fixed = (rows.ctypes.data, offs.ctypes.data)
+
+    @classmethod
+    def of(cls, rows: np.ndarray, offs: np.ndarray, size: int, n: int, groups: int = 1,
+           group_stride: int = 0) -> GatherGemm | None:
+        """The product, or None where the native kernels are off or lack AVX-512."""
+        if not (enabled() and library().avx512):
+            return None
+        return cls(rows, offs, size, n, groups, group_stride)
+
+    def __call__(self, a: np.ndarray, b: np.ndarray, bias: np.ndarray | None,
+                 out: np.ndarray) -> None:
+        """Write the product of C-contiguous float32 ``a`` (``size`` elements), ``b``
+        [G, K, N] and ``bias`` [G * N] (or None) into C-contiguous float32 ``out`` [M, G * N]."""
+        f32, g = np.dtype(np.float32), self.groups
+        if not (a.size == self.size and b.shape == (g, self.k, self.n)
+                and out.shape == (self.m, g * self.n)
+                and (bias is None or bias.shape == (g * self.n,))
+                and all(t.dtype == f32 and t.flags.c_contiguous
+                        for t in (a, b, out, *([] if bias is None else [bias])))
+                and out.flags.writeable):
+            raise ValueError(f"GatherGemm {g}x {self.m}x{self.k}x{self.n}: operands {a.shape}, "
+                             f"{b.shape}, {None if bias is None else bias.shape} -> {out.shape}")
+        if self.m and self.n:
+            library().bevir_gather_gemm_f32(
+                a.ctypes.data, *self._fixed, b.ctypes.data,
+                None if bias is None else bias.ctypes.data, out.ctypes.data,
+                ctypes.addressof(self.dims))
+
+
+#: key -> whether the native path gave the numpy path's bits (see :func:`agrees`)
+_AGREEMENT: dict = {}
+
+
+def agrees(key, native: Callable[..., np.ndarray | None], reference: Callable[..., np.ndarray],
+           like: Sequence[np.ndarray | None]) -> bool:
+    """Whether ``native(*operands)`` computes the same bits as ``reference(*operands)``,
+    found once per ``key`` (which must name everything that decides how either computes:
+    shapes, dtypes, attributes) on random normal operands shaped like ``like`` (None stays
+    None). ``native`` returns None where it cannot run: then False. Two summation orders
+    of random operands differ in almost every element, so one trial tells them apart."""
+    verdict = _AGREEMENT.get(key)
+    if verdict is None:
+        rng = np.random.default_rng(0)
+        operands = [None if a is None else rng.standard_normal(a.shape).astype(a.dtype)
+                    for a in like]
+        got, want = native(*operands), reference(*operands)
+        verdict = (got is not None and got.dtype == want.dtype and got.shape == want.shape
+                   and np.array_equal(got.view(f"u{got.dtype.itemsize}"),
+                                      want.view(f"u{want.dtype.itemsize}")))
+        _AGREEMENT[key] = verdict
+    return verdict
 
 
 class U8S8Gemm:
@@ -275,6 +352,7 @@ def _self_check(dll) -> None:
                         and np.array_equal(got[~nan].view(bits), want[~nan].view(bits))):
                     raise _Unavailable(f"{name} ({dtype}) differs from numpy on special values")
     _self_check_integers(dll, rng)
+    _self_check_gemm(dll, rng)
 
 
 def _self_check_integers(dll, rng) -> None:
@@ -298,3 +376,21 @@ def _self_check_integers(dll, rng) -> None:
     dll.vnni = True
     if not np.array_equal(got, (codes.astype(np.int64) - 7) @ w):
         raise _Unavailable("u8s8_gemm differs from numpy's integer product")
+
+
+def _self_check_gemm(dll, rng) -> None:
+    """The FMA product against numpy's fused multiply-add, where the build has AVX-512."""
+    # in [1, 2): each step's exact sum fits float64's 53 bits (24-bit products, sums < 16)
+    a, b, bias = (rng.uniform(1, 2, s).astype(np.float32) for s in ((5, 3), (3, 35), (35,)))
+    rows, offs = np.arange(0, 15, 3, dtype=np.int64), np.arange(3, dtype=np.int64)
+    out = np.empty((5, 35), np.float32)
+    dims = (ctypes.c_int64 * 6)(5, 35, 3, 35, 1, 0)
+    dll.avx512 = dll.bevir_gather_gemm_f32(*(t.ctypes.data for t in (a, rows, offs, b, bias, out)),
+                                           ctypes.addressof(dims)) == 0
+    if not dll.avx512:
+        return
+    acc = np.zeros((5, 35), np.float64)     # each FMA step exact, then rounded to float32
+    for k in range(3):
+        acc = (acc + a[:, k, None].astype(np.float64) * b[k]).astype(np.float32).astype(np.float64)
+    if not np.array_equal(out, acc.astype(np.float32) + bias):
+        raise _Unavailable("gather_gemm differs from fused multiply-adds")

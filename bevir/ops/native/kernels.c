@@ -9,7 +9,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#ifdef __AVX512VNNI__
+#ifdef __AVX512F__
 #include <immintrin.h>
 #endif
 
@@ -183,6 +183,77 @@ int bevir_u8s8_gemm(const uint8_t *a, const int8_t *wp, int32_t *out, const int6
   return 0;
 #else
   (void)a; (void)wp; (void)out; (void)d;
+  return -1;
+#endif
+}
+
+/* Float32 products summed as an FMA kernel of BLAS sums them: out[m, n] = the products
+ * a[rows[m] + offs[k]] * b[k, n], fused-multiply-added onto +0 in k order (one rounding a
+ * step), then + bias[n] (a separate add) where bias is not NULL. The rows of A are gathered
+ * through rows and offs, so a convolution runs without its im2col copy: rows[m] is output
+ * pixel m's first window element in the padded input, offs[k] tap k's distance from it.
+ * b: [K, N] row-major; out: [M, N], rows ldo apart. dims: M, N, K, ldo, G, S: a grouped
+ * convolution makes G such products, group g reading A's elements g * S further on, b and
+ * bias g * K * N and g * N further on, writing out's columns g * N on (ldo = G * N). The
+ * caller uses it only where it has found BLAS to give the same bits (native.agrees). A tile of R rows x V
+ * vectors of 16 columns keeps R * V = 8 accumulators in registers (constant indices: a
+ * variable one would spill them) while a strip of b stays in cache; narrow products take
+ * the 8 x 1 tile, so no lanes are wasted. Returns -1 where the build has no AVX-512. */
+#ifdef __AVX512F__
+#define UNROLL _Pragma("GCC unroll 8")
+#define GATHER_GEMM_TILES(R, V)                                                           \
+  static void gather_gemm_##R##x##V(const float *a, const int64_t *rows,                  \
+                                    const int64_t *offs, const float *b,                  \
+                                    const float *bias, float *out, const int64_t *d) {    \
+    const int64_t M = d[0], N = d[1], K = d[2], ldo = d[3];                               \
+    for (int64_t n = 0; n < N; n += 16 * V) {                                             \
+      __mmask16 mask[V];                                                                  \
+      __m512 add[V];                                                                      \
+      UNROLL for (int j = 0; j < V; j++) {                                                       \
+        const int64_t left = N - n - 16 * j;                                              \
+        mask[j] = left <= 0 ? 0 : left >= 16 ? 0xFFFF : (__mmask16)((1u << left) - 1);    \
+        add[j] = bias ? _mm512_maskz_loadu_ps(mask[j], bias + n + 16 * j)                 \
+                      : _mm512_setzero_ps();                                              \
+      }                                                                                   \
+      for (int64_t m = 0; m < M; m += R) {                                                \
+        const int live = M - m < R ? (int)(M - m) : R;                                    \
+        const float *ar[R];                                                               \
+        UNROLL for (int r = 0; r < R; r++) ar[r] = a + rows[m + (r < live ? r : 0)];            \
+        __m512 c[R][V];                                                                   \
+        UNROLL for (int r = 0; r < R; r++)                                                       \
+          UNROLL for (int j = 0; j < V; j++) c[r][j] = _mm512_setzero_ps();                      \
+        for (int64_t k = 0; k < K; k++) {                                                 \
+          __m512 w[V];                                                                    \
+          UNROLL for (int j = 0; j < V; j++)                                                     \
+            w[j] = _mm512_maskz_loadu_ps(mask[j], b + k * N + n + 16 * j);                \
+          const int64_t o = offs[k];                                                      \
+          UNROLL for (int r = 0; r < R; r++) {                                                   \
+            const __m512 v = _mm512_set1_ps(ar[r][o]);                                    \
+            UNROLL for (int j = 0; j < V; j++) c[r][j] = _mm512_fmadd_ps(v, w[j], c[r][j]);      \
+          }                                                                               \
+        }                                                                                 \
+        UNROLL for (int r = 0; r < R; r++)                                                       \
+          if (r < live)                                                                   \
+            UNROLL for (int j = 0; j < V; j++)                                                   \
+              _mm512_mask_storeu_ps(out + (m + r) * ldo + n + 16 * j, mask[j],            \
+                                    bias ? _mm512_add_ps(c[r][j], add[j]) : c[r][j]);     \
+      }                                                                                   \
+    }                                                                                     \
+  }
+GATHER_GEMM_TILES(4, 2)
+GATHER_GEMM_TILES(8, 1)
+#endif
+
+int bevir_gather_gemm_f32(const float *a, const int64_t *rows, const int64_t *offs,
+                          const float *b, const float *bias, float *out, const int64_t *d) {
+#ifdef __AVX512F__
+  const int64_t N = d[1], K = d[2];
+  for (int64_t g = 0; g < d[4]; g++)
+    (N <= 16 ? gather_gemm_8x1 : gather_gemm_4x2)(a + g * d[5], rows, offs, b + g * K * N,
+                                                  bias ? bias + g * N : bias, out + g * N, d);
+  return 0;
+#else
+  (void)a; (void)rows; (void)offs; (void)b; (void)bias; (void)out; (void)d;
   return -1;
 #endif
 }
