@@ -332,3 +332,31 @@ def test_gather_gemm_refuses_offsets_outside_its_operand():
     with pytest.raises(ValueError, match="operands"):
         gemm(np.zeros(7, np.float32), np.zeros((1, 3, 2), np.float32), None,
              np.zeros((2, 2), np.float32))
+
+
+@pytest.mark.parametrize("shape, size, mode", [
+    ((1, 14, 14, 21), (1, 56, 60, 21), "half_pixel"),
+    ((1, 1, 1, 256), (1, 5, 5, 256), "pytorch_half_pixel"),
+    ((2, 5, 7, 9), (2, 11, 3, 9), "align_corners"),
+    ((1, 9, 9, 16), (1, 20, 20, 16), "asymmetric"),
+])
+def test_native_bilinear_resize_bits_are_numpys(shape, size, mode, monkeypatch, rng):
+    """Channels last: one native pass, the same products and sums (NaNs and infinities
+    in their places)."""
+    x = rng.standard_normal(shape).astype(np.float32)
+    x.reshape(-1)[::13], x.reshape(-1)[5::17], x.reshape(-1)[7::19] = np.nan, np.inf, -0.0
+    b = Builder("resize")
+    b.output("y", b.resize(b.input("x", TensorType.of(x, Layout.nhwc)), size=size,
+                           mode="linear", coordinate_transformation_mode=mode))
+    calls = []
+    real = native.resize_bilinear
+    monkeypatch.setattr(native, "resize_bilinear", lambda *a: calls.append(real(*a)) or calls[-1])
+    runs = {}
+    for on in ("1", "0"):
+        monkeypatch.setenv("BEVIR_NATIVE", on)
+        with np.errstate(invalid="ignore"):
+            runs[on] = bevir.run(b.graph, {"x": x})["y"]
+    assert calls == [True, False] and runs["1"].shape == runs["0"].shape == size
+    nan = np.isnan(runs["0"])
+    assert np.array_equal(np.isnan(runs["1"]), nan)
+    assert runs["1"][~nan].tobytes() == runs["0"][~nan].tobytes()

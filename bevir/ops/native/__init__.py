@@ -127,7 +127,8 @@ _SUFFIX = {np.dtype(t): name for t, name in [
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 _KERNELS = [f"bevir_depthwise_{_SUFFIX[t]}" for t in _FLOATS] + [
     f"bevir_maxpool_{suffix}" for suffix in _SUFFIX.values()] + [
-    "bevir_gather_mac_i8", "bevir_gather_mac_i16", "bevir_u8s8_gemm", "bevir_gather_gemm_f32"]
+    "bevir_gather_mac_i8", "bevir_gather_mac_i16", "bevir_u8s8_gemm", "bevir_gather_gemm_f32",
+    "bevir_resize_bilinear_f32"]
 
 
 def _call(dll, name: str, arrays: list[np.ndarray], out: np.ndarray, kernel, strides,
@@ -196,6 +197,31 @@ def gather_mac(v: np.ndarray, idx: np.ndarray, cw: np.ndarray, acc: np.ndarray) 
     dims = (ctypes.c_int64 * 3)(acc.size // max(depth, 1), idx.shape[-1], depth)
     return getattr(library(), f"bevir_gather_mac_{suffix}")(
         *_pointers(v, idx, cw, acc), dims) == 0
+
+
+def resize_bilinear(x: np.ndarray, taps: tuple[np.ndarray, ...], weights: tuple[np.ndarray, ...],
+                    out: np.ndarray) -> bool:
+    """``out`` [outer, OH, OW, inner] = the bilinear resize of float32 ``x`` [outer, H, W,
+    inner] (nn.resize_bilinear_f32's sums): ``taps`` = (yl, yh, xl, xh) input indices,
+    ``weights`` = (wy1, wy2, wx1, wx2) float32 distances, per output row and column.
+    Returns False, writing nothing, where no native kernel runs (an index outside x
+    raises ValueError)."""
+    f32 = np.dtype(np.float32)
+    if x.dtype != f32 or out.dtype != f32 or not out.flags.c_contiguous or not enabled():
+        return False
+    outer, h, w, inner = x.shape
+    oh, ow = out.shape[1:3]
+    yl, yh, xl, xh = taps
+    if (out.shape != (outer, oh, ow, inner) or not yl.shape == yh.shape == (oh,)
+            or not xl.shape == xh.shape == (ow,) or any(t.min(initial=0) < 0 for t in taps)
+            or max(yl.max(initial=0), yh.max(initial=0)) >= h
+            or max(xl.max(initial=0), xh.max(initial=0)) >= w):
+        raise ValueError(f"resize_bilinear: taps do not fit {x.shape} -> {out.shape}")
+    x = np.ascontiguousarray(x)
+    t = np.concatenate(taps).astype(np.int64)
+    wt = np.concatenate(weights).astype(f32)
+    dims = (ctypes.c_int64 * 6)(outer, h, w, inner, oh, ow)
+    return library().bevir_resize_bilinear_f32(*_pointers(x, t, wt, out), dims) == 0
 
 
 class GatherGemm:

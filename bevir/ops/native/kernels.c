@@ -195,22 +195,24 @@ int bevir_u8s8_gemm(const uint8_t *a, const int8_t *wp, int32_t *out, const int6
  * b: [K, N] row-major; out: [M, N], rows ldo apart. dims: M, N, K, ldo, G, S: a grouped
  * convolution makes G such products, group g reading A's elements g * S further on, b and
  * bias g * K * N and g * N further on, writing out's columns g * N on (ldo = G * N). The
- * caller uses it only where it has found BLAS to give the same bits (native.agrees). A tile of R rows x V
- * vectors of 16 columns keeps R * V = 8 accumulators in registers (constant indices: a
- * variable one would spill them) while a strip of b stays in cache; narrow products take
- * the 8 x 1 tile, so no lanes are wasted. Returns -1 where the build has no AVX-512. */
+ * caller uses it only where it has found BLAS to give the same bits (native.agrees).
+ * A tile of R rows x V vectors of 16 columns keeps R * V = 8 accumulators in registers
+ * (constant indices: a variable one would spill them) while a strip of b stays in cache:
+ * 4 x 2 tiles over strips of 32 columns, 8 x 1 tiles over the last 16 or fewer columns,
+ * so few lanes are wasted. Returns -1 where the build has no AVX-512. */
 #ifdef __AVX512F__
 #define UNROLL _Pragma("GCC unroll 8")
 #define GATHER_GEMM_TILES(R, V)                                                           \
   static void gather_gemm_##R##x##V(const float *a, const int64_t *rows,                  \
                                     const int64_t *offs, const float *b,                  \
-                                    const float *bias, float *out, const int64_t *d) {    \
+                                    const float *bias, float *out, const int64_t *d,      \
+                                    int64_t n0, int64_t n1) {                             \
     const int64_t M = d[0], N = d[1], K = d[2], ldo = d[3];                               \
-    for (int64_t n = 0; n < N; n += 16 * V) {                                             \
+    for (int64_t n = n0; n < n1; n += 16 * V) {                                           \
       __mmask16 mask[V];                                                                  \
       __m512 add[V];                                                                      \
-      UNROLL for (int j = 0; j < V; j++) {                                                       \
-        const int64_t left = N - n - 16 * j;                                              \
+      UNROLL for (int j = 0; j < V; j++) {                                                \
+        const int64_t left = n1 - n - 16 * j;                                             \
         mask[j] = left <= 0 ? 0 : left >= 16 ? 0xFFFF : (__mmask16)((1u << left) - 1);    \
         add[j] = bias ? _mm512_maskz_loadu_ps(mask[j], bias + n + 16 * j)                 \
                       : _mm512_setzero_ps();                                              \
@@ -218,23 +220,23 @@ int bevir_u8s8_gemm(const uint8_t *a, const int8_t *wp, int32_t *out, const int6
       for (int64_t m = 0; m < M; m += R) {                                                \
         const int live = M - m < R ? (int)(M - m) : R;                                    \
         const float *ar[R];                                                               \
-        UNROLL for (int r = 0; r < R; r++) ar[r] = a + rows[m + (r < live ? r : 0)];            \
+        UNROLL for (int r = 0; r < R; r++) ar[r] = a + rows[m + (r < live ? r : 0)];      \
         __m512 c[R][V];                                                                   \
-        UNROLL for (int r = 0; r < R; r++)                                                       \
-          UNROLL for (int j = 0; j < V; j++) c[r][j] = _mm512_setzero_ps();                      \
+        UNROLL for (int r = 0; r < R; r++)                                                \
+          UNROLL for (int j = 0; j < V; j++) c[r][j] = _mm512_setzero_ps();               \
         for (int64_t k = 0; k < K; k++) {                                                 \
           __m512 w[V];                                                                    \
-          UNROLL for (int j = 0; j < V; j++)                                                     \
+          UNROLL for (int j = 0; j < V; j++)                                              \
             w[j] = _mm512_maskz_loadu_ps(mask[j], b + k * N + n + 16 * j);                \
           const int64_t o = offs[k];                                                      \
-          UNROLL for (int r = 0; r < R; r++) {                                                   \
+          UNROLL for (int r = 0; r < R; r++) {                                            \
             const __m512 v = _mm512_set1_ps(ar[r][o]);                                    \
-            UNROLL for (int j = 0; j < V; j++) c[r][j] = _mm512_fmadd_ps(v, w[j], c[r][j]);      \
+            UNROLL for (int j = 0; j < V; j++) c[r][j] = _mm512_fmadd_ps(v, w[j], c[r][j]); \
           }                                                                               \
         }                                                                                 \
-        UNROLL for (int r = 0; r < R; r++)                                                       \
+        UNROLL for (int r = 0; r < R; r++)                                                \
           if (r < live)                                                                   \
-            UNROLL for (int j = 0; j < V; j++)                                                   \
+            UNROLL for (int j = 0; j < V; j++)                                            \
               _mm512_mask_storeu_ps(out + (m + r) * ldo + n + 16 * j, mask[j],            \
                                     bias ? _mm512_add_ps(c[r][j], add[j]) : c[r][j]);     \
       }                                                                                   \
@@ -247,13 +249,42 @@ GATHER_GEMM_TILES(8, 1)
 int bevir_gather_gemm_f32(const float *a, const int64_t *rows, const int64_t *offs,
                           const float *b, const float *bias, float *out, const int64_t *d) {
 #ifdef __AVX512F__
-  const int64_t N = d[1], K = d[2];
-  for (int64_t g = 0; g < d[4]; g++)
-    (N <= 16 ? gather_gemm_8x1 : gather_gemm_4x2)(a + g * d[5], rows, offs, b + g * K * N,
-                                                  bias ? bias + g * N : bias, out + g * N, d);
+  const int64_t N = d[1], K = d[2], wide = N % 32 > 16 ? N : N / 32 * 32;
+  for (int64_t g = 0; g < d[4]; g++) {
+    const float *ag = a + g * d[5], *bg = b + g * K * N, *biasg = bias ? bias + g * N : bias;
+    gather_gemm_4x2(ag, rows, offs, bg, biasg, out + g * N, d, 0, wide);
+    gather_gemm_8x1(ag, rows, offs, bg, biasg, out + g * N, d, wide, N);
+  }
   return 0;
 #else
   (void)a; (void)rows; (void)offs; (void)b; (void)bias; (void)out; (void)d;
   return -1;
 #endif
+}
+
+/* Bilinear resize (nn.resize_bilinear_f32: onnxruntime's UpsampleBilinear), x viewed as
+ * [outer, H, W, inner]: out[o, y, x, i] = ((wy2[y] * wx2[x]) * x[o, yl, xl, i]
+ * + (wy2[y] * wx1[x]) * x[o, yl, xh, i]) + (wy1[y] * wx2[x]) * x[o, yh, xl, i]
+ * + (wy1[y] * wx1[x]) * x[o, yh, xh, i], each product and sum rounded in that order.
+ * taps: yl, yh [OH], xl, xh [OW]; weights: wy1, wy2 [OH], wx1, wx2 [OW]. dims: outer, H, W,
+ * inner, OH, OW. The loop over the inner (contiguous) elements is the vector one. */
+int bevir_resize_bilinear_f32(const float *x, const int64_t *taps, const float *weights,
+                              float *out, const int64_t *d) {
+  const int64_t outer = d[0], H = d[1], W = d[2], inner = d[3], OH = d[4], OW = d[5];
+  const int64_t *yl = taps, *yh = taps + OH, *xl = taps + 2 * OH, *xh = taps + 2 * OH + OW;
+  const float *wy1 = weights, *wy2 = weights + OH, *wx1 = weights + 2 * OH,
+              *wx2 = weights + 2 * OH + OW;
+  for (int64_t o = 0; o < outer; o++)
+    for (int64_t y = 0; y < OH; y++) {
+      const float *r0 = x + (o * H + yl[y]) * W * inner, *r1 = x + (o * H + yh[y]) * W * inner;
+      for (int64_t c = 0; c < OW; c++) {
+        const float w00 = wx2[c] * wy2[y], w01 = wx1[c] * wy2[y], w10 = wx2[c] * wy1[y],
+                    w11 = wx1[c] * wy1[y];
+        const float *a = r0 + xl[c] * inner, *b = r0 + xh[c] * inner, *e = r1 + xl[c] * inner,
+                    *f = r1 + xh[c] * inner;
+        float *q = out + ((o * OH + y) * OW + c) * inner;
+        for (int64_t i = 0; i < inner; i++) q[i] = w00 * a[i] + w01 * b[i] + w10 * e[i] + w11 * f[i];
+      }
+    }
+  return 0;
 }
