@@ -360,3 +360,23 @@ def test_native_bilinear_resize_bits_are_numpys(shape, size, mode, monkeypatch, 
     nan = np.isnan(runs["0"])
     assert np.array_equal(np.isnan(runs["1"]), nan)
     assert runs["1"][~nan].tobytes() == runs["0"][~nan].tobytes()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int8, np.int16])
+@pytest.mark.parametrize("shape, to", [((2, 3, 40, 36), "nhwc"), ((1, 21, 30, 40), "nhwc"),
+                                       ((2, 40, 36, 3), "plain"), ((1, 30, 40, 21), "nchw")])
+def test_native_layout_transform_moves_the_same_bits(shape, to, dtype, monkeypatch, rng):
+    x = (rng.standard_normal(shape) * 50).astype(dtype)
+    layout = Layout.nhwc if to != "nhwc" else Layout.plain
+    b = Builder("move")
+    b.output("y", b.layout_transform(b.input("x", TensorType.of(x, layout)), to=to))
+    calls = []
+    real = native.swap_last_axes
+    monkeypatch.setattr(native, "swap_last_axes", lambda a: calls.append(real(a)) or calls[-1])
+    runs = {}
+    for on in ("1", "0"):
+        monkeypatch.setenv("BEVIR_NATIVE", on)
+        runs[on] = bevir.run(b.graph, {"x": x})["y"]
+    assert calls[0] is not None and calls[1] is None
+    perm = (0, 2, 3, 1) if to == "nhwc" else (0, 3, 1, 2)
+    assert runs["1"].tobytes() == runs["0"].tobytes() == x.transpose(perm).tobytes()

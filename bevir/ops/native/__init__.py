@@ -128,7 +128,7 @@ _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 _KERNELS = [f"bevir_depthwise_{_SUFFIX[t]}" for t in _FLOATS] + [
     f"bevir_maxpool_{suffix}" for suffix in _SUFFIX.values()] + [
     "bevir_gather_mac_i8", "bevir_gather_mac_i16", "bevir_u8s8_gemm", "bevir_gather_gemm_f32",
-    "bevir_resize_bilinear_f32"]
+    "bevir_resize_bilinear_f32"] + [f"bevir_transpose_u{8 * w}" for w in (1, 2, 4, 8)]
 
 
 def _call(dll, name: str, arrays: list[np.ndarray], out: np.ndarray, kernel, strides,
@@ -197,6 +197,24 @@ def gather_mac(v: np.ndarray, idx: np.ndarray, cw: np.ndarray, acc: np.ndarray) 
     dims = (ctypes.c_int64 * 3)(acc.size // max(depth, 1), idx.shape[-1], depth)
     return getattr(library(), f"bevir_gather_mac_{suffix}")(
         *_pointers(v, idx, cw, acc), dims) == 0
+
+
+#: below this many elements numpy's own transposition is as fast
+SWAP_MIN_SIZE = 4096
+
+
+def swap_last_axes(x: np.ndarray) -> np.ndarray | None:
+    """``np.ascontiguousarray(x.swapaxes(-1, -2))`` of a C-contiguous 3-D ``x`` in 16 x 16
+    tiles (numpy copies a transposition with a short axis element by element, slowly): the
+    same bits, or None where no native kernel runs or ``x`` is too small to gain."""
+    width = x.dtype.itemsize
+    if (x.ndim != 3 or not x.flags.c_contiguous or width not in (1, 2, 4, 8)
+            or x.size < SWAP_MIN_SIZE or not enabled()):
+        return None
+    out = np.empty(x.shape[:1] + x.shape[:0:-1], x.dtype)
+    dims = (ctypes.c_int64 * 3)(*x.shape)
+    getattr(library(), f"bevir_transpose_u{8 * width}")(*_pointers(x, out), dims)
+    return out
 
 
 def resize_bilinear(x: np.ndarray, taps: tuple[np.ndarray, ...], weights: tuple[np.ndarray, ...],

@@ -288,3 +288,29 @@ int bevir_resize_bilinear_f32(const float *x, const int64_t *taps, const float *
     }
   return 0;
 }
+
+/* Transposition of the last two axes: out[o, j, i] = x[o, i, j] for x [outer, A, B] of
+ * elements of one width (the bits move unchanged), in 16 x 16 tiles so that both the reads
+ * and the writes stay within a few cache lines (a layout change with few channels: NCHW to
+ * NHWC is [N, C, H*W] to [N, H*W, C]); fewer than 16 columns, row by row. dims: outer, A, B. */
+#define TRANSPOSE(NAME, T)                                                                \
+  int NAME(const T *x, T *out, const int64_t *d) {                                        \
+    const int64_t outer = d[0], A = d[1], B = d[2];                                       \
+    for (int64_t o = 0; o < outer; o++, x += A * B, out += A * B)                         \
+      if (B < 16) /* a few long output rows: each written in one sweep */                 \
+        for (int64_t j = 0; j < B; j++)                                                   \
+          for (int64_t i = 0; i < A; i++) out[j * A + i] = x[i * B + j];                  \
+      else                                                                                \
+      for (int64_t i0 = 0; i0 < A; i0 += 16)                                              \
+        for (int64_t j0 = 0; j0 < B; j0 += 16) {                                          \
+          const int64_t i1 = i0 + 16 < A ? i0 + 16 : A, j1 = j0 + 16 < B ? j0 + 16 : B;   \
+          for (int64_t j = j0; j < j1; j++)                                               \
+            for (int64_t i = i0; i < i1; i++) out[j * A + i] = x[i * B + j];              \
+        }                                                                                 \
+    return 0;                                                                             \
+  }
+
+TRANSPOSE(bevir_transpose_u8, uint8_t)
+TRANSPOSE(bevir_transpose_u16, uint16_t)
+TRANSPOSE(bevir_transpose_u32, uint32_t)
+TRANSPOSE(bevir_transpose_u64, uint64_t)
