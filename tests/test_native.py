@@ -380,3 +380,30 @@ def test_native_layout_transform_moves_the_same_bits(shape, to, dtype, monkeypat
     assert calls[0] is not None and calls[1] is None
     perm = (0, 2, 3, 1) if to == "nhwc" else (0, 3, 1, 2)
     assert runs["1"].tobytes() == runs["0"].tobytes() == x.transpose(perm).tobytes()
+
+
+@pytest.mark.parametrize("act", [{"activation": "relu"},
+                                 {"activation": "clip", "clip_min": 0.0, "clip_max": 6.0},
+                                 {"activation": "hardsigmoid", "alpha": 0.2, "beta": 0.5},
+                                 {"activation": "hardswish"}], ids=lambda a: a["activation"])
+def test_native_fused_activation_bits_are_numpys(act, monkeypatch, rng):
+    """A product's activation in one native pass, in place: the same bits (-0, NaN and
+    infinities in the products included)."""
+    a = rng.standard_normal((37, 24)).astype(np.float32) * 4
+    a.reshape(-1)[::11], a.reshape(-1)[3::13], a.reshape(-1)[5::17] = np.nan, -0.0, np.inf
+    w = rng.standard_normal((24, 40)).astype(np.float32)
+    w[:, ::9] = 0.0                         # whole columns of zero products: -0 and +0
+    b = Builder("act")
+    b.output("y", b.matmul_act(b.input("a", TensorType.of(a)), b.const(w), **act))
+    calls = []
+    real = native.activation
+    monkeypatch.setattr(native, "activation", lambda *x: calls.append(real(*x)) or calls[-1])
+    runs = {}
+    for on in ("1", "0"):
+        monkeypatch.setenv("BEVIR_NATIVE", on)
+        with np.errstate(invalid="ignore"):
+            runs[on] = bevir.run(b.graph, {"a": a})["y"]
+    assert calls == [True, False]
+    nan = np.isnan(runs["0"])
+    assert np.array_equal(np.isnan(runs["1"]), nan)
+    assert runs["1"][~nan].tobytes() == runs["0"][~nan].tobytes()

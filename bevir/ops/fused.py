@@ -18,6 +18,7 @@ import numpy as np
 from ..ir.graph import Node
 from ..ir.types import TensorType
 from ..ir.opdef import Activation, Attr, Bool, Ctx, FixedLowering, Float, OpDef, Str, get_op
+from . import native
 from .common import broadcast_types, float_operands, require
 from .layout_rules import ELEMENTWISE, NATIVE
 from .linalg import CONV_ATTRS, Contraction, Convolution
@@ -56,10 +57,14 @@ def _activation_ctx(c: Ctx, types=()) -> Ctx:
 
 
 def apply_activation(c: Ctx, y: np.ndarray) -> np.ndarray:
-    """Apply the fused activation with the activation op's own definition."""
+    """Apply the fused activation with the activation op's own definition (on float32, the
+    same operations in one native pass, in place: ``y`` is the product's fresh result)."""
     if c.activation == "none":
         return y
-    return get_op(c.activation).compute(_activation_ctx(c), y)
+    ctx = _activation_ctx(c)
+    if native.activation(c.activation, ctx.attrs, y):
+        return y
+    return get_op(c.activation).compute(ctx, y)
 
 
 def _activation_infer(c: Ctx, t: TensorType) -> TensorType:

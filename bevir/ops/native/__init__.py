@@ -128,7 +128,7 @@ _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 _KERNELS = [f"bevir_depthwise_{_SUFFIX[t]}" for t in _FLOATS] + [
     f"bevir_maxpool_{suffix}" for suffix in _SUFFIX.values()] + [
     "bevir_gather_mac_i8", "bevir_gather_mac_i16", "bevir_u8s8_gemm", "bevir_gather_gemm_f32",
-    "bevir_resize_bilinear_f32"] + [f"bevir_transpose_u{8 * w}" for w in (1, 2, 4, 8)]
+    "bevir_resize_bilinear_f32", "bevir_activation_f32"] + [f"bevir_transpose_u{8 * w}" for w in (1, 2, 4, 8)]
 
 
 def _call(dll, name: str, arrays: list[np.ndarray], out: np.ndarray, kernel, strides,
@@ -197,6 +197,31 @@ def gather_mac(v: np.ndarray, idx: np.ndarray, cw: np.ndarray, acc: np.ndarray) 
     dims = (ctypes.c_int64 * 3)(acc.size // max(depth, 1), idx.shape[-1], depth)
     return getattr(library(), f"bevir_gather_mac_{suffix}")(
         *_pointers(v, idx, cw, acc), dims) == 0
+
+
+#: the activations bevir_activation_f32 applies, by op name: kind, and the parameters
+#: from the op's attributes
+_ACTIVATIONS = {
+    "relu": (0, lambda a: (0.0, 0.0)),
+    "clip": (1, lambda a: (-np.inf if a["min"] is None else a["min"],
+                           np.inf if a["max"] is None else a["max"])),
+    "hardsigmoid": (2, lambda a: (a["alpha"], a["beta"])),
+    "hardswish": (3, lambda a: (1 / 6, 0.5)),
+}
+
+
+def activation(op: str, attrs, y: np.ndarray) -> bool:
+    """Apply activation ``op`` (its attributes ``attrs``) to float32 ``y`` in place, as
+    its numpy code computes it: False, touching nothing, where no native kernel takes it
+    (another op or dtype, a view that is not C-contiguous, kernels off)."""
+    spec = _ACTIVATIONS.get(op)
+    if (spec is None or y.dtype != np.float32 or not y.flags.c_contiguous
+            or not y.flags.writeable or not enabled() or not library().activations):
+        return False
+    kind, params = spec
+    p = np.array(params(attrs), np.float32)
+    library().bevir_activation_f32(*_pointers(y, p), (ctypes.c_int64 * 2)(y.size, kind))
+    return True
 
 
 #: below this many elements numpy's own transposition is as fast
@@ -397,6 +422,7 @@ def _self_check(dll) -> None:
                     raise _Unavailable(f"{name} ({dtype}) differs from numpy on special values")
     _self_check_integers(dll, rng)
     _self_check_gemm(dll, rng)
+    _self_check_activations(dll)
 
 
 def _self_check_integers(dll, rng) -> None:
@@ -438,3 +464,23 @@ def _self_check_gemm(dll, rng) -> None:
         acc = (acc + a[:, k, None].astype(np.float64) * b[k]).astype(np.float32).astype(np.float64)
     if not np.array_equal(out, acc.astype(np.float32) + bias):
         raise _Unavailable("gather_gemm differs from fused multiply-adds")
+
+
+def _self_check_activations(dll) -> None:
+    """The activations against the ops' numpy code on special values: where one differs
+    (this numpy compares otherwise), the activation kernel is off, the others run."""
+    from ...ir.opdef import Ctx, get_op     # the ops import this module
+    x = np.resize(np.array(_SPECIALS + [-1.0, 0.25, 2.9, 3.0, 3.1, 6.0, 7.5, -3.0], np.float32), 77)
+    cases = [("relu", {}), ("clip", {"min": 0.0, "max": 6.0}), ("clip", {"min": None, "max": 1.0}),
+             ("hardsigmoid", {"alpha": 0.2, "beta": 0.5}), ("hardswish", {})]
+    dll.activations = True
+    with np.errstate(all="ignore"):
+        for op, attrs in cases:
+            want = get_op(op).compute(Ctx(attrs), x)
+            got = x.copy()
+            kind, params = _ACTIVATIONS[op]
+            dll.bevir_activation_f32(*_pointers(got, np.array(params(attrs), np.float32)),
+                                     (ctypes.c_int64 * 2)(got.size, kind))
+            if got.tobytes() != np.asarray(want, np.float32).tobytes():
+                dll.activations = False
+                return

@@ -314,3 +314,27 @@ TRANSPOSE(bevir_transpose_u8, uint8_t)
 TRANSPOSE(bevir_transpose_u16, uint16_t)
 TRANSPOSE(bevir_transpose_u32, uint32_t)
 TRANSPOSE(bevir_transpose_u64, uint64_t)
+
+/* Activations in place on float32 (the ops' numpy code: elementwise.relu_values, Clip,
+ * HardSigmoid, Hardswish), each operation rounded as numpy rounds it and the comparisons
+ * taken as numpy takes them on x86-64: maximum(v, 0) keeps v where v > 0 or v is a NaN;
+ * clip(v, lo, hi) moves v only where it lies beyond a bound (a NaN and -0 at 0 stay). kind: 0 relu, 1 clip (p0, p1 the bounds),
+ * 2 hardsigmoid (clip(v * p0 + p1, 0, 1)), 3 hardswish (v * hardsigmoid(v), p0 = 1/6,
+ * p1 = 1/2). dims: n, kind. */
+static inline float clip_f32(float v, float lo, float hi) {
+  const float m = v < lo ? lo : v;
+  return m > hi ? hi : m;
+}
+
+int bevir_activation_f32(float *x, const float *p, const int64_t *d) {
+  const int64_t n = d[0];
+  const float p0 = p[0], p1 = p[1];
+  switch (d[1]) {
+    case 0: for (int64_t i = 0; i < n; i++) x[i] = x[i] > 0.0f || x[i] != x[i] ? x[i] : 0.0f; break;
+    case 1: for (int64_t i = 0; i < n; i++) x[i] = clip_f32(x[i], p0, p1); break;
+    case 2: for (int64_t i = 0; i < n; i++) x[i] = clip_f32(x[i] * p0 + p1, 0.0f, 1.0f); break;
+    case 3: for (int64_t i = 0; i < n; i++) x[i] = x[i] * clip_f32(x[i] * p0 + p1, 0.0f, 1.0f); break;
+    default: return -1;
+  }
+  return 0;
+}
