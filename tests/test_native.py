@@ -407,3 +407,48 @@ def test_native_fused_activation_bits_are_numpys(act, monkeypatch, rng):
     nan = np.isnan(runs["0"])
     assert np.array_equal(np.isnan(runs["1"]), nan)
     assert runs["1"][~nan].tobytes() == runs["0"][~nan].tobytes()
+
+
+# (layout, NCHW dims, out channels, kernel, strides, dilations, pads, groups): depthwise
+# ones (one pass with the bias and the activation), a stem and a pointwise FMA product
+ACT_CASES = [
+    (Layout.nhwc, (2, 37, 11, 13), 37, (3, 3), (2, 2), (1, 1), (1, 1, 1, 1), 37),
+    (Layout.plain, (1, 24, 9, 12), 24, (5, 5), (1, 1), (2, 1), (4, 2, 4, 2), 24),
+    (Layout.nhwc, (1, 3, 40, 36), 24, (3, 3), (2, 2), (1, 1), (1, 1, 1, 1), 1),
+    (Layout.nhwc, (1, 48, 14, 14), 48, (1, 1), (1, 1), (1, 1), (0, 0, 0, 0), 1),
+]
+
+
+@pytest.mark.parametrize("act", [{"activation": "none"}, {"activation": "relu"},
+                                 {"activation": "clip", "clip_min": 0.0, "clip_max": 6.0},
+                                 {"activation": "hardswish"}], ids=lambda a: a["activation"])
+@pytest.mark.parametrize("case", ACT_CASES, ids=str)
+def test_native_conv_with_activation_bits_are_numpys(case, act, monkeypatch, rng):
+    """conv2d_act: the product, its bias and its activation natively (in one call where the
+    kernels take all three), the same bits as the numpy path."""
+    layout, (n, c, h, w), o, kernel, strides, dilations, pads, groups = case
+    x = rng.standard_normal((n, h, w, c) if layout is Layout.nhwc else (n, c, h, w))
+    x = (x * 4).astype(np.float32)
+    x.reshape(-1)[::13], x.reshape(-1)[5::17] = np.nan, -np.inf
+    b = Builder("conv_act")
+    b.output("y", b.conv2d_act(
+        b.input("x", TensorType.of(x, layout)),
+        b.const(rng.standard_normal((o, c // groups, *kernel)).astype(np.float32)),
+        b.const(rng.standard_normal(o).astype(np.float32)), strides=strides, pads=pads,
+        dilations=dilations, groups=groups, **act))
+    ran = []
+    for name in ("depthwise_epilogue", "activation"):
+        real = getattr(native, name)
+        monkeypatch.setattr(native, name, lambda *a, _r=real, _n=name: ran.append(_n) or _r(*a))
+    runs = {}
+    for on in ("1", "0"):
+        monkeypatch.setenv("BEVIR_NATIVE", on)
+        with np.errstate(invalid="ignore"):
+            bevir.run(b.graph, {"x": x})
+            ran.clear()
+            runs[on] = bevir.run(b.graph, {"x": x})["y"]
+        if on == "1" and groups > 1:
+            assert ran == ["depthwise_epilogue"]      # bias and activation in the same call
+    nan = np.isnan(runs["0"])
+    assert np.array_equal(np.isnan(runs["1"]), nan)
+    assert runs["1"][~nan].tobytes() == runs["0"][~nan].tobytes()

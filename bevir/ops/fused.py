@@ -21,7 +21,7 @@ from ..ir.opdef import Activation, Attr, Bool, Ctx, FixedLowering, Float, OpDef,
 from . import native
 from .common import broadcast_types, float_operands, require
 from .layout_rules import ELEMENTWISE, NATIVE
-from .linalg import CONV_ATTRS, Contraction, Convolution
+from .linalg import CONV_ATTRS, Contraction, Convolution, conv2d_float, conv_args, native_conv2d
 from .onnx_export import matmul_bias, onnx_as, then_activation
 
 
@@ -88,7 +88,12 @@ class Conv2dAct(Convolution):
         return _activation_infer(c, get_op("conv2d").infer(c, x, w, b))
 
     def compute(self, c, x, w, b=None):
-        return apply_activation(c, get_op("conv2d").compute(c, x, w, b))
+        code = (native.NO_ACTIVATION if c.activation == "none"
+                else native.activation_code(c.activation, _activation_ctx(c).attrs))
+        y = native_conv2d(c, x, w, b, code or native.NO_ACTIVATION)
+        if y is not None and code is not None:        # the activation ran with the product
+            return y
+        return apply_activation(c, conv2d_float(x, w, b, *conv_args(c)) if y is None else y)
 
 
 class Linear(Contraction):

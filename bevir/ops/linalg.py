@@ -331,12 +331,14 @@ def fma_eligible(x: np.ndarray, w: np.ndarray, strides, groups: int) -> bool:
 
 
 def conv2d_fma(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, layout: Layout, strides,
-               pads, dilations, groups: int) -> np.ndarray | None:
+               pads, dilations, groups: int,
+               activation: tuple[int, int | None] = native.NO_ACTIVATION) -> np.ndarray | None:
     """The float32 convolution as native FMA products over the padded input
     (:class:`native.GatherGemm`, no im2col copy), each group's reduction in
     :func:`conv2d_float`'s order, (c, kh, kw) for an ungrouped one of few channels, else
-    (kh, kw, c), and the bias added after; None where the kernel cannot run. Where BLAS
-    also sums by FMA steps (native.agrees finds out), the bits are conv2d_float's."""
+    (kh, kw, c), the bias added after, then ``activation`` (a native.activation_code); None
+    where the kernel cannot run. Where BLAS also sums by FMA steps (native.agrees finds
+    out), the bits are conv2d_float's."""
     o, cg, kh, kw = w.shape
     nhwc = layout is Layout.nhwc
     xp = np.ascontiguousarray(pad_nhwc(x, pads) if nhwc else pad_nchw(x, pads))
@@ -349,8 +351,45 @@ def conv2d_fma(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, layout: Layou
     if plan is None:
         return None
     out = np.empty((n, oh, ow, o), np.float32)
-    plan(xp, fma_weights(w, groups, channel_major), b, out.reshape(-1, o))
+    plan(xp, fma_weights(w, groups, channel_major), b, out.reshape(-1, o), activation)
     return from_nhwc(out, layout)
+
+
+def native_depthwise(c, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
+                     activation: tuple[int, int | None]) -> np.ndarray | None:
+    """A float32 depthwise conv2d (one channel a group, no multiplier), its bias and
+    ``activation`` in one native call (native.depthwise_epilogue: conv2d_float's
+    operations), else None."""
+    o, _, kh, kw = w.shape
+    layout = c.in_types[0].layout
+    n, ch, h, wd = nchw_dims(c.in_types[0])
+    if x.dtype != np.float32 or w.dtype != np.float32 or (b is not None and b.dtype != np.float32) or ch != o:
+        return None
+    top, left, bottom, right = c.pads
+    oh = conv_out_size(h, kh, c.strides[0], top + bottom, c.dilations[0])
+    ow = conv_out_size(wd, kw, c.strides[1], left + right, c.dilations[1])
+    out = np.empty((n, oh, ow, o), np.float32)
+    if not native.depthwise_epilogue(pad_nhwc(to_nhwc(x, layout), c.pads), tap_weights(w), b,
+                                     out, (kh, kw), c.strides, c.dilations, activation):
+        return None
+    return from_nhwc(out, layout)
+
+
+#: the tap-major operands of read-only depthwise weights while they live
+_TAP_WEIGHTS = ArrayCache()
+
+
+def tap_weights(w: np.ndarray) -> np.ndarray:
+    """Depthwise weights [O, 1, KH, KW] as the C-contiguous [KH*KW, O] rows of the native
+    kernel, made once for a weight nothing can change (a graph constant)."""
+    hit = _TAP_WEIGHTS.get(w)
+    if hit is not None:
+        return hit
+    m = np.ascontiguousarray(w.reshape(w.shape[0], -1).T)
+    if _read_only(w):
+        m.setflags(write=False)
+        _TAP_WEIGHTS.put(w, m)
+    return m
 
 
 def pad_nchw(x: np.ndarray, pads) -> np.ndarray:
@@ -615,14 +654,32 @@ class Conv2d(Convolution):
         require(b is None or b.shape == (w.shape[0],), f"bias must be [{w.shape[0]}], got {b}")
         return TensorType(shape, x.dtype, x.layout)
     def compute(self, c, x, w, b=None):
-        args = (c.in_types[0].layout, tuple(c.strides), tuple(c.pads), tuple(c.dilations),
-                c.groups)
-        if fma_eligible(x, w, c.strides, c.groups) and native.agrees(
-                ("conv2d", x.shape, w.shape, b is None) + args,
-                lambda *xwb: conv2d_fma(*xwb, *args), lambda *xwb: conv2d_float(*xwb, *args),
-                (x, w, b)):
-            return conv2d_fma(x, w, b, *args)
-        return conv2d_float(x, w, b, *args)
+        y = native_conv2d(c, x, w, b)
+        return conv2d_float(x, w, b, *conv_args(c)) if y is None else y
+
+
+def conv_args(c) -> tuple:
+    """(layout, strides, pads, dilations, groups) of a convolution's context."""
+    return (c.in_types[0].layout, tuple(c.strides), tuple(c.pads), tuple(c.dilations),
+            c.groups)
+
+
+def native_conv2d(c, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
+                  activation: tuple[int, int | None] = native.NO_ACTIVATION) -> np.ndarray | None:
+    """conv2d (then ``activation``, a native.activation_code) with native kernels where
+    they give conv2d_float's bits, else None: a depthwise one by the same operations
+    (:func:`native_depthwise`), the others as FMA products (:func:`conv2d_fma`) where BLAS
+    sums so too (native.agrees finds out once per shape)."""
+    if w.shape[1] == 1 and c.groups > 1:
+        return native_depthwise(c, x, w, b, activation)
+    if not fma_eligible(x, w, c.strides, c.groups):
+        return None
+    args = conv_args(c)
+    if native.agrees(("conv2d", x.shape, w.shape, b is None) + args,
+                     lambda *xwb: conv2d_fma(*xwb, *args), lambda *xwb: conv2d_float(*xwb, *args),
+                     (x, w, b)):
+        return conv2d_fma(x, w, b, *args, activation)
+    return None
 
 
 class MatMul(MatrixProduct):

@@ -101,7 +101,11 @@ def library() -> ctypes.CDLL | None:
             dll = _build()
             for name in _KERNELS:
                 getattr(dll, name).restype = ctypes.c_int
-            dll.bevir_gather_gemm_f32.argtypes = [ctypes.c_void_p] * 7
+            dll.bevir_gather_gemm_f32.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_int64,
+                                                                          ctypes.c_void_p]
+            dll.bevir_activation_f32.argtypes = [ctypes.c_void_p] * 3
+            dll.bevir_depthwise_epilogue_f32.argtypes = [ctypes.c_void_p] * 5 + [
+                ctypes.c_int64, ctypes.c_void_p]
             _self_check(dll)
             return dll
         except _Unavailable as e:
@@ -120,6 +124,10 @@ def _pointers(*arrays: np.ndarray) -> list[ctypes.c_void_p]:
     return [ctypes.c_void_p(a.ctypes.data) for a in arrays]
 
 
+_F32 = np.dtype(np.float32)
+#: the activation code (see activation_code) of no activation
+NO_ACTIVATION = (-1, None)
+
 #: the C type of each kernel's arrays, by numpy dtype
 _SUFFIX = {np.dtype(t): name for t, name in [
     (np.float32, "f32"), (np.float64, "f64"), (np.int8, "i8"), (np.uint8, "u8"),
@@ -128,7 +136,7 @@ _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 _KERNELS = [f"bevir_depthwise_{_SUFFIX[t]}" for t in _FLOATS] + [
     f"bevir_maxpool_{suffix}" for suffix in _SUFFIX.values()] + [
     "bevir_gather_mac_i8", "bevir_gather_mac_i16", "bevir_u8s8_gemm", "bevir_gather_gemm_f32",
-    "bevir_resize_bilinear_f32", "bevir_activation_f32"] + [f"bevir_transpose_u{8 * w}" for w in (1, 2, 4, 8)]
+    "bevir_resize_bilinear_f32", "bevir_activation_f32", "bevir_depthwise_epilogue_f32"] + [f"bevir_transpose_u{8 * w}" for w in (1, 2, 4, 8)]
 
 
 def _call(dll, name: str, arrays: list[np.ndarray], out: np.ndarray, kernel, strides,
@@ -166,6 +174,31 @@ def depthwise(xp: np.ndarray, wt: np.ndarray, out: np.ndarray, kernel, strides,
         raise ValueError(f"depthwise: weights {wt.shape} do not fit {kernel} windows of "
                          f"{out.shape[3]} channels")
     return _window_kernel("depthwise", [xp, wt], out, kernel, strides, dilations, _FLOATS)
+
+
+def depthwise_epilogue(xp: np.ndarray, wt: np.ndarray, bias: np.ndarray | None,
+                       out: np.ndarray, kernel, strides, dilations,
+                       activation: tuple[int, int | None] = NO_ACTIVATION) -> bool:
+    """:func:`depthwise` of float32 operands, then ``bias`` [C] (or None) added to each
+    pixel and ``activation`` (an :func:`activation_code`) applied, in one native call: the
+    numpy path's operations (conv2d's y += b, the activation op's code). Returns False,
+    writing nothing, where no native kernel runs."""
+    if not (xp.dtype == wt.dtype == out.dtype == _F32 and out.flags.c_contiguous
+            and out.flags.writeable and (bias is None or bias.dtype == _F32) and enabled()):
+        return False
+    n, hp, wp, c = xp.shape
+    oh, ow = out.shape[1:3]
+    if (out.shape != (n, oh, ow, c) or wt.shape != (kernel[0] * kernel[1], c)
+            or (bias is not None and bias.shape != (c,))):
+        raise ValueError(f"depthwise: {xp.shape} with weights {wt.shape} and bias "
+                         f"{None if bias is None else bias.shape} cannot make {out.shape}")
+    check_windows((hp, wp), (oh, ow), kernel, strides, dilations)
+    xp, wt = np.ascontiguousarray(xp), np.ascontiguousarray(wt)
+    bias = None if bias is None else np.ascontiguousarray(bias)
+    dims = (ctypes.c_int64 * 12)(n, hp, wp, c, oh, ow, *kernel, *strides, *dilations)
+    return library().bevir_depthwise_epilogue_f32(
+        xp.ctypes.data, wt.ctypes.data, None if bias is None else bias.ctypes.data,
+        out.ctypes.data, ctypes.addressof(dims), *activation) == 0
 
 
 def maxpool(xp: np.ndarray, out: np.ndarray, kernel, strides, dilations) -> bool:
@@ -210,17 +243,37 @@ _ACTIVATIONS = {
 }
 
 
+@functools.lru_cache(maxsize=None)
+def _parameters(p0: float, p1: float) -> tuple[np.ndarray, int]:
+    """An activation's float32 parameters, kept alive with their address."""
+    p = np.array([p0, p1], np.float32)
+    p.setflags(write=False)
+    return p, p.ctypes.data
+
+
+def activation_code(op: str, attrs) -> tuple[int, int | None] | None:
+    """(kind, address of the float32 parameters) of activation ``op`` with attributes
+    ``attrs`` for the native kernels (``none``: NO_ACTIVATION); None where they cannot
+    apply it (another op, kernels off or failing their self-check)."""
+    if op == "none":
+        return NO_ACTIVATION
+    spec = _ACTIVATIONS.get(op)
+    if spec is None or not enabled() or not library().activations:
+        return None
+    kind, params = spec
+    return kind, _parameters(*params(attrs))[1]
+
+
 def activation(op: str, attrs, y: np.ndarray) -> bool:
     """Apply activation ``op`` (its attributes ``attrs``) to float32 ``y`` in place, as
     its numpy code computes it: False, touching nothing, where no native kernel takes it
     (another op or dtype, a view that is not C-contiguous, kernels off)."""
-    spec = _ACTIVATIONS.get(op)
-    if (spec is None or y.dtype != np.float32 or not y.flags.c_contiguous
-            or not y.flags.writeable or not enabled() or not library().activations):
+    code = activation_code(op, attrs)
+    if (code is None or y.dtype != np.float32 or not y.flags.c_contiguous
+            or not y.flags.writeable):
         return False
-    kind, params = spec
-    p = np.array(params(attrs), np.float32)
-    library().bevir_activation_f32(*_pointers(y, p), (ctypes.c_int64 * 2)(y.size, kind))
+    library().bevir_activation_f32(y.ctypes.data, code[1],
+                                   ctypes.addressof((ctypes.c_int64 * 2)(y.size, code[0])))
     return True
 
 
@@ -288,7 +341,7 @@ class GatherGemm:
         self.rows, self.offs, self.size, self.groups = rows, offs, size, groups
         self.m, self.k, self.n = rows.size, offs.size, n
         self.dims = (ctypes.c_int64 * 6)(self.m, n, self.k, groups * n, groups, group_stride)
-        self._fixed = (rows.ctypes.data, offs.ctypes.data)
+        self._fixed, self._dims = (rows.ctypes.data, offs.ctypes.data), ctypes.addressof(self.dims)
 
     @classmethod
     def of(cls, rows: np.ndarray, offs: np.ndarray, size: int, n: int, groups: int = 1,
@@ -299,23 +352,24 @@ class GatherGemm:
         return cls(rows, offs, size, n, groups, group_stride)
 
     def __call__(self, a: np.ndarray, b: np.ndarray, bias: np.ndarray | None,
-                 out: np.ndarray) -> None:
+                 out: np.ndarray, activation: tuple[int, int | None] = NO_ACTIVATION) -> None:
         """Write the product of C-contiguous float32 ``a`` (``size`` elements), ``b``
-        [G, K, N] and ``bias`` [G * N] (or None) into C-contiguous float32 ``out`` [M, G * N]."""
-        f32, g = np.dtype(np.float32), self.groups
+        [G, K, N] and ``bias`` [G * N] (or None) into C-contiguous float32 ``out`` [M, G * N],
+        then ``activation`` (an :func:`activation_code`) over it."""
+        g = self.groups
         if not (a.size == self.size and b.shape == (g, self.k, self.n)
-                and out.shape == (self.m, g * self.n)
+                and out.shape == (self.m, g * self.n) and out.flags.writeable
                 and (bias is None or bias.shape == (g * self.n,))
-                and all(t.dtype == f32 and t.flags.c_contiguous
-                        for t in (a, b, out, *([] if bias is None else [bias])))
-                and out.flags.writeable):
+                and all(t.dtype == _F32 and t.flags.c_contiguous
+                        for t in (a, b, out))
+                and (bias is None or bias.dtype == _F32 and bias.flags.c_contiguous)):
             raise ValueError(f"GatherGemm {g}x {self.m}x{self.k}x{self.n}: operands {a.shape}, "
                              f"{b.shape}, {None if bias is None else bias.shape} -> {out.shape}")
         if self.m and self.n:
             library().bevir_gather_gemm_f32(
                 a.ctypes.data, *self._fixed, b.ctypes.data,
                 None if bias is None else bias.ctypes.data, out.ctypes.data,
-                ctypes.addressof(self.dims))
+                self._dims, *activation)
 
 
 #: key -> whether the native path gave the numpy path's bits (see :func:`agrees`)
@@ -456,7 +510,7 @@ def _self_check_gemm(dll, rng) -> None:
     out = np.empty((5, 35), np.float32)
     dims = (ctypes.c_int64 * 6)(5, 35, 3, 35, 1, 0)
     dll.avx512 = dll.bevir_gather_gemm_f32(*(t.ctypes.data for t in (a, rows, offs, b, bias, out)),
-                                           ctypes.addressof(dims)) == 0
+                                           ctypes.addressof(dims), -1, None) == 0
     if not dll.avx512:
         return
     acc = np.zeros((5, 35), np.float64)     # each FMA step exact, then rounded to float32
@@ -479,8 +533,9 @@ def _self_check_activations(dll) -> None:
             want = get_op(op).compute(Ctx(attrs), x)
             got = x.copy()
             kind, params = _ACTIVATIONS[op]
-            dll.bevir_activation_f32(*_pointers(got, np.array(params(attrs), np.float32)),
-                                     (ctypes.c_int64 * 2)(got.size, kind))
+            p = np.array(params(attrs), np.float32)
+            dll.bevir_activation_f32(got.ctypes.data, p.ctypes.data,
+                                     ctypes.addressof((ctypes.c_int64 * 2)(got.size, kind)))
             if got.tobytes() != np.asarray(want, np.float32).tobytes():
                 dll.activations = False
                 return

@@ -187,6 +187,46 @@ int bevir_u8s8_gemm(const uint8_t *a, const int8_t *wp, int32_t *out, const int6
 #endif
 }
 
+/* Activations in place on float32 (the ops' numpy code: elementwise.relu_values, Clip,
+ * HardSigmoid, Hardswish), each operation rounded as numpy rounds it and the comparisons
+ * taken as numpy takes them on x86-64: maximum(v, 0) keeps v where v > 0 or v is a NaN;
+ * clip(v, lo, hi) moves v only where it lies beyond a bound (a NaN and -0 at 0 stay). kind: 0 relu, 1 clip (p0, p1 the bounds),
+ * 2 hardsigmoid (clip(v * p0 + p1, 0, 1)), 3 hardswish (v * hardsigmoid(v), p0 = 1/6,
+ * p1 = 1/2); -1 none. dims: n, kind. */
+static inline float clip_f32(float v, float lo, float hi) {
+  const float m = v < lo ? lo : v;
+  return m > hi ? hi : m;
+}
+
+static int activate_f32(float *x, int64_t n, int64_t kind, const float *p) {
+  if (kind < 0) return 0;
+  const float p0 = p[0], p1 = p[1];
+  switch (kind) {
+    case 0: for (int64_t i = 0; i < n; i++) x[i] = x[i] > 0.0f || x[i] != x[i] ? x[i] : 0.0f; break;
+    case 1: for (int64_t i = 0; i < n; i++) x[i] = clip_f32(x[i], p0, p1); break;
+    case 2: for (int64_t i = 0; i < n; i++) x[i] = clip_f32(x[i] * p0 + p1, 0.0f, 1.0f); break;
+    case 3: for (int64_t i = 0; i < n; i++) x[i] = x[i] * clip_f32(x[i] * p0 + p1, 0.0f, 1.0f); break;
+    default: return -1;
+  }
+  return 0;
+}
+
+int bevir_activation_f32(float *x, const float *p, const int64_t *d) {
+  return activate_f32(x, d[0], d[1], p);
+}
+
+/* The depthwise convolution of float32 (bevir_depthwise_f32), then the bias added to
+ * each pixel's channels (conv2d's y += b) and activation act (activate_f32) over out. */
+int bevir_depthwise_epilogue_f32(const float *xp, const float *wt, const float *bias,
+                                 float *out, const int64_t *d, int64_t act, const float *p) {
+  if (bevir_depthwise_f32(xp, wt, out, d) != 0) return -1;
+  const int64_t c = d[3], n = d[0] * d[4] * d[5] * c;
+  if (bias)
+    for (int64_t i = 0; i < n; i += c)
+      for (int64_t k = 0; k < c; k++) out[i + k] = out[i + k] + bias[k];
+  return activate_f32(out, n, act, p);
+}
+
 /* Float32 products summed as an FMA kernel of BLAS sums them: out[m, n] = the products
  * a[rows[m] + offs[k]] * b[k, n], fused-multiply-added onto +0 in k order (one rounding a
  * step), then + bias[n] (a separate add) where bias is not NULL. The rows of A are gathered
@@ -194,8 +234,9 @@ int bevir_u8s8_gemm(const uint8_t *a, const int8_t *wp, int32_t *out, const int6
  * pixel m's first window element in the padded input, offs[k] tap k's distance from it.
  * b: [K, N] row-major; out: [M, N], rows ldo apart. dims: M, N, K, ldo, G, S: a grouped
  * convolution makes G such products, group g reading A's elements g * S further on, b and
- * bias g * K * N and g * N further on, writing out's columns g * N on (ldo = G * N). The
- * caller uses it only where it has found BLAS to give the same bits (native.agrees).
+ * bias g * K * N and g * N further on, writing out's columns g * N on (ldo = G * N); then
+ * activation act (activate_f32, its parameters p) over out. The caller uses it only where
+ * it has found BLAS to give the same bits (native.agrees).
  * A tile of R rows x V vectors of 16 columns keeps R * V = 8 accumulators in registers
  * (constant indices: a variable one would spill them) while a strip of b stays in cache:
  * 4 x 2 tiles over strips of 32 columns, 8 x 1 tiles over the last 16 or fewer columns,
@@ -247,7 +288,8 @@ GATHER_GEMM_TILES(8, 1)
 #endif
 
 int bevir_gather_gemm_f32(const float *a, const int64_t *rows, const int64_t *offs,
-                          const float *b, const float *bias, float *out, const int64_t *d) {
+                          const float *b, const float *bias, float *out, const int64_t *d,
+                          int64_t act, const float *p) {
 #ifdef __AVX512F__
   const int64_t N = d[1], K = d[2], wide = N % 32 > 16 ? N : N / 32 * 32;
   for (int64_t g = 0; g < d[4]; g++) {
@@ -255,9 +297,10 @@ int bevir_gather_gemm_f32(const float *a, const int64_t *rows, const int64_t *of
     gather_gemm_4x2(ag, rows, offs, bg, biasg, out + g * N, d, 0, wide);
     gather_gemm_8x1(ag, rows, offs, bg, biasg, out + g * N, d, wide, N);
   }
-  return 0;
+  return activate_f32(out, d[0] * d[3], act, p);
 #else
-  (void)a; (void)rows; (void)offs; (void)b; (void)bias; (void)out; (void)d;
+  (void)a; (void)rows; (void)offs; (void)b; (void)bias; (void)out; (void)d; (void)act;
+  (void)p;
   return -1;
 #endif
 }
@@ -314,27 +357,3 @@ TRANSPOSE(bevir_transpose_u8, uint8_t)
 TRANSPOSE(bevir_transpose_u16, uint16_t)
 TRANSPOSE(bevir_transpose_u32, uint32_t)
 TRANSPOSE(bevir_transpose_u64, uint64_t)
-
-/* Activations in place on float32 (the ops' numpy code: elementwise.relu_values, Clip,
- * HardSigmoid, Hardswish), each operation rounded as numpy rounds it and the comparisons
- * taken as numpy takes them on x86-64: maximum(v, 0) keeps v where v > 0 or v is a NaN;
- * clip(v, lo, hi) moves v only where it lies beyond a bound (a NaN and -0 at 0 stay). kind: 0 relu, 1 clip (p0, p1 the bounds),
- * 2 hardsigmoid (clip(v * p0 + p1, 0, 1)), 3 hardswish (v * hardsigmoid(v), p0 = 1/6,
- * p1 = 1/2). dims: n, kind. */
-static inline float clip_f32(float v, float lo, float hi) {
-  const float m = v < lo ? lo : v;
-  return m > hi ? hi : m;
-}
-
-int bevir_activation_f32(float *x, const float *p, const int64_t *d) {
-  const int64_t n = d[0];
-  const float p0 = p[0], p1 = p[1];
-  switch (d[1]) {
-    case 0: for (int64_t i = 0; i < n; i++) x[i] = x[i] > 0.0f || x[i] != x[i] ? x[i] : 0.0f; break;
-    case 1: for (int64_t i = 0; i < n; i++) x[i] = clip_f32(x[i], p0, p1); break;
-    case 2: for (int64_t i = 0; i < n; i++) x[i] = clip_f32(x[i] * p0 + p1, 0.0f, 1.0f); break;
-    case 3: for (int64_t i = 0; i < n; i++) x[i] = x[i] * clip_f32(x[i] * p0 + p1, 0.0f, 1.0f); break;
-    default: return -1;
-  }
-  return 0;
-}
