@@ -260,14 +260,19 @@ FMA_CASES = [
 ]
 
 
+def count_calls(monkeypatch, *kernels: str) -> list[str]:
+    """The names of the native library's ``kernels`` as they are called."""
+    calls, dll = [], native.library()
+    for name in kernels:
+        real = getattr(dll, name)
+        monkeypatch.setattr(dll, name, lambda *a, _r=real, _n=name: calls.append(_n) or _r(*a))
+    return calls
+
+
 @pytest.fixture
 def fma_runs(monkeypatch):
-    """How many native FMA products ran."""
-    runs = []
-    real = native.GatherGemm.__call__
-    monkeypatch.setattr(native.GatherGemm, "__call__",
-                        lambda self, *a: runs.append(self) or real(self, *a))
-    return runs
+    """The native FMA products that ran."""
+    return count_calls(monkeypatch, "bevir_gather_gemm_f32")
 
 
 def conv_graph(case, rng, special: bool = False):
@@ -436,10 +441,7 @@ def test_native_conv_with_activation_bits_are_numpys(case, act, monkeypatch, rng
         b.const(rng.standard_normal((o, c // groups, *kernel)).astype(np.float32)),
         b.const(rng.standard_normal(o).astype(np.float32)), strides=strides, pads=pads,
         dilations=dilations, groups=groups, **act))
-    ran = []
-    for name in ("depthwise_epilogue", "activation"):
-        real = getattr(native, name)
-        monkeypatch.setattr(native, name, lambda *a, _r=real, _n=name: ran.append(_n) or _r(*a))
+    ran = count_calls(monkeypatch, "bevir_depthwise_epilogue_f32", "bevir_activation_f32")
     runs = {}
     for on in ("1", "0"):
         monkeypatch.setenv("BEVIR_NATIVE", on)
@@ -448,7 +450,7 @@ def test_native_conv_with_activation_bits_are_numpys(case, act, monkeypatch, rng
             ran.clear()
             runs[on] = bevir.run(b.graph, {"x": x})["y"]
         if on == "1" and groups > 1:
-            assert ran == ["depthwise_epilogue"]      # bias and activation in the same call
+            assert ran == ["bevir_depthwise_epilogue_f32"]   # bias and activation with it
     nan = np.isnan(runs["0"])
     assert np.array_equal(np.isnan(runs["1"]), nan)
     assert runs["1"][~nan].tobytes() == runs["0"][~nan].tobytes()

@@ -21,7 +21,7 @@ from ..ir.opdef import Activation, Attr, Bool, Ctx, FixedLowering, Float, OpDef,
 from . import native
 from .common import broadcast_types, float_operands, require
 from .layout_rules import ELEMENTWISE, NATIVE
-from .linalg import CONV_ATTRS, Contraction, Convolution, conv2d_float, conv_args, native_conv2d
+from .linalg import CONV_ATTRS, Contraction, Convolution, conv2d_runner, prepared_conv
 from .onnx_export import matmul_bias, onnx_as, then_activation
 
 
@@ -88,12 +88,17 @@ class Conv2dAct(Convolution):
         return _activation_infer(c, get_op("conv2d").infer(c, x, w, b))
 
     def compute(self, c, x, w, b=None):
+        return prepared_conv(c, x, w, b, lambda: self.runner(c, x, w, b))
+
+    @staticmethod
+    def runner(c, x, w, b):
+        """conv2d's runner, the activation in its native call where the kernels take it."""
         code = (native.NO_ACTIVATION if c.activation == "none"
                 else native.activation_code(c.activation, _activation_ctx(c).attrs))
-        y = native_conv2d(c, x, w, b, code or native.NO_ACTIVATION)
-        if y is not None and code is not None:        # the activation ran with the product
-            return y
-        return apply_activation(c, conv2d_float(x, w, b, *conv_args(c)) if y is None else y)
+        run, activated = conv2d_runner(c, x, w, b, code or native.NO_ACTIVATION)
+        if activated and code is not None:
+            return run
+        return lambda x: apply_activation(c, run(x))
 
 
 class Linear(Contraction):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
@@ -320,14 +321,16 @@ FMA_MACS = 1 << 23
 FMA_REDUCTION = 512
 
 
-def fma_eligible(x: np.ndarray, w: np.ndarray, strides, groups: int) -> bool:
+def fma_eligible(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, strides,
+                 groups: int) -> bool:
     """Whether :func:`conv2d_fma` may stand in for :func:`conv2d_float` (where
     native.agrees finds the same bits): a float32 convolution, not a depthwise one (a
     kernel of its own), not too large."""
     o, cg, kh, kw = w.shape
     k, pixels = cg * kh * kw, x.size // (cg * groups * strides[0] * strides[1])
-    return (x.dtype == w.dtype == np.float32 and (cg > 1 or groups == 1)
-            and k <= FMA_REDUCTION and pixels * k * o <= FMA_MACS and native.enabled())
+    return (x.dtype == w.dtype == np.float32 and (b is None or b.dtype == np.float32)
+            and (cg > 1 or groups == 1) and k <= FMA_REDUCTION and pixels * k * o <= FMA_MACS
+            and native.enabled())
 
 
 def conv2d_fma(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, layout: Layout, strides,
@@ -339,40 +342,66 @@ def conv2d_fma(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, layout: Layou
     (kh, kw, c), the bias added after, then ``activation`` (a native.activation_code); None
     where the kernel cannot run. Where BLAS also sums by FMA steps (native.agrees finds
     out), the bits are conv2d_float's."""
+    run = fma_runner(x.shape, w, b, layout, strides, pads, dilations, groups, activation)
+    return None if run is None else run(x)
+
+
+def padded_dims(shape, layout: Layout, pads) -> tuple[int, int, int, int]:
+    """(N, C, H, W) of a 4-D input of ``shape`` in ``layout`` once padded by ``pads``."""
+    n, ch, h, wd = nchw_dims(TensorType(tuple(shape), layout=layout))
+    top, left, bottom, right = pads
+    return n, ch, h + top + bottom, wd + left + right
+
+
+def fma_runner(shape, w: np.ndarray, b: np.ndarray | None, layout: Layout, strides, pads,
+               dilations, groups: int, activation: tuple[int, int | None]
+               ) -> Callable[[np.ndarray], np.ndarray] | None:
+    """:func:`conv2d_fma` for inputs of ``shape`` with its weights, bias and activation
+    prepared once: a function of the input; None where the kernel cannot run."""
     o, cg, kh, kw = w.shape
     nhwc = layout is Layout.nhwc
-    xp = np.ascontiguousarray(pad_nhwc(x, pads) if nhwc else pad_nchw(x, pads))
-    n, h, wd = xp.shape[0], xp.shape[-3 + (not nhwc)], xp.shape[-2 + (not nhwc)]
-    oh = conv_out_size(h, kh, strides[0], 0, dilations[0])
-    ow = conv_out_size(wd, kw, strides[1], 0, dilations[1])
+    n, ch, hp, wp = padded_dims(shape, layout, pads)
+    padded = (n, hp, wp, ch) if nhwc else (n, ch, hp, wp)
+    oh = conv_out_size(hp, kh, strides[0], 0, dilations[0])
+    ow = conv_out_size(wp, kw, strides[1], 0, dilations[1])
     channel_major = groups == 1 and cg < NCHW_CHANNEL_LIMIT
-    plan = _window_plan(xp.shape, nhwc, o, (oh, ow), (kh, kw), tuple(strides),
-                        tuple(dilations), groups, channel_major)
+    plan = _window_plan(padded, nhwc, o, (oh, ow), (kh, kw), tuple(strides), tuple(dilations),
+                        groups, channel_major)
     if plan is None:
         return None
-    out = np.empty((n, oh, ow, o), np.float32)
-    plan(xp, fma_weights(w, groups, channel_major), b, out.reshape(-1, o), activation)
-    return from_nhwc(out, layout)
+    product = plan.bind(fma_weights(w, groups, channel_major), b, activation)
+    pad = pad_nhwc if nhwc else pad_nchw
+
+    def run(x: np.ndarray) -> np.ndarray:
+        out = np.empty((n, oh, ow, o), np.float32)
+        product(np.ascontiguousarray(pad(x, pads)), out.reshape(-1, o))
+        return from_nhwc(out, layout)
+    return run
 
 
-def native_depthwise(c, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
-                     activation: tuple[int, int | None]) -> np.ndarray | None:
-    """A float32 depthwise conv2d (one channel a group, no multiplier), its bias and
-    ``activation`` in one native call (native.depthwise_epilogue: conv2d_float's
-    operations), else None."""
+def depthwise_runner(shape, w: np.ndarray, b: np.ndarray | None, layout: Layout, strides,
+                     pads, dilations, activation: tuple[int, int | None]
+                     ) -> Callable[[np.ndarray], np.ndarray] | None:
+    """A float32 depthwise conv2d (one channel a group, no multiplier) of inputs of
+    ``shape``, its bias and ``activation`` in one native call (native.bind_depthwise:
+    conv2d_float's operations), prepared once: a function of the input; None where the
+    native kernel cannot run."""
     o, _, kh, kw = w.shape
-    layout = c.in_types[0].layout
-    n, ch, h, wd = nchw_dims(c.in_types[0])
-    if x.dtype != np.float32 or w.dtype != np.float32 or (b is not None and b.dtype != np.float32) or ch != o:
+    n, ch, hp, wp = padded_dims(shape, layout, pads)
+    if ch != o or w.dtype != np.float32 or (b is not None and b.dtype != np.float32):
         return None
-    top, left, bottom, right = c.pads
-    oh = conv_out_size(h, kh, c.strides[0], top + bottom, c.dilations[0])
-    ow = conv_out_size(wd, kw, c.strides[1], left + right, c.dilations[1])
-    out = np.empty((n, oh, ow, o), np.float32)
-    if not native.depthwise_epilogue(pad_nhwc(to_nhwc(x, layout), c.pads), tap_weights(w), b,
-                                     out, (kh, kw), c.strides, c.dilations, activation):
+    oh = conv_out_size(hp, kh, strides[0], 0, dilations[0])
+    ow = conv_out_size(wp, kw, strides[1], 0, dilations[1])
+    product = native.bind_depthwise((n, hp, wp, ch), tap_weights(w), b, (n, oh, ow, o),
+                                    (kh, kw), tuple(strides), tuple(dilations), activation)
+    if product is None:
         return None
-    return from_nhwc(out, layout)
+
+    def run(x: np.ndarray) -> np.ndarray:
+        out = np.empty((n, oh, ow, o), np.float32)
+        product(np.ascontiguousarray(pad_nhwc(to_nhwc(x, layout), pads)), out)
+        return from_nhwc(out, layout)
+    return run
 
 
 #: the tap-major operands of read-only depthwise weights while they live
@@ -385,7 +414,7 @@ def tap_weights(w: np.ndarray) -> np.ndarray:
     hit = _TAP_WEIGHTS.get(w)
     if hit is not None:
         return hit
-    m = np.ascontiguousarray(w.reshape(w.shape[0], -1).T)
+    m = np.ascontiguousarray(w.reshape(w.shape[0], -1).T, np.float32)
     if _read_only(w):
         m.setflags(write=False)
         _TAP_WEIGHTS.put(w, m)
@@ -654,8 +683,7 @@ class Conv2d(Convolution):
         require(b is None or b.shape == (w.shape[0],), f"bias must be [{w.shape[0]}], got {b}")
         return TensorType(shape, x.dtype, x.layout)
     def compute(self, c, x, w, b=None):
-        y = native_conv2d(c, x, w, b)
-        return conv2d_float(x, w, b, *conv_args(c)) if y is None else y
+        return prepared_conv(c, x, w, b, lambda: conv2d_runner(c, x, w, b)[0])
 
 
 def conv_args(c) -> tuple:
@@ -664,22 +692,46 @@ def conv_args(c) -> tuple:
             c.groups)
 
 
-def native_conv2d(c, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
-                  activation: tuple[int, int | None] = native.NO_ACTIVATION) -> np.ndarray | None:
-    """conv2d (then ``activation``, a native.activation_code) with native kernels where
-    they give conv2d_float's bits, else None: a depthwise one by the same operations
-    (:func:`native_depthwise`), the others as FMA products (:func:`conv2d_fma`) where BLAS
-    sums so too (native.agrees finds out once per shape)."""
-    if w.shape[1] == 1 and c.groups > 1:
-        return native_depthwise(c, x, w, b, activation)
-    if not fma_eligible(x, w, c.strides, c.groups):
-        return None
+#: prepared convolutions by weight (a graph constant): (key, bias, run)
+_PREPARED = ArrayCache()
+
+
+def prepared_conv(c, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
+                  build: Callable[[], Callable[[np.ndarray], np.ndarray]]) -> np.ndarray:
+    """``build()``, a function of the input that computes the node, applied to ``x``: built
+    once per weight that nothing can change (a graph constant) while the node's attributes,
+    the input's shape and type, the bias and whether native kernels run stay the same."""
+    key = (x.shape, x.dtype, c.in_types[0].layout, c.attrs, native.enabled())
+    hit = _PREPARED.get(w)
+    if hit is not None and hit[1] is b and hit[0] == key:
+        return hit[2](x)
+    run = build()
+    if _read_only(w) and (b is None or _read_only(b)):
+        _PREPARED.put(w, (key[:3] + (dict(c.attrs), key[4]), b, run))
+    return run(x)
+
+
+def conv2d_runner(c, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
+                  activation: tuple[int, int | None] = native.NO_ACTIVATION
+                  ) -> tuple[Callable[[np.ndarray], np.ndarray], bool]:
+    """A function computing conv2d (then ``activation``, a native.activation_code) for
+    inputs like ``x``, and whether it runs natively (and applies the activation): with
+    native kernels where they give conv2d_float's bits (a depthwise one by the same
+    operations, :func:`depthwise_runner`; the others as FMA products, :func:`fma_runner`,
+    where BLAS sums so too: native.agrees finds out once per shape), else conv2d_float."""
     args = conv_args(c)
-    if native.agrees(("conv2d", x.shape, w.shape, b is None) + args,
-                     lambda *xwb: conv2d_fma(*xwb, *args), lambda *xwb: conv2d_float(*xwb, *args),
-                     (x, w, b)):
-        return conv2d_fma(x, w, b, *args, activation)
-    return None
+    run = None
+    if w.shape[1] == 1 and c.groups > 1:
+        if x.dtype == np.float32 and native.enabled():
+            run = depthwise_runner(x.shape, w, b, args[0], *args[1:4], activation)
+    elif fma_eligible(x, w, b, c.strides, c.groups) and native.agrees(
+            ("conv2d", x.shape, w.shape, b is None) + args,
+            lambda *xwb: conv2d_fma(*xwb, *args), lambda *xwb: conv2d_float(*xwb, *args),
+            (x, w, b)):
+        run = fma_runner(x.shape, w, b, *args, activation)
+    if run is not None:
+        return run, True
+    return (lambda x: conv2d_float(x, w, b, *args)), False
 
 
 class MatMul(MatrixProduct):

@@ -183,22 +183,47 @@ def depthwise_epilogue(xp: np.ndarray, wt: np.ndarray, bias: np.ndarray | None,
     pixel and ``activation`` (an :func:`activation_code`) applied, in one native call: the
     numpy path's operations (conv2d's y += b, the activation op's code). Returns False,
     writing nothing, where no native kernel runs."""
-    if not (xp.dtype == wt.dtype == out.dtype == _F32 and out.flags.c_contiguous
-            and out.flags.writeable and (bias is None or bias.dtype == _F32) and enabled()):
+    run = bind_depthwise(xp.shape, wt, bias, out.shape, kernel, strides, dilations, activation)
+    if run is None or xp.dtype != _F32 or not out.flags.c_contiguous:
         return False
-    n, hp, wp, c = xp.shape
-    oh, ow = out.shape[1:3]
-    if (out.shape != (n, oh, ow, c) or wt.shape != (kernel[0] * kernel[1], c)
+    run(np.ascontiguousarray(xp), out)
+    return True
+
+
+def bind_depthwise(shape: tuple[int, ...], wt: np.ndarray, bias: np.ndarray | None,
+                   out_shape: tuple[int, ...], kernel, strides, dilations,
+                   activation: tuple[int, int | None] = NO_ACTIVATION
+                   ) -> Callable[[np.ndarray, np.ndarray], None] | None:
+    """:func:`depthwise_epilogue` for padded inputs of ``shape``, with the weights, bias
+    and activation checked once: a function of C-contiguous float32 ``xp`` and ``out``;
+    None where no native kernel runs."""
+    if not (wt.dtype == _F32 and (bias is None or bias.dtype == _F32) and enabled()):
+        return None
+    n, hp, wp, c = shape
+    oh, ow = out_shape[1:3]
+    if (tuple(out_shape) != (n, oh, ow, c) or wt.shape != (kernel[0] * kernel[1], c)
             or (bias is not None and bias.shape != (c,))):
-        raise ValueError(f"depthwise: {xp.shape} with weights {wt.shape} and bias "
-                         f"{None if bias is None else bias.shape} cannot make {out.shape}")
+        raise ValueError(f"depthwise: {shape} with weights {wt.shape} and bias "
+                         f"{None if bias is None else bias.shape} cannot make {out_shape}")
     check_windows((hp, wp), (oh, ow), kernel, strides, dilations)
-    xp, wt = np.ascontiguousarray(xp), np.ascontiguousarray(wt)
+    wt = np.ascontiguousarray(wt)
     bias = None if bias is None else np.ascontiguousarray(bias)
     dims = (ctypes.c_int64 * 12)(n, hp, wp, c, oh, ow, *kernel, *strides, *dilations)
-    return library().bevir_depthwise_epilogue_f32(
-        xp.ctypes.data, wt.ctypes.data, None if bias is None else bias.ctypes.data,
-        out.ctypes.data, ctypes.addressof(dims), *activation) == 0
+    fn = library().bevir_depthwise_epilogue_f32
+    fixed = (wt.ctypes.data, None if bias is None else bias.ctypes.data)
+    tail = (ctypes.addressof(dims), *activation)
+    keep = (wt, bias, dims)                      # alive while the function is
+    shape, out_shape = tuple(shape), tuple(out_shape)
+
+    def run(xp: np.ndarray, out: np.ndarray) -> None:
+        if not (xp.shape == shape and xp.dtype == _F32 and xp.flags.c_contiguous
+                and out.shape == out_shape and out.dtype == _F32 and out.flags.c_contiguous
+                and out.flags.writeable and keep):
+            raise ValueError(f"depthwise: operands {xp.shape} -> {out.shape}, expected "
+                             f"{shape} -> {out_shape}")
+        if out.size and fn(xp.ctypes.data, *fixed, out.ctypes.data, *tail) != 0:
+            raise MemoryError("depthwise: no memory for the tap offsets")
+    return run
 
 
 def maxpool(xp: np.ndarray, out: np.ndarray, kernel, strides, dilations) -> bool:
@@ -351,25 +376,39 @@ class GatherGemm:
             return None
         return cls(rows, offs, size, n, groups, group_stride)
 
+    def bind(self, b: np.ndarray, bias: np.ndarray | None,
+             activation: tuple[int, int | None] = NO_ACTIVATION
+             ) -> Callable[[np.ndarray, np.ndarray], None]:
+        """The product with C-contiguous float32 ``b`` [G, K, N] and ``bias`` [G * N] (or
+        None), then ``activation`` (an :func:`activation_code`): a function writing it for
+        C-contiguous float32 ``a`` (``size`` elements) into C-contiguous float32 ``out``
+        [M, G * N]. The constant operands are checked here, once (a convolution's weights)."""
+        g = self.groups
+        if not (b.shape == (g, self.k, self.n) and b.dtype == _F32 and b.flags.c_contiguous
+                and (bias is None or bias.shape == (g * self.n,) and bias.dtype == _F32
+                     and bias.flags.c_contiguous)):
+            raise ValueError(f"GatherGemm {g}x {self.m}x{self.k}x{self.n}: operands {b.shape}, "
+                             f"{None if bias is None else bias.shape}")
+        kernel, size, shape = library().bevir_gather_gemm_f32, self.size, (self.m, g * self.n)
+        fixed = (*self._fixed, b.ctypes.data, None if bias is None else bias.ctypes.data)
+        tail = (self._dims, *activation)
+        keep = (self, b, bias)                   # alive while the function is
+
+        def product(a: np.ndarray, out: np.ndarray) -> None:
+            if not (a.size == size and a.dtype == _F32 and a.flags.c_contiguous
+                    and out.shape == shape and out.dtype == _F32 and out.flags.c_contiguous
+                    and out.flags.writeable and keep):
+                raise ValueError(f"GatherGemm: operands {a.shape} -> {out.shape}, "
+                                 f"expected {size} elements -> {shape}")
+            if out.size:
+                kernel(a.ctypes.data, *fixed, out.ctypes.data, *tail)
+        return product
+
     def __call__(self, a: np.ndarray, b: np.ndarray, bias: np.ndarray | None,
                  out: np.ndarray, activation: tuple[int, int | None] = NO_ACTIVATION) -> None:
-        """Write the product of C-contiguous float32 ``a`` (``size`` elements), ``b``
-        [G, K, N] and ``bias`` [G * N] (or None) into C-contiguous float32 ``out`` [M, G * N],
-        then ``activation`` (an :func:`activation_code`) over it."""
-        g = self.groups
-        if not (a.size == self.size and b.shape == (g, self.k, self.n)
-                and out.shape == (self.m, g * self.n) and out.flags.writeable
-                and (bias is None or bias.shape == (g * self.n,))
-                and all(t.dtype == _F32 and t.flags.c_contiguous
-                        for t in (a, b, out))
-                and (bias is None or bias.dtype == _F32 and bias.flags.c_contiguous)):
-            raise ValueError(f"GatherGemm {g}x {self.m}x{self.k}x{self.n}: operands {a.shape}, "
-                             f"{b.shape}, {None if bias is None else bias.shape} -> {out.shape}")
-        if self.m and self.n:
-            library().bevir_gather_gemm_f32(
-                a.ctypes.data, *self._fixed, b.ctypes.data,
-                None if bias is None else bias.ctypes.data, out.ctypes.data,
-                self._dims, *activation)
+        """Write the product of ``a``, ``b`` and ``bias`` into ``out``, then
+        ``activation`` (see :meth:`bind`)."""
+        self.bind(b, bias, activation)(a, out)
 
 
 #: key -> whether the native path gave the numpy path's bits (see :func:`agrees`)
