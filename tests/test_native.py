@@ -257,6 +257,10 @@ FMA_CASES = [
     (Layout.plain, (1, 24, 9, 11), 33, (2, 3), (1, 2), (2, 1), (0, 1, 2, 0), 1),
     (Layout.nhwc, (1, 32, 10, 10), 32, (3, 3), (1, 1), (1, 1), (1, 1, 1, 1), 2),
     (Layout.nhwc, (1, 48, 10, 10), 48, (3, 3), (1, 1), (1, 1), (1, 1, 1, 1), 6),
+    # a reduction of 576 (BLAS sums it in blocks), and a dilated one whose outer taps read
+    # only padding (left out)
+    (Layout.nhwc, (1, 64, 10, 10), 32, (3, 3), (1, 1), (1, 1), (1, 1, 1, 1), 1),
+    (Layout.nhwc, (1, 96, 6, 6), 64, (3, 3), (1, 1), (7, 7), (7, 7, 7, 7), 1),
 ]
 
 
@@ -304,8 +308,9 @@ def test_fma_conv_bits_are_numpys(case, special, monkeypatch, fma_runs, rng):
         bevir.run(graph, {"x": x})              # the first run of a shape checks the kernel
         fma_runs.clear()
         runs[on] = bevir.run(graph, {"x": x})["y"]
-        if on == "1" and case in FMA_CASES[:2] and "openblas SkylakeX" in platform_key():
-            assert fma_runs, "the stems run natively"
+        if (on == "1" and case in FMA_CASES[:2] + FMA_CASES[-2:]
+                and "openblas SkylakeX" in platform_key()):
+            assert fma_runs, "the stems, the blocked and the dilated products run natively"
     nan = np.isnan(runs["0"])
     assert np.array_equal(np.isnan(runs["1"]), nan)
     assert runs["1"][~nan].tobytes() == runs["0"][~nan].tobytes()
@@ -454,3 +459,23 @@ def test_native_conv_with_activation_bits_are_numpys(case, act, monkeypatch, rng
     nan = np.isnan(runs["0"])
     assert np.array_equal(np.isnan(runs["1"]), nan)
     assert runs["1"][~nan].tobytes() == runs["0"][~nan].tobytes()
+
+
+def test_taps_in_the_padding_are_left_out_only_with_finite_weights(monkeypatch, rng):
+    """A dilation of 7 on a 6x6 map: only the centre tap reads the input. Its product
+    alone gives the same bits; an infinite weight on an outer tap (0 * inf is a NaN)
+    keeps every tap."""
+    x = rng.standard_normal((1, 6, 6, 96)).astype(np.float32)
+    w = rng.standard_normal((64, 96, 3, 3)).astype(np.float32)
+    args = (Layout.nhwc, (1, 1), (7, 7, 7, 7), (7, 7), 1)
+    live = linalg.live_taps(x.shape, Layout.nhwc, (6, 6), (3, 3), (1, 1), (7, 7, 7, 7),
+                            (7, 7), 96, False)
+    assert live.tolist() == list(range(4 * 96, 5 * 96))       # tap (1, 1), its 96 channels
+    for weights in (w, np.where(np.arange(9).reshape(3, 3) == 0, np.inf, w)):
+        weights = weights.astype(np.float32)
+        want = linalg.conv2d_float(x, weights, None, *args)
+        with np.errstate(invalid="ignore"):
+            got = linalg.conv2d_fma(x, weights, None, *args, blocked=True)
+        assert np.array_equal(np.isnan(got), np.isnan(want))
+        assert got[~np.isnan(got)].tobytes() == want[~np.isnan(want)].tobytes()
+    assert np.isnan(got).all()

@@ -315,34 +315,42 @@ def conv2d_float(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, layout: Lay
 
 
 #: the largest convolution (MACs) that runs through native FMA products: beyond it BLAS
-#: runs its own threads, and the kernel has one
-FMA_MACS = 1 << 23
-#: and the longest reduction: BLAS splits longer ones into blocks (their sums differ)
-FMA_REDUCTION = 512
+#: runs its own threads, and the kernel has one; unless the products left out (taps in the
+#: padding) leave at most this fraction of BLAS's
+FMA_MACS, FMA_FRACTION = 1 << 23, 1 / 4
 
 
-def fma_eligible(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, strides,
-                 groups: int) -> bool:
+def fma_eligible(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, layout: Layout, strides,
+                 pads, dilations, groups: int) -> bool:
     """Whether :func:`conv2d_fma` may stand in for :func:`conv2d_float` (where
     native.agrees finds the same bits): a float32 convolution, not a depthwise one (a
-    kernel of its own), not too large."""
+    kernel of its own), not too large (:data:`FMA_MACS`)."""
     o, cg, kh, kw = w.shape
-    k, pixels = cg * kh * kw, x.size // (cg * groups * strides[0] * strides[1])
-    return (x.dtype == w.dtype == np.float32 and (b is None or b.dtype == np.float32)
-            and (cg > 1 or groups == 1) and k <= FMA_REDUCTION and pixels * k * o <= FMA_MACS
-            and native.enabled())
+    if not (x.dtype == w.dtype == np.float32 and (b is None or b.dtype == np.float32)
+            and (cg > 1 or groups == 1) and native.enabled()):
+        return False
+    n, _, hp, wp = padded_dims(x.shape, layout, pads)
+    out_hw = (conv_out_size(hp, kh, strides[0], 0, dilations[0]),
+              conv_out_size(wp, kw, strides[1], 0, dilations[1]))
+    k = cg * kh * kw
+    live = live_taps(x.shape, layout, out_hw, (kh, kw), strides, pads, dilations, cg, False)
+    kept = k if live is None else live.size
+    macs = n * out_hw[0] * out_hw[1] * o
+    return macs * kept <= FMA_MACS or kept <= FMA_FRACTION * k
 
 
 def conv2d_fma(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, layout: Layout, strides,
                pads, dilations, groups: int,
-               activation: tuple[int, int | None] = native.NO_ACTIVATION) -> np.ndarray | None:
+               activation: tuple[int, int | None] = native.NO_ACTIVATION,
+               blocked: bool = False) -> np.ndarray | None:
     """The float32 convolution as native FMA products over the padded input
     (:class:`native.GatherGemm`, no im2col copy), each group's reduction in
     :func:`conv2d_float`'s order, (c, kh, kw) for an ungrouped one of few channels, else
-    (kh, kw, c), the bias added after, then ``activation`` (a native.activation_code); None
-    where the kernel cannot run. Where BLAS also sums by FMA steps (native.agrees finds
-    out), the bits are conv2d_float's."""
-    run = fma_runner(x.shape, w, b, layout, strides, pads, dilations, groups, activation)
+    (kh, kw, c), in BLAS's blocks where ``blocked``, the bias added after, then
+    ``activation`` (a native.activation_code); None where the kernel cannot run. Where BLAS
+    sums the same way (native.agrees finds out), the bits are conv2d_float's."""
+    run = fma_runner(x.shape, w, b, layout, strides, pads, dilations, groups, activation,
+                     blocked)
     return None if run is None else run(x)
 
 
@@ -354,22 +362,31 @@ def padded_dims(shape, layout: Layout, pads) -> tuple[int, int, int, int]:
 
 
 def fma_runner(shape, w: np.ndarray, b: np.ndarray | None, layout: Layout, strides, pads,
-               dilations, groups: int, activation: tuple[int, int | None]
-               ) -> Callable[[np.ndarray], np.ndarray] | None:
+               dilations, groups: int, activation: tuple[int, int | None],
+               blocked: bool = False) -> Callable[[np.ndarray], np.ndarray] | None:
     """:func:`conv2d_fma` for inputs of ``shape`` with its weights, bias and activation
-    prepared once: a function of the input; None where the kernel cannot run."""
+    prepared once: a function of the input; None where the kernel cannot run. ``blocked``:
+    the reduction in BLAS's blocks (native.blas_blocks). Taps that read only padding, for
+    every output pixel (a dilated convolution on a small map), are left out: their products
+    are exact zeros, which leave each sum as it is (with finite weights)."""
     o, cg, kh, kw = w.shape
     nhwc = layout is Layout.nhwc
     n, ch, hp, wp = padded_dims(shape, layout, pads)
-    padded = (n, hp, wp, ch) if nhwc else (n, ch, hp, wp)
     oh = conv_out_size(hp, kh, strides[0], 0, dilations[0])
     ow = conv_out_size(wp, kw, strides[1], 0, dilations[1])
     channel_major = groups == 1 and cg < NCHW_CHANNEL_LIMIT
-    plan = _window_plan(padded, nhwc, o, (oh, ow), (kh, kw), tuple(strides), tuple(dilations),
-                        groups, channel_major)
+    weights = fma_weights(w, groups, channel_major)
+    live = live_taps(shape, layout, (oh, ow), (kh, kw), strides, pads, dilations, cg,
+                     channel_major)
+    if live is not None and not np.isfinite(np.delete(weights, live, axis=1)).all():
+        live = None                               # 0 * inf is a NaN: every tap counts
+    plan = _window_plan((n, hp, wp, ch) if nhwc else (n, ch, hp, wp), nhwc, o, (oh, ow),
+                        (kh, kw), tuple(strides), tuple(dilations), groups, channel_major,
+                        None if live is None else tuple(live), blocked)
     if plan is None:
         return None
-    product = plan.bind(fma_weights(w, groups, channel_major), b, activation)
+    product = plan.bind(weights if live is None else np.ascontiguousarray(weights[:, live]),
+                        b, activation)
     pad = pad_nhwc if nhwc else pad_nchw
 
     def run(x: np.ndarray) -> np.ndarray:
@@ -377,6 +394,26 @@ def fma_runner(shape, w: np.ndarray, b: np.ndarray | None, layout: Layout, strid
         product(np.ascontiguousarray(pad(x, pads)), out.reshape(-1, o))
         return from_nhwc(out, layout)
     return run
+
+
+def live_taps(shape, layout: Layout, out_hw, kernel, strides, pads, dilations, cg: int,
+              channel_major: bool) -> np.ndarray | None:
+    """The reduction indices of a convolution's taps that read the input (not only its
+    padding) for some output pixel, in the reduction's order; None where all of them do."""
+    _, _, h, wd = nchw_dims(TensorType(tuple(shape), layout=layout))
+
+    def reads(size, n_out, k, stride, pad, dilation):
+        first = np.arange(k) * dilation - pad           # each tap's position at output 0
+        last = first + (n_out - 1) * stride
+        return (last >= 0) & (first < size)           # some position within [0, size)
+    rows = reads(h, out_hw[0], kernel[0], strides[0], pads[0], dilations[0])
+    cols = reads(wd, out_hw[1], kernel[1], strides[1], pads[1], dilations[1])
+    taps = rows[:, None] & cols
+    if taps.all():
+        return None
+    live = np.broadcast_to(taps, (cg,) + taps.shape) if channel_major else \
+        np.broadcast_to(taps[..., None], taps.shape + (cg,))
+    return np.flatnonzero(live)
 
 
 def depthwise_runner(shape, w: np.ndarray, b: np.ndarray | None, layout: Layout, strides,
@@ -429,10 +466,12 @@ def pad_nchw(x: np.ndarray, pads) -> np.ndarray:
 
 @functools.lru_cache(maxsize=512)
 def _window_plan(shape, nhwc: bool, o: int, out_hw, kernel, strides, dilations, groups: int,
-                 channel_major: bool) -> native.GatherGemm | None:
+                 channel_major: bool, live: tuple[int, ...] | None = None,
+                 blocked: bool = False) -> native.GatherGemm | None:
     """The native product of a convolution over a padded C-contiguous input of ``shape``:
     a row per output pixel (its window's first element), an offset per tap of a group, in
-    (c, kh, kw) order where ``channel_major``, else (kh, kw, c)."""
+    (c, kh, kw) order where ``channel_major``, else (kh, kw, c); only the ``live`` ones of
+    those where given; in BLAS's blocks of the whole reduction where ``blocked``."""
     if nhwc:
         n, h, wd, ch = shape
         sn, sh_, sw_, sc = h * wd * ch, wd * ch, ch, 1
@@ -446,7 +485,14 @@ def _window_plan(shape, nhwc: bool, o: int, out_hw, kernel, strides, dilations, 
     c, i, j = np.arange(cg) * sc, np.arange(kh) * (dy * sh_), np.arange(kw) * (dx * sw_)
     offs = (c[:, None, None] + i[:, None] + j if channel_major
             else i[:, None, None] + j[:, None] + c).reshape(-1)
-    return native.GatherGemm.of(rows, offs, math.prod(shape), o // groups, groups, cg * sc)
+    k = offs.size
+    kept = np.arange(k) if live is None else np.asarray(live, np.int64)
+    bounds = native.blas_blocks(k) if blocked else [0, k]
+    if bounds is None:
+        return None
+    blocks = np.searchsorted(kept, bounds)            # each boundary among the kept taps
+    return native.GatherGemm.of(rows, offs[kept], math.prod(shape), o // groups, groups,
+                                cg * sc, blocks)
 
 
 #: the [G, K, O/G] operands of read-only weights for conv2d_fma while they live
@@ -724,11 +770,16 @@ def conv2d_runner(c, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
     if w.shape[1] == 1 and c.groups > 1:
         if x.dtype == np.float32 and native.enabled():
             run = depthwise_runner(x.shape, w, b, args[0], *args[1:4], activation)
-    elif fma_eligible(x, w, b, c.strides, c.groups) and native.agrees(
-            ("conv2d", x.shape, w.shape, b is None) + args,
-            lambda *xwb: conv2d_fma(*xwb, *args), lambda *xwb: conv2d_float(*xwb, *args),
-            (x, w, b)):
-        run = fma_runner(x.shape, w, b, *args, activation)
+    elif fma_eligible(x, w, b, *args):
+        # a long reduction: in BLAS's blocks (its blocked driver) or whole (its small-matrix
+        # kernels); whichever gives conv2d_float's bits
+        k = w[0].size
+        for blocked in (True, False) if k > native.min_blocked(k) else (False,):
+            if native.agrees(("conv2d", x.shape, w.shape, b is None, blocked) + args,
+                             lambda *xwb: conv2d_fma(*xwb, *args, blocked=blocked),
+                             lambda *xwb: conv2d_float(*xwb, *args), (x, w, b)):
+                run = fma_runner(x.shape, w, b, *args, activation, blocked)
+                break
     if run is not None:
         return run, True
     return (lambda x: conv2d_float(x, w, b, *args)), False

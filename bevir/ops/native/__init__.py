@@ -101,7 +101,7 @@ def library() -> ctypes.CDLL | None:
             dll = _build()
             for name in _KERNELS:
                 getattr(dll, name).restype = ctypes.c_int
-            dll.bevir_gather_gemm_f32.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_int64,
+            dll.bevir_gather_gemm_f32.argtypes = [ctypes.c_void_p] * 8 + [ctypes.c_int64,
                                                                           ctypes.c_void_p]
             dll.bevir_activation_f32.argtypes = [ctypes.c_void_p] * 3
             dll.bevir_depthwise_epilogue_f32.argtypes = [ctypes.c_void_p] * 5 + [
@@ -348,33 +348,42 @@ def resize_bilinear(x: np.ndarray, taps: tuple[np.ndarray, ...], weights: tuple[
 class GatherGemm:
     """The float32 product ``out`` [M, N] = A @ b [K, N] (+ bias [N]) of one shape, A's
     element (m, k) read from a flat operand at ``rows[m] + offs[k]``, each sum of products
-    fused-multiply-added in k order onto +0 (``bevir_gather_gemm_f32``: how an FMA kernel of
-    BLAS sums; whether BLAS sums a given shape so is for :func:`agrees` to find). A
+    fused-multiply-added in k order onto +0, in ``blocks`` (boundaries [0, ..., K]: the
+    blocks' sums added in order; one block by default): ``bevir_gather_gemm_f32``, how an
+    FMA kernel of BLAS sums (whether BLAS sums a given shape so is for :func:`agrees` to
+    find; :func:`blas_blocks` gives its blocks of a long reduction). A
     convolution's rows are its output pixels' first window elements and its offsets the
     taps' distances from them, so it runs without an im2col copy. The offsets are checked
     once, against the operand size they are made for; :meth:`of` gives None where the
     kernel cannot run."""
 
     def __init__(self, rows: np.ndarray, offs: np.ndarray, size: int, n: int, groups: int = 1,
-                 group_stride: int = 0):
+                 group_stride: int = 0, blocks: np.ndarray | None = None):
         rows, offs = (np.ascontiguousarray(i, np.int64) for i in (rows, offs))
+        k = offs.size
+        blocks = np.ascontiguousarray([0, k] if blocks is None else blocks, np.int64)
         last = (groups - 1) * group_stride
         if rows.ndim != 1 or offs.ndim != 1 or groups < 1 or group_stride < 0 or (
                 rows.size and offs.size and (rows.min() < 0 or offs.min() < 0
                                              or rows.max() + offs.max() + last >= size)):
             raise ValueError(f"GatherGemm: offsets outside the {size} elements of the operand")
-        self.rows, self.offs, self.size, self.groups = rows, offs, size, groups
-        self.m, self.k, self.n = rows.size, offs.size, n
-        self.dims = (ctypes.c_int64 * 6)(self.m, n, self.k, groups * n, groups, group_stride)
-        self._fixed, self._dims = (rows.ctypes.data, offs.ctypes.data), ctypes.addressof(self.dims)
+        if blocks.ndim != 1 or blocks.size < 2 or blocks[0] != 0 or blocks[-1] != k or np.any(
+                np.diff(blocks) < 0):
+            raise ValueError(f"GatherGemm: blocks {blocks.tolist()} do not split {k} products")
+        self.rows, self.offs, self.blocks, self.size, self.groups = rows, offs, blocks, size, groups
+        self.m, self.k, self.n = rows.size, k, n
+        self.dims = (ctypes.c_int64 * 7)(self.m, n, k, groups * n, groups, group_stride,
+                                         blocks.size - 1)
+        self._fixed = (rows.ctypes.data, offs.ctypes.data)
+        self._tail = (ctypes.addressof(self.dims), blocks.ctypes.data)
 
     @classmethod
     def of(cls, rows: np.ndarray, offs: np.ndarray, size: int, n: int, groups: int = 1,
-           group_stride: int = 0) -> GatherGemm | None:
+           group_stride: int = 0, blocks: np.ndarray | None = None) -> GatherGemm | None:
         """The product, or None where the native kernels are off or lack AVX-512."""
         if not (enabled() and library().avx512):
             return None
-        return cls(rows, offs, size, n, groups, group_stride)
+        return cls(rows, offs, size, n, groups, group_stride, blocks)
 
     def bind(self, b: np.ndarray, bias: np.ndarray | None,
              activation: tuple[int, int | None] = NO_ACTIVATION
@@ -391,7 +400,7 @@ class GatherGemm:
                              f"{None if bias is None else bias.shape}")
         kernel, size, shape = library().bevir_gather_gemm_f32, self.size, (self.m, g * self.n)
         fixed = (*self._fixed, b.ctypes.data, None if bias is None else bias.ctypes.data)
-        tail = (self._dims, *activation)
+        tail = (*self._tail, *activation)
         keep = (self, b, bias)                   # alive while the function is
 
         def product(a: np.ndarray, out: np.ndarray) -> None:
@@ -409,6 +418,63 @@ class GatherGemm:
         """Write the product of ``a``, ``b`` and ``bias`` into ``out``, then
         ``activation`` (see :meth:`bind`)."""
         self.bind(b, bias, activation)(a, out)
+
+
+def split_blocks(k: int, q: int, u: int) -> list[int]:
+    """The boundaries of a reduction of ``k`` split as BLAS's level-3 driver splits it:
+    blocks of ``q`` while at least ``2 q`` are left, then (more than ``q`` left) half the
+    rest rounded up to a multiple of ``u``, then what remains."""
+    bounds, lo = [0], 0
+    while lo < k:
+        left = k - lo
+        step = q if left >= 2 * q else -(-(left // 2) // u) * u if left > q else left
+        lo += step
+        bounds.append(lo)
+    return bounds
+
+
+#: the block sizes and roundings tried for BLAS's blocking of a long reduction
+_BLOCKINGS = [(q, u) for q in (128, 192, 224, 240, 256, 288, 320, 384, 448, 480, 512, 576, 640,
+                                768, 1024) for u in (1, 2, 4, 8, 16, 24, 32, 48, 64)]
+
+
+@functools.cache
+def _blas_blocking() -> tuple[int, int] | None:
+    """(q, u) of :func:`split_blocks` as this BLAS splits the long reductions of float32
+    products (64 x 64 ones: large enough for its blocked driver), found once by matching
+    np.matmul's bits with the native kernel's; None where no candidate matches."""
+    if not (enabled() and library().avx512):
+        return None
+    rng = np.random.default_rng(0)
+    probes = []
+    for k in (700, 1100, 1700, 2900):
+        a, b = (rng.standard_normal(s).astype(np.float32) for s in ((64, k), (k, 64)))
+        probes.append((a, b, np.matmul(a, b)))
+    for q, u in _BLOCKINGS:
+        for a, b, want in probes:
+            k = a.shape[1]
+            gemm = GatherGemm(np.arange(64) * k, np.arange(k), a.size, 64,
+                              blocks=np.array(split_blocks(k, q, u)))
+            got = np.empty_like(want)
+            gemm(a, b[None], None, got)
+            if got.tobytes() != want.tobytes():
+                break
+        else:
+            return q, u
+    return None
+
+
+def min_blocked(k: int) -> int:
+    """The largest reduction BLAS sums in one block (``k`` where its blocking is unknown)."""
+    blocking = _blas_blocking()
+    return k if blocking is None else blocking[0]
+
+
+def blas_blocks(k: int) -> list[int] | None:
+    """BLAS's blocks of a reduction of ``k`` float32 products (boundaries [0, ..., k]) in
+    its blocked driver, or None where they could not be found."""
+    blocking = _blas_blocking()
+    return None if blocking is None else split_blocks(k, *blocking)
 
 
 #: key -> whether the native path gave the numpy path's bits (see :func:`agrees`)
@@ -547,9 +613,10 @@ def _self_check_gemm(dll, rng) -> None:
     a, b, bias = (rng.uniform(1, 2, s).astype(np.float32) for s in ((5, 3), (3, 35), (35,)))
     rows, offs = np.arange(0, 15, 3, dtype=np.int64), np.arange(3, dtype=np.int64)
     out = np.empty((5, 35), np.float32)
-    dims = (ctypes.c_int64 * 6)(5, 35, 3, 35, 1, 0)
+    dims, blocks = (ctypes.c_int64 * 7)(5, 35, 3, 35, 1, 0, 1), np.array([0, 3])
     dll.avx512 = dll.bevir_gather_gemm_f32(*(t.ctypes.data for t in (a, rows, offs, b, bias, out)),
-                                           ctypes.addressof(dims), -1, None) == 0
+                                           ctypes.addressof(dims), blocks.ctypes.data, -1,
+                                           None) == 0
     if not dll.avx512:
         return
     acc = np.zeros((5, 35), np.float64)     # each FMA step exact, then rounded to float32

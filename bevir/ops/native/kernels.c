@@ -232,7 +232,10 @@ int bevir_depthwise_epilogue_f32(const float *xp, const float *wt, const float *
  * step), then + bias[n] (a separate add) where bias is not NULL. The rows of A are gathered
  * through rows and offs, so a convolution runs without its im2col copy: rows[m] is output
  * pixel m's first window element in the padded input, offs[k] tap k's distance from it.
- * b: [K, N] row-major; out: [M, N], rows ldo apart. dims: M, N, K, ldo, G, S: a grouped
+ * The reduction runs in blocks, k from kb[i] to kb[i + 1] for i < NB, each block's sum
+ * fused-multiply-added onto +0 and the blocks' sums added in order: BLAS's blocks of a
+ * long reduction (native.blas_blocks), or one block of all K.
+ * b: [K, N] row-major; out: [M, N], rows ldo apart. dims: M, N, K, ldo, G, S, NB: a grouped
  * convolution makes G such products, group g reading A's elements g * S further on, b and
  * bias g * K * N and g * N further on, writing out's columns g * N on (ldo = G * N); then
  * activation act (activate_f32, its parameters p) over out. The caller uses it only where
@@ -247,8 +250,8 @@ int bevir_depthwise_epilogue_f32(const float *xp, const float *wt, const float *
   static void gather_gemm_##R##x##V(const float *a, const int64_t *rows,                  \
                                     const int64_t *offs, const float *b,                  \
                                     const float *bias, float *out, const int64_t *d,      \
-                                    int64_t n0, int64_t n1) {                             \
-    const int64_t M = d[0], N = d[1], K = d[2], ldo = d[3];                               \
+                                    const int64_t *kb, int64_t n0, int64_t n1) {          \
+    const int64_t M = d[0], N = d[1], ldo = d[3], nb = d[6];                              \
     for (int64_t n = n0; n < n1; n += 16 * V) {                                           \
       __mmask16 mask[V];                                                                  \
       __m512 add[V];                                                                      \
@@ -262,24 +265,33 @@ int bevir_depthwise_epilogue_f32(const float *xp, const float *wt, const float *
         const int live = M - m < R ? (int)(M - m) : R;                                    \
         const float *ar[R];                                                               \
         UNROLL for (int r = 0; r < R; r++) ar[r] = a + rows[m + (r < live ? r : 0)];      \
-        __m512 c[R][V];                                                                   \
-        UNROLL for (int r = 0; r < R; r++)                                                \
-          UNROLL for (int j = 0; j < V; j++) c[r][j] = _mm512_setzero_ps();               \
-        for (int64_t k = 0; k < K; k++) {                                                 \
-          __m512 w[V];                                                                    \
-          UNROLL for (int j = 0; j < V; j++)                                              \
-            w[j] = _mm512_maskz_loadu_ps(mask[j], b + k * N + n + 16 * j);                \
-          const int64_t o = offs[k];                                                      \
-          UNROLL for (int r = 0; r < R; r++) {                                            \
-            const __m512 v = _mm512_set1_ps(ar[r][o]);                                    \
-            UNROLL for (int j = 0; j < V; j++) c[r][j] = _mm512_fmadd_ps(v, w[j], c[r][j]); \
-          }                                                                               \
-        }                                                                                 \
-        UNROLL for (int r = 0; r < R; r++)                                                \
-          if (r < live)                                                                   \
+        for (int64_t blk = 0; blk < nb; blk++) {                                          \
+          __m512 s[R][V];                                                                 \
+          UNROLL for (int r = 0; r < R; r++)                                              \
+            UNROLL for (int j = 0; j < V; j++) s[r][j] = _mm512_setzero_ps();             \
+          const int64_t k1 = kb[blk + 1];                                                 \
+          for (int64_t k = kb[blk]; k < k1; k++) {                                        \
+            __m512 w[V];                                                                  \
             UNROLL for (int j = 0; j < V; j++)                                            \
-              _mm512_mask_storeu_ps(out + (m + r) * ldo + n + 16 * j, mask[j],            \
-                                    bias ? _mm512_add_ps(c[r][j], add[j]) : c[r][j]);     \
+              w[j] = _mm512_maskz_loadu_ps(mask[j], b + k * N + n + 16 * j);              \
+            const int64_t o = offs[k];                                                    \
+            UNROLL for (int r = 0; r < R; r++) {                                          \
+              const __m512 v = _mm512_set1_ps(ar[r][o]);                                  \
+              UNROLL for (int j = 0; j < V; j++) s[r][j] = _mm512_fmadd_ps(v, w[j], s[r][j]); \
+            }                                                                             \
+          }                                                                               \
+          /* the blocks' sums add up in out, then the bias */                             \
+          const int last = blk == nb - 1;                                                 \
+          UNROLL for (int r = 0; r < R; r++)                                              \
+            if (r < live)                                                                 \
+              UNROLL for (int j = 0; j < V; j++) {                                        \
+                float *q = out + (m + r) * ldo + n + 16 * j;                              \
+                __m512 t = blk ? _mm512_add_ps(_mm512_maskz_loadu_ps(mask[j], q), s[r][j]) \
+                               : s[r][j];                                                 \
+                if (last && bias) t = _mm512_add_ps(t, add[j]);                           \
+                _mm512_mask_storeu_ps(q, mask[j], t);                                     \
+              }                                                                           \
+        }                                                                                 \
       }                                                                                   \
     }                                                                                     \
   }
@@ -289,18 +301,18 @@ GATHER_GEMM_TILES(8, 1)
 
 int bevir_gather_gemm_f32(const float *a, const int64_t *rows, const int64_t *offs,
                           const float *b, const float *bias, float *out, const int64_t *d,
-                          int64_t act, const float *p) {
+                          const int64_t *kb, int64_t act, const float *p) {
 #ifdef __AVX512F__
   const int64_t N = d[1], K = d[2], wide = N % 32 > 16 ? N : N / 32 * 32;
   for (int64_t g = 0; g < d[4]; g++) {
     const float *ag = a + g * d[5], *bg = b + g * K * N, *biasg = bias ? bias + g * N : bias;
-    gather_gemm_4x2(ag, rows, offs, bg, biasg, out + g * N, d, 0, wide);
-    gather_gemm_8x1(ag, rows, offs, bg, biasg, out + g * N, d, wide, N);
+    gather_gemm_4x2(ag, rows, offs, bg, biasg, out + g * N, d, kb, 0, wide);
+    gather_gemm_8x1(ag, rows, offs, bg, biasg, out + g * N, d, kb, wide, N);
   }
   return activate_f32(out, d[0] * d[3], act, p);
 #else
-  (void)a; (void)rows; (void)offs; (void)b; (void)bias; (void)out; (void)d; (void)act;
-  (void)p;
+  (void)a; (void)rows; (void)offs; (void)b; (void)bias; (void)out; (void)d; (void)kb;
+  (void)act; (void)p;
   return -1;
 #endif
 }
