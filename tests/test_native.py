@@ -479,3 +479,22 @@ def test_taps_in_the_padding_are_left_out_only_with_finite_weights(monkeypatch, 
         assert np.array_equal(np.isnan(got), np.isnan(want))
         assert got[~np.isnan(got)].tobytes() == want[~np.isnan(want)].tobytes()
     assert np.isnan(got).all()
+
+
+def test_native_gelu_bits_are_numpys(monkeypatch, rng):
+    """GELU's float64 arithmetic natively around numpy's exp: the same float32 bits, over
+    more than a block, infinities, NaNs, -0 and subnormals included."""
+    x = (rng.standard_normal(3 * native.GELU_BLOCK + 5) * 3).astype(np.float32)
+    x[::97], x[5::101], x[7::103], x[11::107], x[13::109] = np.nan, np.inf, -np.inf, -0.0, 1e-40
+    b = Builder("gelu")
+    b.output("y", b.gelu(b.input("x", TensorType.of(x))))
+    ran = count_calls(monkeypatch, "bevir_gelu_erf_b_f32")
+    runs = {}
+    for on in ("1", "0"):
+        monkeypatch.setenv("BEVIR_NATIVE", on)
+        with np.errstate(invalid="ignore"):
+            runs[on] = bevir.run(b.graph, {"x": x})["y"]
+    assert len(ran) == 4                       # one per block, with native kernels only
+    nan = np.isnan(runs["0"])
+    assert np.array_equal(np.isnan(runs["1"]), nan)
+    assert runs["1"][~nan].tobytes() == runs["0"][~nan].tobytes()

@@ -7,6 +7,7 @@ import numpy as np
 
 from ..ir.types import DType, TensorType
 from ..ir.opdef import Activation, Bool, FixedLowering, Float, OpDef, Str
+from . import native
 from .common import broadcast_types, float_operands, require, same_dtype
 from .layout_rules import ELEMENTWISE
 from .onnx_export import atan2, onnx_as, silu
@@ -60,7 +61,9 @@ def relu_values(x: np.ndarray) -> np.ndarray:
     return out.reshape(x.shape)
 
 
-#: the Chebyshev fit of erfc's exponent, innermost coefficient last (Numerical Recipes)
+#: the Chebyshev fit of erfc's exponent (Numerical Recipes): its coefficient of the highest
+#: degree, the others down to degree 1, its constant term
+_ERFC_LEAD, _ERFC_CONSTANT = 0.17087277, 1.26551223
 _ERFC_TAIL = (-0.82215223, 1.48851587, -1.13520398, 0.27886807, -0.18628806, 0.09678418,
               0.37409196, 1.00002368)
 
@@ -76,12 +79,12 @@ def _erf(x: np.ndarray) -> np.ndarray:
     t = np.multiply(z, 0.5)
     t += 1.0
     np.divide(1.0, t, out=t)
-    acc = t * 0.17087277
+    acc = t * _ERFC_LEAD
     for c in _ERFC_TAIL:
         acc += c
         acc *= t
     poly = np.negative(np.multiply(z, z, out=z), out=z)
-    poly -= 1.26551223
+    poly -= _ERFC_CONSTANT
     poly += acc
     erfc = np.exp(poly, out=poly)
     erfc *= t
@@ -94,8 +97,16 @@ def _erf(x: np.ndarray) -> np.ndarray:
     return y.astype(x.dtype, copy=False).reshape(np.shape(x))
 
 
-@blockwise
 def _gelu(x: np.ndarray, approximate: str) -> np.ndarray:
+    if approximate != "tanh":               # the same float64 arithmetic, natively
+        y = native.gelu_erf(x, (np.sqrt(2), _ERFC_LEAD) + _ERFC_TAIL + (_ERFC_CONSTANT,))
+        if y is not None:
+            return y
+    return _gelu_numpy(x, approximate)
+
+
+@blockwise
+def _gelu_numpy(x: np.ndarray, approximate: str) -> np.ndarray:
     xd = x.astype(np.float64)
     if approximate == "tanh":
         y = 0.5 * xd * (1 + np.tanh(np.sqrt(2 / np.pi) * (xd + 0.044715 * xd ** 3)))

@@ -104,6 +104,8 @@ def library() -> ctypes.CDLL | None:
             dll.bevir_gather_gemm_f32.argtypes = [ctypes.c_void_p] * 8 + [ctypes.c_int64,
                                                                           ctypes.c_void_p]
             dll.bevir_activation_f32.argtypes = [ctypes.c_void_p] * 3
+            dll.bevir_gelu_erf_a_f32.argtypes = [ctypes.c_void_p] * 5
+            dll.bevir_gelu_erf_b_f32.argtypes = [ctypes.c_void_p] * 6
             dll.bevir_depthwise_epilogue_f32.argtypes = [ctypes.c_void_p] * 5 + [
                 ctypes.c_int64, ctypes.c_void_p]
             _self_check(dll)
@@ -136,7 +138,8 @@ _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 _KERNELS = [f"bevir_depthwise_{_SUFFIX[t]}" for t in _FLOATS] + [
     f"bevir_maxpool_{suffix}" for suffix in _SUFFIX.values()] + [
     "bevir_gather_mac_i8", "bevir_gather_mac_i16", "bevir_u8s8_gemm", "bevir_gather_gemm_f32",
-    "bevir_resize_bilinear_f32", "bevir_activation_f32", "bevir_depthwise_epilogue_f32"] + [f"bevir_transpose_u{8 * w}" for w in (1, 2, 4, 8)]
+    "bevir_resize_bilinear_f32", "bevir_activation_f32", "bevir_depthwise_epilogue_f32",
+    "bevir_gelu_erf_a_f32", "bevir_gelu_erf_b_f32"] + [f"bevir_transpose_u{8 * w}" for w in (1, 2, 4, 8)]
 
 
 def _call(dll, name: str, arrays: list[np.ndarray], out: np.ndarray, kernel, strides,
@@ -297,9 +300,35 @@ def activation(op: str, attrs, y: np.ndarray) -> bool:
     if (code is None or y.dtype != np.float32 or not y.flags.c_contiguous
             or not y.flags.writeable):
         return False
-    library().bevir_activation_f32(y.ctypes.data, code[1],
-                                   ctypes.addressof((ctypes.c_int64 * 2)(y.size, code[0])))
+    dims = (ctypes.c_int64 * 2)(y.size, code[0])
+    library().bevir_activation_f32(y.ctypes.data, code[1], ctypes.addressof(dims))
     return True
+
+
+#: elements per block of the native GELU: its float64 temporaries stay in cache
+GELU_BLOCK = 1 << 14
+
+
+def gelu_erf(x: np.ndarray, constants: Sequence[float]) -> np.ndarray | None:
+    """GELU (erf form) of float32 ``x`` as elementwise._gelu computes it: its float64
+    arithmetic natively, block by block, around numpy's own exp. ``constants``: sqrt(2),
+    then the erfc polynomial's coefficients from the leading one, then its constant term.
+    None where no native kernel runs."""
+    if x.dtype != _F32 or not enabled():
+        return None
+    flat = np.ascontiguousarray(x).reshape(-1)
+    out = np.empty_like(flat)
+    k = np.array(constants, np.float64)
+    dll = library()
+    e, t, dims = np.empty(GELU_BLOCK), np.empty(GELU_BLOCK), (ctypes.c_int64 * 1)()
+    for i in range(0, flat.size, GELU_BLOCK):
+        xs, n = flat[i:i + GELU_BLOCK], min(GELU_BLOCK, flat.size - i)
+        dims[0] = n
+        dll.bevir_gelu_erf_a_f32(*_pointers(xs, e, t), ctypes.addressof(dims), k.ctypes.data)
+        np.exp(e[:n], out=e[:n])
+        dll.bevir_gelu_erf_b_f32(*_pointers(xs, e, t, out[i:i + n]), ctypes.addressof(dims),
+                                 k.ctypes.data)
+    return out.reshape(x.shape)
 
 
 #: below this many elements numpy's own transposition is as fast
@@ -640,8 +669,8 @@ def _self_check_activations(dll) -> None:
             got = x.copy()
             kind, params = _ACTIVATIONS[op]
             p = np.array(params(attrs), np.float32)
-            dll.bevir_activation_f32(got.ctypes.data, p.ctypes.data,
-                                     ctypes.addressof((ctypes.c_int64 * 2)(got.size, kind)))
+            dims = (ctypes.c_int64 * 2)(got.size, kind)
+            dll.bevir_activation_f32(got.ctypes.data, p.ctypes.data, ctypes.addressof(dims))
             if got.tobytes() != np.asarray(want, np.float32).tobytes():
                 dll.activations = False
                 return

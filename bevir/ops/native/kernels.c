@@ -5,6 +5,7 @@
  * Both kernels run windows over a padded NHWC input xp [n, hp, wp, c] into out [n, oh, ow, c]
  * (all C-contiguous); dims: n, hp, wp, c, oh, ow, kh, kw, sh, sw, dh, dw. They return 0, or
  * -1 (having written nothing) where the tap offsets cannot be allocated. */
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -369,3 +370,44 @@ TRANSPOSE(bevir_transpose_u8, uint8_t)
 TRANSPOSE(bevir_transpose_u16, uint16_t)
 TRANSPOSE(bevir_transpose_u32, uint32_t)
 TRANSPOSE(bevir_transpose_u64, uint64_t)
+
+/* GELU, erf form (elementwise._gelu, _erf): the float64 arithmetic of numpy's code in the
+ * same order, in two passes around its exp (whose results only numpy gives). k: sqrt(2),
+ * the erfc polynomial's leading coefficient, its 8 next ones, and its constant term.
+ * gelu_erf_a: per float32 x, u = x / sqrt(2), z = |u|, t = 1 / (1 + z * 0.5), the Horner
+ * sum acc, and e = -(z * z) - constant + acc, the exponent (written in e, t in t).
+ * gelu_erf_b: after e = exp(e): erfc = e * t, s = copysign(1, u + 0), erf = s - erfc * s,
+ * out = (float)((0.5 * x) * (1 + erf)). dims: n. */
+int bevir_gelu_erf_a_f32(const float *restrict x, double *restrict e, double *restrict t,
+                         const int64_t *d, const double *restrict k) {
+  for (int64_t i = 0; i < d[0]; i++) {
+    const double z = fabs((double)x[i] / k[0]);
+    double ti = z * 0.5;
+    ti = ti + 1.0;
+    ti = 1.0 / ti;
+    double acc = ti * k[1];
+    for (int j = 2; j < 10; j++) {
+      acc = acc + k[j];
+      acc = acc * ti;
+    }
+    double p = -(z * z);
+    p = p - k[10];
+    e[i] = p + acc;
+    t[i] = ti;
+  }
+  return 0;
+}
+
+int bevir_gelu_erf_b_f32(const float *restrict x, const double *restrict e,
+                         const double *restrict t, float *restrict out, const int64_t *d,
+                         const double *restrict k) {
+  for (int64_t i = 0; i < d[0]; i++) {
+    const double xd = (double)x[i], u = xd / k[0];
+    const double s = copysign(1.0, u + 0.0);
+    double erfc = e[i] * t[i];
+    erfc = erfc * s;
+    const double erf = s - erfc;
+    out[i] = (float)((0.5 * xd) * (1.0 + erf));
+  }
+  return 0;
+}
