@@ -498,3 +498,23 @@ def test_native_gelu_bits_are_numpys(monkeypatch, rng):
     nan = np.isnan(runs["0"])
     assert np.array_equal(np.isnan(runs["1"]), nan)
     assert runs["1"][~nan].tobytes() == runs["0"][~nan].tobytes()
+
+
+@pytest.mark.parametrize("op", ["sigmoid", "silu"])
+def test_native_sigmoid_bits_are_numpys(op, monkeypatch, rng):
+    """Sigmoid and SiLU natively around numpy's exp: the same float32 bits."""
+    x = (rng.standard_normal(2 * native.GELU_BLOCK + 3) * 8).astype(np.float32)
+    x[::97], x[5::101], x[7::103], x[11::107], x[13::109] = np.nan, np.inf, -np.inf, -0.0, 1e-40
+    x[17::113], x[19::127] = 0.0, -100.0
+    b = Builder(op)
+    b.output("y", getattr(b, op)(b.input("x", TensorType.of(x))))
+    ran = count_calls(monkeypatch, "bevir_sigmoid_b_f32")
+    runs = {}
+    for on in ("1", "0"):
+        monkeypatch.setenv("BEVIR_NATIVE", on)
+        with np.errstate(invalid="ignore", over="ignore"):
+            runs[on] = bevir.run(b.graph, {"x": x})["y"]
+    assert len(ran) == 3
+    nan = np.isnan(runs["0"])
+    assert np.array_equal(np.isnan(runs["1"]), nan)
+    assert runs["1"][~nan].tobytes() == runs["0"][~nan].tobytes()

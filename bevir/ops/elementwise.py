@@ -120,6 +120,9 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
     # numerator is max(e, [x >= 0]): 1 where x >= 0 (e <= 1), e below (e >= 0, NaN kept),
     # one vector op where a masked copy would run element by element
     x = np.asarray(x)
+    y = native.sigmoid(x)                   # the same arithmetic, natively
+    if y is not None:
+        return y
     flat = x.reshape(-1)                    # in-place steps need arrays, also for 0-d x
     e = np.exp(-np.abs(flat))
     d = e + x.dtype.type(1)
@@ -207,7 +210,13 @@ class HardSigmoid(Unary):
 Hardswish = unary("hardswish", lambda x: x * _hardsigmoid(x, 1 / 6, 0.5),
                   "x * hardsigmoid(x) (alpha 1/6, beta 1/2)", activation=Activation(),
                   onnx_export=onnx_as("HardSwish"))
-Silu = unary("silu", lambda x: x * _sigmoid(x), "x * sigmoid(x) (swish)",
+def _silu(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x)
+    y = native.sigmoid(x, silu=True)        # the same arithmetic, natively
+    return x * _sigmoid(x) if y is None else y
+
+
+Silu = unary("silu", _silu, "x * sigmoid(x) (swish)",
              activation=Activation(), onnx_export=staticmethod(silu))
 
 

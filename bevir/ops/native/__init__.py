@@ -106,6 +106,8 @@ def library() -> ctypes.CDLL | None:
             dll.bevir_activation_f32.argtypes = [ctypes.c_void_p] * 3
             dll.bevir_gelu_erf_a_f32.argtypes = [ctypes.c_void_p] * 5
             dll.bevir_gelu_erf_b_f32.argtypes = [ctypes.c_void_p] * 6
+            dll.bevir_sigmoid_a_f32.argtypes = [ctypes.c_void_p] * 3
+            dll.bevir_sigmoid_b_f32.argtypes = [ctypes.c_void_p] * 4
             dll.bevir_depthwise_epilogue_f32.argtypes = [ctypes.c_void_p] * 5 + [
                 ctypes.c_int64, ctypes.c_void_p]
             _self_check(dll)
@@ -139,7 +141,8 @@ _KERNELS = [f"bevir_depthwise_{_SUFFIX[t]}" for t in _FLOATS] + [
     f"bevir_maxpool_{suffix}" for suffix in _SUFFIX.values()] + [
     "bevir_gather_mac_i8", "bevir_gather_mac_i16", "bevir_u8s8_gemm", "bevir_gather_gemm_f32",
     "bevir_resize_bilinear_f32", "bevir_activation_f32", "bevir_depthwise_epilogue_f32",
-    "bevir_gelu_erf_a_f32", "bevir_gelu_erf_b_f32"] + [f"bevir_transpose_u{8 * w}" for w in (1, 2, 4, 8)]
+    "bevir_gelu_erf_a_f32", "bevir_gelu_erf_b_f32", "bevir_sigmoid_a_f32",
+    "bevir_sigmoid_b_f32"] + [f"bevir_transpose_u{8 * w}" for w in (1, 2, 4, 8)]
 
 
 def _call(dll, name: str, arrays: list[np.ndarray], out: np.ndarray, kernel, strides,
@@ -305,8 +308,26 @@ def activation(op: str, attrs, y: np.ndarray) -> bool:
     return True
 
 
-#: elements per block of the native GELU: its float64 temporaries stay in cache
-GELU_BLOCK = 1 << 14
+#: elements per block of the native GELU and sigmoid: their temporaries stay in cache
+GELU_BLOCK = 1 << 16
+
+
+def sigmoid(x: np.ndarray, silu: bool = False) -> np.ndarray | None:
+    """Sigmoid of float32 ``x`` (times ``x`` where ``silu``) as elementwise._sigmoid
+    computes it: its arithmetic natively, block by block, around numpy's own exp. None
+    where no native kernel runs."""
+    if x.dtype != _F32 or not enabled():
+        return None
+    flat = np.ascontiguousarray(x).reshape(-1)
+    out = np.empty_like(flat)
+    dll, e, dims = library(), np.empty(GELU_BLOCK, np.float32), (ctypes.c_int64 * 2)(0, silu)
+    for i in range(0, flat.size, GELU_BLOCK):
+        xs, n = flat[i:i + GELU_BLOCK], min(GELU_BLOCK, flat.size - i)
+        dims[0] = n
+        dll.bevir_sigmoid_a_f32(*_pointers(xs, e), ctypes.addressof(dims))
+        np.exp(e[:n], out=e[:n])
+        dll.bevir_sigmoid_b_f32(*_pointers(xs, e, out[i:i + n]), ctypes.addressof(dims))
+    return out.reshape(x.shape)
 
 
 def gelu_erf(x: np.ndarray, constants: Sequence[float]) -> np.ndarray | None:

@@ -411,3 +411,22 @@ int bevir_gelu_erf_b_f32(const float *restrict x, const double *restrict e,
   }
   return 0;
 }
+
+/* Sigmoid and SiLU (elementwise._sigmoid, Silu) of float32, in two passes around numpy's
+ * exp: sigmoid_a writes e = -|x|; after e = exp(e), sigmoid_b writes, with d = e + 1 and
+ * m = maximum(e, x >= 0 ? 1 : 0) as numpy's maximum takes it (e kept where greater or a
+ * NaN), out = m / d, times x where silu. dims: n, silu. */
+int bevir_sigmoid_a_f32(const float *restrict x, float *restrict e, const int64_t *d) {
+  for (int64_t i = 0; i < d[0]; i++) e[i] = -fabsf(x[i]);
+  return 0;
+}
+
+int bevir_sigmoid_b_f32(const float *restrict x, const float *restrict e, float *restrict out,
+                        const int64_t *d) {
+  for (int64_t i = 0; i < d[0]; i++) {
+    const float one = x[i] >= 0.0f ? 1.0f : 0.0f, den = e[i] + 1.0f;
+    const float m = e[i] > one || e[i] != e[i] ? e[i] : one, s = m / den;
+    out[i] = d[1] ? x[i] * s : s;
+  }
+  return 0;
+}
