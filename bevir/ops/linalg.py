@@ -314,29 +314,11 @@ def conv2d_float(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, layout: Lay
     return from_nhwc(y, layout)
 
 
-#: the largest convolution (MACs) that runs through native FMA products: beyond it BLAS
-#: runs its own threads, and the kernel has one; unless the products left out (taps in the
-#: padding) leave at most this fraction of BLAS's
-FMA_MACS, FMA_FRACTION = 1 << 23, 1 / 4
-
-
-def fma_eligible(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, layout: Layout, strides,
-                 pads, dilations, groups: int) -> bool:
+def fma_eligible(x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> bool:
     """Whether :func:`conv2d_fma` may stand in for :func:`conv2d_float` (where
-    native.agrees finds the same bits): a float32 convolution, not a depthwise one (a
-    kernel of its own), not too large (:data:`FMA_MACS`)."""
-    o, cg, kh, kw = w.shape
-    if not (x.dtype == w.dtype == np.float32 and (b is None or b.dtype == np.float32)
-            and (cg > 1 or groups == 1) and native.enabled()):
-        return False
-    n, _, hp, wp = padded_dims(x.shape, layout, pads)
-    out_hw = (conv_out_size(hp, kh, strides[0], 0, dilations[0]),
-              conv_out_size(wp, kw, strides[1], 0, dilations[1]))
-    k = cg * kh * kw
-    live = live_taps(x.shape, layout, out_hw, (kh, kw), strides, pads, dilations, cg, False)
-    kept = k if live is None else live.size
-    macs = n * out_hw[0] * out_hw[1] * o
-    return macs * kept <= FMA_MACS or kept <= FMA_FRACTION * k
+    native.agrees finds the same bits): a float32 convolution."""
+    return (x.dtype == w.dtype == np.float32 and (b is None or b.dtype == np.float32)
+            and native.enabled())
 
 
 def conv2d_fma(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, layout: Layout, strides,
@@ -770,7 +752,7 @@ def conv2d_runner(c, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
     if w.shape[1] == 1 and c.groups > 1:
         if x.dtype == np.float32 and native.enabled():
             run = depthwise_runner(x.shape, w, b, args[0], *args[1:4], activation)
-    elif fma_eligible(x, w, b, *args):
+    elif fma_eligible(x, w, b):
         # a long reduction: in BLAS's blocks (its blocked driver) or whole (its small-matrix
         # kernels); whichever gives conv2d_float's bits
         k = w[0].size

@@ -12,6 +12,7 @@ works, or with ``BEVIR_NATIVE=0``, the numpy code runs.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import ctypes
 import functools
 import hashlib
@@ -395,6 +396,26 @@ def resize_bilinear(x: np.ndarray, taps: tuple[np.ndarray, ...], weights: tuple[
     return library().bevir_resize_bilinear_f32(*_pointers(x, t, wt, out), dims) == 0
 
 
+#: the MACs a thread's band of a native product gets at least: smaller products run whole
+PARALLEL_MACS = 1 << 22
+
+
+def threads() -> int:
+    """The threads native products run on: as many as BLAS takes (OPENBLAS_NUM_THREADS,
+    else OMP_NUM_THREADS, else the processors this process may use)."""
+    for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
+        value = os.environ.get(name, "")
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+@functools.cache
+def _pool() -> concurrent.futures.ThreadPoolExecutor:
+    """The threads of native products (ctypes lets go of the GIL while a kernel runs)."""
+    return concurrent.futures.ThreadPoolExecutor(threads(), thread_name_prefix="bevir-native")
+
+
 class GatherGemm:
     """The float32 product ``out`` [M, N] = A @ b [K, N] (+ bias [N]) of one shape, A's
     element (m, k) read from a flat operand at ``rows[m] + offs[k]``, each sum of products
@@ -449,9 +470,16 @@ class GatherGemm:
             raise ValueError(f"GatherGemm {g}x {self.m}x{self.k}x{self.n}: operands {b.shape}, "
                              f"{None if bias is None else bias.shape}")
         kernel, size, shape = library().bevir_gather_gemm_f32, self.size, (self.m, g * self.n)
-        fixed = (*self._fixed, b.ctypes.data, None if bias is None else bias.ctypes.data)
-        tail = (*self._tail, *activation)
-        keep = (self, b, bias)                   # alive while the function is
+        # a large product runs in bands of rows, one a thread (each sum stays one thread's)
+        parts = min(threads(), -(-self.m * self.k * self.n * g // PARALLEL_MACS),
+                    max(self.m // 6, 1))
+        bands = [self.m * i // parts for i in range(parts + 1)]
+        dims = [(ctypes.c_int64 * 7)(hi - lo, *self.dims[1:]) for lo, hi in zip(bands, bands[1:])]
+        calls = [(self._fixed[0] + 8 * lo, self._fixed[1], b.ctypes.data,
+                  None if bias is None else bias.ctypes.data, 4 * lo * shape[1],
+                  ctypes.addressof(d), self._tail[1], *activation)
+                 for lo, d in zip(bands, dims)]
+        keep = (self, b, bias, dims)             # alive while the function is
 
         def product(a: np.ndarray, out: np.ndarray) -> None:
             if not (a.size == size and a.dtype == _F32 and a.flags.c_contiguous
@@ -459,8 +487,17 @@ class GatherGemm:
                     and out.flags.writeable and keep):
                 raise ValueError(f"GatherGemm: operands {a.shape} -> {out.shape}, "
                                  f"expected {size} elements -> {shape}")
-            if out.size:
-                kernel(a.ctypes.data, *fixed, out.ctypes.data, *tail)
+            if not out.size:
+                return
+            ap, op = a.ctypes.data, out.ctypes.data
+            if len(calls) == 1:
+                rows, offs, bp, biasp, at, *rest = calls[0]
+                kernel(ap, rows, offs, bp, biasp, op + at, *rest)
+                return
+            done = [_pool().submit(kernel, ap, rows, offs, bp, biasp, op + at, *rest)
+                    for rows, offs, bp, biasp, at, *rest in calls]
+            for f in done:
+                f.result()
         return product
 
     def __call__(self, a: np.ndarray, b: np.ndarray, bias: np.ndarray | None,

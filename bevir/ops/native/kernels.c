@@ -241,10 +241,10 @@ int bevir_depthwise_epilogue_f32(const float *xp, const float *wt, const float *
  * bias g * K * N and g * N further on, writing out's columns g * N on (ldo = G * N); then
  * activation act (activate_f32, its parameters p) over out. The caller uses it only where
  * it has found BLAS to give the same bits (native.agrees).
- * A tile of R rows x V vectors of 16 columns keeps R * V = 8 accumulators in registers
+ * A tile of R rows x V vectors of 16 columns keeps its R * V accumulators in registers
  * (constant indices: a variable one would spill them) while a strip of b stays in cache:
- * 4 x 2 tiles over strips of 32 columns, 8 x 1 tiles over the last 16 or fewer columns,
- * so few lanes are wasted. Returns -1 where the build has no AVX-512. */
+ * 6 x 4 tiles over strips of 64 columns, 4 x 2 ones over what is left in strips of 32,
+ * 8 x 1 ones over the last 16 or fewer columns, so few lanes are wasted. Returns -1 where the build has no AVX-512. */
 #ifdef __AVX512F__
 #define UNROLL _Pragma("GCC unroll 8")
 #define GATHER_GEMM_TILES(R, V)                                                           \
@@ -296,6 +296,7 @@ int bevir_depthwise_epilogue_f32(const float *xp, const float *wt, const float *
       }                                                                                   \
     }                                                                                     \
   }
+GATHER_GEMM_TILES(6, 4)
 GATHER_GEMM_TILES(4, 2)
 GATHER_GEMM_TILES(8, 1)
 #endif
@@ -304,11 +305,13 @@ int bevir_gather_gemm_f32(const float *a, const int64_t *rows, const int64_t *of
                           const float *b, const float *bias, float *out, const int64_t *d,
                           const int64_t *kb, int64_t act, const float *p) {
 #ifdef __AVX512F__
-  const int64_t N = d[1], K = d[2], wide = N % 32 > 16 ? N : N / 32 * 32;
+  const int64_t N = d[1], K = d[2], n64 = N / 64 * 64, rest = N - n64;
+  const int64_t n32 = n64 + (rest % 32 > 16 ? rest : rest / 32 * 32);
   for (int64_t g = 0; g < d[4]; g++) {
     const float *ag = a + g * d[5], *bg = b + g * K * N, *biasg = bias ? bias + g * N : bias;
-    gather_gemm_4x2(ag, rows, offs, bg, biasg, out + g * N, d, kb, 0, wide);
-    gather_gemm_8x1(ag, rows, offs, bg, biasg, out + g * N, d, kb, wide, N);
+    gather_gemm_6x4(ag, rows, offs, bg, biasg, out + g * N, d, kb, 0, n64);
+    gather_gemm_4x2(ag, rows, offs, bg, biasg, out + g * N, d, kb, n64, n32);
+    gather_gemm_8x1(ag, rows, offs, bg, biasg, out + g * N, d, kb, n32, N);
   }
   return activate_f32(out, d[0] * d[3], act, p);
 #else
