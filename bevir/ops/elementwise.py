@@ -98,7 +98,9 @@ def _erf(x: np.ndarray) -> np.ndarray:
 
 
 def _gelu(x: np.ndarray, approximate: str) -> np.ndarray:
-    if approximate != "tanh":               # the same float64 arithmetic, natively
+    # the same float64 arithmetic, natively, into C order: the numpy code's result lies in
+    # memory as x does (a later reduction sums in memory order) up to a block, then in C order
+    if approximate != "tanh" and (x.flags.c_contiguous or x.size > BLOCK):
         y = native.gelu_erf(x, (np.sqrt(2), _ERFC_LEAD) + _ERFC_TAIL + (_ERFC_CONSTANT,))
         if y is not None:
             return y
@@ -212,7 +214,8 @@ Hardswish = unary("hardswish", lambda x: x * _hardsigmoid(x, 1 / 6, 0.5),
                   onnx_export=onnx_as("HardSwish"))
 def _silu(x: np.ndarray) -> np.ndarray:
     x = np.asarray(x)
-    y = native.sigmoid(x, silu=True)        # the same arithmetic, natively
+    # the same arithmetic, natively, into C order (as x * _sigmoid(x) lies for C-ordered x)
+    y = native.sigmoid(x, silu=True) if x.flags.c_contiguous else None
     return x * _sigmoid(x) if y is None else y
 
 

@@ -374,6 +374,13 @@ def fma_runner(shape, w: np.ndarray, b: np.ndarray | None, layout: Layout, strid
     def run(x: np.ndarray) -> np.ndarray:
         out = np.empty((n, oh, ow, o), np.float32)
         product(np.ascontiguousarray(pad(x, pads)), out.reshape(-1, o))
+        if channel_major:
+            # conv2d_nchw's result lies in memory channel by channel, and a later reduction
+            # sums in the order of memory: so does this one's
+            y = native.swap_last_axes(out.reshape(n, oh * ow, o))
+            y = (np.ascontiguousarray(out.reshape(n, oh * ow, o).transpose(0, 2, 1))
+                 if y is None else y).reshape(n, o, oh, ow)
+            return y.transpose(0, 2, 3, 1) if nhwc else y
         return from_nhwc(out, layout)
     return run
 
