@@ -397,23 +397,26 @@ def test_native_layout_transform_moves_the_same_bits(shape, to, dtype, monkeypat
                                  {"activation": "hardsigmoid", "alpha": 0.2, "beta": 0.5},
                                  {"activation": "hardswish"}], ids=lambda a: a["activation"])
 def test_native_fused_activation_bits_are_numpys(act, monkeypatch, rng):
-    """A product's activation in one native pass, in place: the same bits (-0, NaN and
-    infinities in the products included)."""
+    """A linear layer's activation natively, with its product or in one pass in place: the
+    same bits (-0, NaN and infinities in the products included)."""
     a = rng.standard_normal((37, 24)).astype(np.float32) * 4
     a.reshape(-1)[::11], a.reshape(-1)[3::13], a.reshape(-1)[5::17] = np.nan, -0.0, np.inf
     w = rng.standard_normal((24, 40)).astype(np.float32)
     w[:, ::9] = 0.0                         # whole columns of zero products: -0 and +0
     b = Builder("act")
     b.output("y", b.matmul_act(b.input("a", TensorType.of(a)), b.const(w), **act))
-    calls = []
-    real = native.activation
-    monkeypatch.setattr(native, "activation", lambda *x: calls.append(real(*x)) or calls[-1])
+    ran = count_calls(monkeypatch, "bevir_gather_gemm_f32", "bevir_activation_f32")
     runs = {}
     for on in ("1", "0"):
         monkeypatch.setenv("BEVIR_NATIVE", on)
         with np.errstate(invalid="ignore"):
+            bevir.run(b.graph, {"a": a})          # the first run of a shape checks the kernel
+            ran.clear()
             runs[on] = bevir.run(b.graph, {"a": a})["y"]
-    assert calls == [True, False]
+        # natively: the activation in the product's call (or in its own where BLAS sums the
+        # product otherwise); else none of them
+        assert ran in ([["bevir_gather_gemm_f32"], ["bevir_activation_f32"]] if on == "1"
+                       else [[]])
     nan = np.isnan(runs["0"])
     assert np.array_equal(np.isnan(runs["1"]), nan)
     assert runs["1"][~nan].tobytes() == runs["0"][~nan].tobytes()
@@ -541,4 +544,27 @@ def test_native_results_lie_in_memory_as_numpys(layout, monkeypatch, rng):
     for on in ("1", "0"):
         monkeypatch.setenv("BEVIR_NATIVE", on)
         runs[on] = bevir.run(b.graph, {"x": x})["y"]
+    assert runs["1"].tobytes() == runs["0"].tobytes()
+
+
+@pytest.mark.parametrize("m, k, n, trans_b", [((2, 49), 96, 384, False), ((197,), 768, 64, True),
+                                              ((30,), 1000, 48, False), ((7,), 5, 3, True)])
+def test_native_linear_bits_are_numpys(m, k, n, trans_b, monkeypatch, fma_runs, rng):
+    """A linear layer with a weight (matmul_act): native FMA products (in BLAS's blocks of a
+    long reduction) where they give numpy's bits, which they do here for all but the
+    smallest."""
+    a = rng.standard_normal(m + (k,)).astype(np.float32)
+    w = rng.standard_normal((n, k) if trans_b else (k, n)).astype(np.float32)
+    b = Builder("linear")
+    b.output("y", b.matmul_act(b.input("a", TensorType.of(a)), b.const(w),
+                               b.const(rng.standard_normal(n).astype(np.float32)),
+                               trans_b=trans_b, activation="relu"))
+    runs = {}
+    for on in ("1", "0"):
+        monkeypatch.setenv("BEVIR_NATIVE", on)
+        bevir.run(b.graph, {"a": a})
+        fma_runs.clear()
+        runs[on] = bevir.run(b.graph, {"a": a})["y"]
+        if on == "1" and k > 5 and "openblas SkylakeX" in platform_key():
+            assert fma_runs
     assert runs["1"].tobytes() == runs["0"].tobytes()

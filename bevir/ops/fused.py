@@ -21,7 +21,8 @@ from ..ir.opdef import Activation, Attr, Bool, Ctx, FixedLowering, Float, OpDef,
 from . import native
 from .common import broadcast_types, float_operands, require
 from .layout_rules import ELEMENTWISE, NATIVE
-from .linalg import CONV_ATTRS, Contraction, Convolution, conv2d_runner, prepared_conv
+from .linalg import (CONV_ATTRS, Contraction, Convolution, _read_only, conv2d_runner, linear_runner,
+                     prepared_product)
 from .onnx_export import matmul_bias, onnx_as, then_activation
 
 
@@ -67,6 +68,13 @@ def apply_activation(c: Ctx, y: np.ndarray) -> np.ndarray:
     return get_op(c.activation).compute(ctx, y)
 
 
+def activation_code(c: Ctx) -> tuple[int, int | None] | None:
+    """The native kernels' code of the fused activation (native.activation_code)."""
+    if c.activation == "none":
+        return native.NO_ACTIVATION
+    return native.activation_code(c.activation, _activation_ctx(c).attrs)
+
+
 def _activation_infer(c: Ctx, t: TensorType) -> TensorType:
     if c.activation != "none":
         t = get_op(c.activation).infer(_activation_ctx(c, [t]), t)
@@ -88,13 +96,12 @@ class Conv2dAct(Convolution):
         return _activation_infer(c, get_op("conv2d").infer(c, x, w, b))
 
     def compute(self, c, x, w, b=None):
-        return prepared_conv(c, x, w, b, lambda: self.runner(c, x, w, b))
+        return prepared_product(c, x, w, b, lambda: self.runner(c, x, w, b))
 
     @staticmethod
     def runner(c, x, w, b):
         """conv2d's runner, the activation in its native call where the kernels take it."""
-        code = (native.NO_ACTIVATION if c.activation == "none"
-                else native.activation_code(c.activation, _activation_ctx(c).attrs))
+        code = activation_code(c)
         run, activated = conv2d_runner(c, x, w, b, code or native.NO_ACTIVATION)
         if activated and code is not None:
             return run
@@ -125,10 +132,26 @@ class Linear(Contraction):
         return _activation_infer(c, y)
 
     def compute(self, c, a, b, bias=None):
+        if np.ndim(b) == 2 and _read_only(b):       # a weight: prepared once
+            return prepared_product(c, a, b, bias, lambda: self.runner(c, a, b, bias))
+        return self.numpy_path(c, a, b, bias)
+
+    @staticmethod
+    def numpy_path(c, a, b, bias=None):
         y = get_op("matmul").compute(c, a, b.T if c.trans_b else b)
         if bias is not None:
             y = get_op("add").compute(c, y, bias)
         return apply_activation(c, y)
+
+    @classmethod
+    def runner(cls, c, a, b, bias):
+        """The native product, the activation in its call where the kernels take it; else
+        the numpy path."""
+        code = activation_code(c)
+        run = linear_runner(c, a, b.T if c.trans_b else b, bias, code or native.NO_ACTIVATION)
+        if run is None:
+            return lambda a: cls.numpy_path(c, a, b, bias)
+        return run if code is not None else (lambda a: apply_activation(c, run(a)))
 
     def weight_axes(self, c, w):
         return (1,) if c.trans_b else (w.rank - 2,)

@@ -718,7 +718,7 @@ class Conv2d(Convolution):
         require(b is None or b.shape == (w.shape[0],), f"bias must be [{w.shape[0]}], got {b}")
         return TensorType(shape, x.dtype, x.layout)
     def compute(self, c, x, w, b=None):
-        return prepared_conv(c, x, w, b, lambda: conv2d_runner(c, x, w, b)[0])
+        return prepared_product(c, x, w, b, lambda: conv2d_runner(c, x, w, b)[0])
 
 
 def conv_args(c) -> tuple:
@@ -727,12 +727,13 @@ def conv_args(c) -> tuple:
             c.groups)
 
 
-#: prepared convolutions by weight (a graph constant): (key, bias, run)
+#: prepared products (convolutions, linear layers) by weight (a graph constant): (key, bias,
+#: run)
 _PREPARED = ArrayCache()
 
 
-def prepared_conv(c, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
-                  build: Callable[[], Callable[[np.ndarray], np.ndarray]]) -> np.ndarray:
+def prepared_product(c, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
+                     build: Callable[[], Callable[[np.ndarray], np.ndarray]]) -> np.ndarray:
     """``build()``, a function of the input that computes the node, applied to ``x``: built
     once per weight that nothing can change (a graph constant) while the node's attributes,
     the input's shape and type, the bias and whether native kernels run stay the same."""
@@ -772,6 +773,53 @@ def conv2d_runner(c, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
     if run is not None:
         return run, True
     return (lambda x: conv2d_float(x, w, b, *args)), False
+
+
+def linear_runner(c, a: np.ndarray, w: np.ndarray, bias: np.ndarray | None,
+                  activation: tuple[int, int | None] = native.NO_ACTIVATION
+                  ) -> Callable[[np.ndarray], np.ndarray] | None:
+    """``a @ w`` (+ ``bias`` [N], then ``activation``, a native.activation_code) for float32
+    inputs like ``a`` [..., K] and a 2-D weight ``w`` [K, N] (a view, maybe transposed) as
+    native FMA products where they give the bits of numpy's matmul and add (native.agrees
+    finds out once per shape, in BLAS's blocks of a long reduction or whole), else None."""
+    k, n = w.shape
+    m = math.prod(a.shape[:-1])
+    if not (a.dtype == w.dtype == np.float32 and a.ndim >= 2 and m > 1 and native.enabled()
+            and (bias is None or bias.dtype == np.float32 and bias.shape == (n,))):
+        return None
+
+    def numpy_path(a, w, bias):
+        y = stacked_matmul(a, w)
+        return y if bias is None else y + bias
+
+    def native_path(a, w, bias, blocked):
+        run = _linear_fma(a.shape, w, bias, native.NO_ACTIVATION, blocked)
+        return None if run is None else run(a)
+    for blocked in (True, False) if k > native.min_blocked(k) else (False,):
+        if native.agrees(("linear", a.shape, w.shape, w.strides[0] < w.strides[1],
+                          bias is None, blocked),
+                         lambda *abw: native_path(*abw, blocked), numpy_path, (a, w, bias)):
+            return _linear_fma(a.shape, w, bias, activation, blocked)
+    return None
+
+
+def _linear_fma(shape, w: np.ndarray, bias: np.ndarray | None,
+                activation: tuple[int, int | None], blocked: bool
+                ) -> Callable[[np.ndarray], np.ndarray] | None:
+    k, n = w.shape
+    m = math.prod(shape[:-1])
+    bounds = native.blas_blocks(k) if blocked else [0, k]
+    plan = None if bounds is None else native.GatherGemm.of(
+        np.arange(m) * k, np.arange(k), m * k, n, blocks=np.array(bounds))
+    if plan is None:
+        return None
+    product = plan.bind(np.ascontiguousarray(w, np.float32)[None], bias, activation)
+
+    def run(a: np.ndarray) -> np.ndarray:
+        out = np.empty(tuple(shape[:-1]) + (n,), np.float32)
+        product(np.ascontiguousarray(a), out.reshape(m, n))
+        return out
+    return run
 
 
 class MatMul(MatrixProduct):
