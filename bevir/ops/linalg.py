@@ -362,9 +362,13 @@ def fma_runner(shape, w: np.ndarray, b: np.ndarray | None, layout: Layout, strid
                      channel_major)
     if live is not None and not np.isfinite(np.delete(weights, live, axis=1)).all():
         live = None                               # 0 * inf is a NaN: every tap counts
+    # conv2d_nchw's result lies in memory channel by channel, and a later reduction sums in
+    # the order of memory: so does this one's (written transposed, in one block)
+    bounds = native.blas_blocks(cg * kh * kw) if blocked else None
+    transposed = channel_major and (bounds is None or len(bounds) == 2)
     plan = _window_plan((n, hp, wp, ch) if nhwc else (n, ch, hp, wp), nhwc, o, (oh, ow),
                         (kh, kw), tuple(strides), tuple(dilations), groups, channel_major,
-                        None if live is None else tuple(live), blocked)
+                        None if live is None else tuple(live), blocked, transposed)
     if plan is None:
         return None
     product = plan.bind(weights if live is None else np.ascontiguousarray(weights[:, live]),
@@ -372,14 +376,13 @@ def fma_runner(shape, w: np.ndarray, b: np.ndarray | None, layout: Layout, strid
     pad = pad_nhwc if nhwc else pad_nchw
 
     def run(x: np.ndarray) -> np.ndarray:
-        out = np.empty((n, oh, ow, o), np.float32)
+        out = np.empty((n, o, oh, ow) if transposed else (n, oh, ow, o), np.float32)
         product(np.ascontiguousarray(pad(x, pads)), out.reshape(-1, o))
-        if channel_major:
-            # conv2d_nchw's result lies in memory channel by channel, and a later reduction
-            # sums in the order of memory: so does this one's
-            y = native.swap_last_axes(out.reshape(n, oh * ow, o))
-            y = (np.ascontiguousarray(out.reshape(n, oh * ow, o).transpose(0, 2, 1))
-                 if y is None else y).reshape(n, o, oh, ow)
+        if transposed:
+            return out.transpose(0, 2, 3, 1) if nhwc else out
+        if channel_major:                                  # in channels, then as above
+            y = np.ascontiguousarray(out.reshape(n, oh * ow, o).transpose(0, 2, 1))
+            y = y.reshape(n, o, oh, ow)
             return y.transpose(0, 2, 3, 1) if nhwc else y
         return from_nhwc(out, layout)
     return run
@@ -456,11 +459,12 @@ def pad_nchw(x: np.ndarray, pads) -> np.ndarray:
 @functools.lru_cache(maxsize=512)
 def _window_plan(shape, nhwc: bool, o: int, out_hw, kernel, strides, dilations, groups: int,
                  channel_major: bool, live: tuple[int, ...] | None = None,
-                 blocked: bool = False) -> native.GatherGemm | None:
+                 blocked: bool = False, transposed: bool = False) -> native.GatherGemm | None:
     """The native product of a convolution over a padded C-contiguous input of ``shape``:
     a row per output pixel (its window's first element), an offset per tap of a group, in
     (c, kh, kw) order where ``channel_major``, else (kh, kw, c); only the ``live`` ones of
-    those where given; in BLAS's blocks of the whole reduction where ``blocked``."""
+    those where given; in BLAS's blocks of the whole reduction where ``blocked``; the result
+    written channel by channel (NCHW) where ``transposed``."""
     if nhwc:
         n, h, wd, ch = shape
         sn, sh_, sw_, sc = h * wd * ch, wd * ch, ch, 1
@@ -481,7 +485,7 @@ def _window_plan(shape, nhwc: bool, o: int, out_hw, kernel, strides, dilations, 
         return None
     blocks = np.searchsorted(kept, bounds)            # each boundary among the kept taps
     return native.GatherGemm.of(rows, offs[kept], math.prod(shape), o // groups, groups,
-                                cg * sc, blocks)
+                                cg * sc, blocks, oh * ow if transposed else 0)
 
 
 #: the [G, K, O/G] operands of read-only weights for conv2d_fma while they live

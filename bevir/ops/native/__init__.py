@@ -429,7 +429,8 @@ class GatherGemm:
     kernel cannot run."""
 
     def __init__(self, rows: np.ndarray, offs: np.ndarray, size: int, n: int, groups: int = 1,
-                 group_stride: int = 0, blocks: np.ndarray | None = None):
+                 group_stride: int = 0, blocks: np.ndarray | None = None,
+                 transposed_by: int = 0):
         rows, offs = (np.ascontiguousarray(i, np.int64) for i in (rows, offs))
         k = offs.size
         blocks = np.ascontiguousarray([0, k] if blocks is None else blocks, np.int64)
@@ -441,20 +442,26 @@ class GatherGemm:
         if blocks.ndim != 1 or blocks.size < 2 or blocks[0] != 0 or blocks[-1] != k or np.any(
                 np.diff(blocks) < 0):
             raise ValueError(f"GatherGemm: blocks {blocks.tolist()} do not split {k} products")
+        if transposed_by and (groups != 1 or blocks.size != 2 or rows.size % transposed_by):
+            raise ValueError("GatherGemm: only one group summed in one block is written "
+                             f"transposed, by whole images of {transposed_by} rows")
         self.rows, self.offs, self.blocks, self.size, self.groups = rows, offs, blocks, size, groups
         self.m, self.k, self.n = rows.size, k, n
-        self.dims = (ctypes.c_int64 * 7)(self.m, n, k, groups * n, groups, group_stride,
-                                         blocks.size - 1)
+        #: rows of an image written transposed (its [N, rows] after the last), or 0
+        self.transposed_by = transposed_by
+        self.dims = (ctypes.c_int64 * 8)(self.m, n, k, groups * n, groups, group_stride,
+                                         blocks.size - 1, transposed_by)
         self._fixed = (rows.ctypes.data, offs.ctypes.data)
         self._tail = (ctypes.addressof(self.dims), blocks.ctypes.data)
 
     @classmethod
     def of(cls, rows: np.ndarray, offs: np.ndarray, size: int, n: int, groups: int = 1,
-           group_stride: int = 0, blocks: np.ndarray | None = None) -> GatherGemm | None:
+           group_stride: int = 0, blocks: np.ndarray | None = None,
+           transposed_by: int = 0) -> GatherGemm | None:
         """The product, or None where the native kernels are off or lack AVX-512."""
         if not (enabled() and library().avx512):
             return None
-        return cls(rows, offs, size, n, groups, group_stride, blocks)
+        return cls(rows, offs, size, n, groups, group_stride, blocks, transposed_by)
 
     def bind(self, b: np.ndarray, bias: np.ndarray | None,
              activation: tuple[int, int | None] = NO_ACTIVATION
@@ -470,15 +477,20 @@ class GatherGemm:
             raise ValueError(f"GatherGemm {g}x {self.m}x{self.k}x{self.n}: operands {b.shape}, "
                              f"{None if bias is None else bias.shape}")
         kernel, size, shape = library().bevir_gather_gemm_f32, self.size, (self.m, g * self.n)
-        # a large product runs in bands of rows, one a thread (each sum stays one thread's)
-        parts = min(threads(), -(-self.m * self.k * self.n * g // PARALLEL_MACS),
-                    max(self.m // 6, 1))
-        bands = [self.m * i // parts for i in range(parts + 1)]
-        dims = [(ctypes.c_int64 * 7)(hi - lo, *self.dims[1:]) for lo, hi in zip(bands, bands[1:])]
+        # a large product runs in bands of rows, one a thread (each sum stays one thread's);
+        # written transposed, each band within an image
+        image = self.transposed_by or self.m
+        parts = min(threads(), -(-image * self.k * self.n * g // PARALLEL_MACS),
+                    max(image // 6, 1))
+        bands = [(i + image * p // parts, i + image * (p + 1) // parts)
+                 for i in range(0, self.m, image) for p in range(parts)]
+        dims = [(ctypes.c_int64 * 8)(hi - lo, *self.dims[1:]) for lo, hi in bands]
         calls = [(self._fixed[0] + 8 * lo, self._fixed[1], b.ctypes.data,
-                  None if bias is None else bias.ctypes.data, 4 * lo * shape[1],
+                  None if bias is None else bias.ctypes.data,
+                  4 * (lo // image * image * shape[1] + lo % image if self.transposed_by
+                       else lo * shape[1]),
                   ctypes.addressof(d), self._tail[1], *activation)
-                 for lo, d in zip(bands, dims)]
+                 for (lo, _), d in zip(bands, dims)]
         keep = (self, b, bias, dims)             # alive while the function is
 
         def product(a: np.ndarray, out: np.ndarray) -> None:
@@ -700,7 +712,7 @@ def _self_check_gemm(dll, rng) -> None:
     a, b, bias = (rng.uniform(1, 2, s).astype(np.float32) for s in ((5, 3), (3, 35), (35,)))
     rows, offs = np.arange(0, 15, 3, dtype=np.int64), np.arange(3, dtype=np.int64)
     out = np.empty((5, 35), np.float32)
-    dims, blocks = (ctypes.c_int64 * 7)(5, 35, 3, 35, 1, 0, 1), np.array([0, 3])
+    dims, blocks = (ctypes.c_int64 * 8)(5, 35, 3, 35, 1, 0, 1, 0), np.array([0, 3])
     dll.avx512 = dll.bevir_gather_gemm_f32(*(t.ctypes.data for t in (a, rows, offs, b, bias, out)),
                                            ctypes.addressof(dims), blocks.ctypes.data, -1,
                                            None) == 0

@@ -233,6 +233,8 @@ int bevir_depthwise_epilogue_f32(const float *xp, const float *wt, const float *
  * step), then + bias[n] (a separate add) where bias is not NULL. The rows of A are gathered
  * through rows and offs, so a convolution runs without its im2col copy: rows[m] is output
  * pixel m's first window element in the padded input, offs[k] tap k's distance from it.
+ * dims[7], where not 0, writes out transposed, element (m, n) at out[n * dims[7] + m] (a
+ * convolution's result channel by channel; one group, one block of the reduction).
  * The reduction runs in blocks, k from kb[i] to kb[i + 1] for i < NB, each block's sum
  * fused-multiply-added onto +0 and the blocks' sums added in order: BLAS's blocks of a
  * long reduction (native.blas_blocks), or one block of all K.
@@ -247,12 +249,23 @@ int bevir_depthwise_epilogue_f32(const float *xp, const float *wt, const float *
  * 8 x 1 ones over the last 16 or fewer columns, so few lanes are wasted. Returns -1 where the build has no AVX-512. */
 #ifdef __AVX512F__
 #define UNROLL _Pragma("GCC unroll 8")
+
+/* 16 lanes to q, q + cols, ... (out transposed: column c at out + c * cols); not inlined,
+ * so that its index vector takes no register from a tile's loop */
+static __attribute__((noinline)) void store_transposed(float *q, __mmask16 mask, __m512 t,
+                                                       int64_t cols) {
+  const __m512i lanes = _mm512_mullo_epi32(
+      _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+      _mm512_set1_epi32((int)cols));
+  _mm512_mask_i32scatter_ps(q, mask, lanes, t, 4);
+}
+
 #define GATHER_GEMM_TILES(R, V)                                                           \
   static void gather_gemm_##R##x##V(const float *a, const int64_t *rows,                  \
                                     const int64_t *offs, const float *b,                  \
                                     const float *bias, float *out, const int64_t *d,      \
                                     const int64_t *kb, int64_t n0, int64_t n1) {          \
-    const int64_t M = d[0], N = d[1], ldo = d[3], nb = d[6];                              \
+    const int64_t M = d[0], N = d[1], ldo = d[3], nb = d[6], cols = d[7];                 \
     for (int64_t n = n0; n < n1; n += 16 * V) {                                           \
       __mmask16 mask[V];                                                                  \
       __m512 add[V];                                                                      \
@@ -290,7 +303,10 @@ int bevir_depthwise_epilogue_f32(const float *xp, const float *wt, const float *
                 __m512 t = blk ? _mm512_add_ps(_mm512_maskz_loadu_ps(mask[j], q), s[r][j]) \
                                : s[r][j];                                                 \
                 if (last && bias) t = _mm512_add_ps(t, add[j]);                           \
-                _mm512_mask_storeu_ps(q, mask[j], t);                                     \
+                if (cols)                                                                 \
+                  store_transposed(out + (n + 16 * j) * cols + m + r, mask[j], t, cols);  \
+                else                                                                      \
+                  _mm512_mask_storeu_ps(q, mask[j], t);                                   \
               }                                                                           \
         }                                                                                 \
       }                                                                                   \
