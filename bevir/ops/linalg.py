@@ -314,11 +314,30 @@ def conv2d_float(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, layout: Lay
     return from_nhwc(y, layout)
 
 
-def fma_eligible(x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> bool:
+#: the largest product (MACs) that runs natively where BLAS has threads (the native kernel
+#: has one), unless the products left out (taps in the padding) leave at most this
+#: fraction of BLAS's
+FMA_MACS, FMA_FRACTION = 1 << 23, 1 / 4
+
+
+def fma_eligible(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, layout: Layout, strides,
+                 pads, dilations, groups: int) -> bool:
     """Whether :func:`conv2d_fma` may stand in for :func:`conv2d_float` (where
-    native.agrees finds the same bits): a float32 convolution."""
-    return (x.dtype == w.dtype == np.float32 and (b is None or b.dtype == np.float32)
-            and native.enabled())
+    native.agrees finds the same bits): a float32 convolution, of any size where BLAS runs
+    on one thread, else not too large (:data:`FMA_MACS`)."""
+    if not (x.dtype == w.dtype == np.float32 and (b is None or b.dtype == np.float32)
+            and native.enabled()):
+        return False
+    if native.threads() == 1:
+        return True
+    o, cg, kh, kw = w.shape
+    n, _, hp, wp = padded_dims(x.shape, layout, pads)
+    out_hw = (conv_out_size(hp, kh, strides[0], 0, dilations[0]),
+              conv_out_size(wp, kw, strides[1], 0, dilations[1]))
+    live = live_taps(x.shape, layout, out_hw, (kh, kw), strides, pads, dilations, cg, False)
+    k = cg * kh * kw
+    kept = k if live is None else live.size
+    return n * out_hw[0] * out_hw[1] * o * kept <= FMA_MACS or kept <= FMA_FRACTION * k
 
 
 def conv2d_fma(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, layout: Layout, strides,
@@ -764,7 +783,7 @@ def conv2d_runner(c, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
     if w.shape[1] == 1 and c.groups > 1:
         if x.dtype == np.float32 and native.enabled():
             run = depthwise_runner(x.shape, w, b, args[0], *args[1:4], activation)
-    elif fma_eligible(x, w, b):
+    elif fma_eligible(x, w, b, *args):
         # a long reduction: in BLAS's blocks (its blocked driver) or whole (its small-matrix
         # kernels); whichever gives conv2d_float's bits
         k = w[0].size
@@ -789,7 +808,8 @@ def linear_runner(c, a: np.ndarray, w: np.ndarray, bias: np.ndarray | None,
     k, n = w.shape
     m = math.prod(a.shape[:-1])
     if not (a.dtype == w.dtype == np.float32 and a.ndim >= 2 and m > 1 and native.enabled()
-            and (bias is None or bias.dtype == np.float32 and bias.shape == (n,))):
+            and (bias is None or bias.dtype == np.float32 and bias.shape == (n,))
+            and (native.threads() == 1 or m * k * n <= FMA_MACS)):
         return None
 
     def numpy_path(a, w, bias):

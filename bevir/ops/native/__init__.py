@@ -12,7 +12,6 @@ works, or with ``BEVIR_NATIVE=0``, the numpy code runs.
 """
 from __future__ import annotations
 
-import concurrent.futures
 import ctypes
 import functools
 import hashlib
@@ -396,24 +395,14 @@ def resize_bilinear(x: np.ndarray, taps: tuple[np.ndarray, ...], weights: tuple[
     return library().bevir_resize_bilinear_f32(*_pointers(x, t, wt, out), dims) == 0
 
 
-#: the MACs a thread's band of a native product gets at least: smaller products run whole
-PARALLEL_MACS = 1 << 22
-
-
 def threads() -> int:
-    """The threads native products run on: as many as BLAS takes (OPENBLAS_NUM_THREADS,
-    else OMP_NUM_THREADS, else the processors this process may use)."""
+    """The threads BLAS runs on (OPENBLAS_NUM_THREADS, else OMP_NUM_THREADS, else the
+    processors this process may use): the native product has one."""
     for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
         value = os.environ.get(name, "")
         if value.isdigit() and int(value) > 0:
             return int(value)
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-@functools.cache
-def _pool() -> concurrent.futures.ThreadPoolExecutor:
-    """The threads of native products (ctypes lets go of the GIL while a kernel runs)."""
-    return concurrent.futures.ThreadPoolExecutor(threads(), thread_name_prefix="bevir-native")
 
 
 class GatherGemm:
@@ -477,20 +466,13 @@ class GatherGemm:
             raise ValueError(f"GatherGemm {g}x {self.m}x{self.k}x{self.n}: operands {b.shape}, "
                              f"{None if bias is None else bias.shape}")
         kernel, size, shape = library().bevir_gather_gemm_f32, self.size, (self.m, g * self.n)
-        # a large product runs in bands of rows, one a thread (each sum stays one thread's);
-        # written transposed, each band within an image
-        image = self.transposed_by or self.m
-        parts = min(threads(), -(-image * self.k * self.n * g // PARALLEL_MACS),
-                    max(image // 6, 1))
-        bands = [(i + image * p // parts, i + image * (p + 1) // parts)
-                 for i in range(0, self.m, image) for p in range(parts)]
-        dims = [(ctypes.c_int64 * 8)(hi - lo, *self.dims[1:]) for lo, hi in bands]
+        # written transposed: image by image
+        image = self.transposed_by or max(self.m, 1)
+        dims = [(ctypes.c_int64 * 8)(image, *self.dims[1:]) for _ in range(0, self.m, image)]
         calls = [(self._fixed[0] + 8 * lo, self._fixed[1], b.ctypes.data,
-                  None if bias is None else bias.ctypes.data,
-                  4 * (lo // image * image * shape[1] + lo % image if self.transposed_by
-                       else lo * shape[1]),
+                  None if bias is None else bias.ctypes.data, 4 * lo * shape[1],
                   ctypes.addressof(d), self._tail[1], *activation)
-                 for (lo, _), d in zip(bands, dims)]
+                 for lo, d in zip(range(0, self.m, image), dims)]
         keep = (self, b, bias, dims)             # alive while the function is
 
         def product(a: np.ndarray, out: np.ndarray) -> None:
@@ -502,14 +484,8 @@ class GatherGemm:
             if not out.size:
                 return
             ap, op = a.ctypes.data, out.ctypes.data
-            if len(calls) == 1:
-                rows, offs, bp, biasp, at, *rest = calls[0]
+            for rows, offs, bp, biasp, at, *rest in calls:
                 kernel(ap, rows, offs, bp, biasp, op + at, *rest)
-                return
-            done = [_pool().submit(kernel, ap, rows, offs, bp, biasp, op + at, *rest)
-                    for rows, offs, bp, biasp, at, *rest in calls]
-            for f in done:
-                f.result()
         return product
 
     def __call__(self, a: np.ndarray, b: np.ndarray, bias: np.ndarray | None,
