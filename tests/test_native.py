@@ -568,3 +568,11 @@ def test_native_linear_bits_are_numpys(m, k, n, trans_b, monkeypatch, fma_runs, 
         if on == "1" and k > 5 and "openblas SkylakeX" in platform_key():
             assert fma_runs
     assert runs["1"].tobytes() == runs["0"].tobytes()
+
+
+def test_contiguous_copies_a_transposed_layout_natively(rng):
+    x = rng.standard_normal((2, 5, 40, 36)).astype(np.float32)
+    for view in (x.transpose(0, 2, 3, 1), x.transpose(0, 3, 1, 2), x[:, :, ::2],
+                 x.transpose(0, 2, 3, 1).transpose(0, 3, 1, 2)):
+        got = native.contiguous(view)
+        assert got.flags.c_contiguous and got.tobytes() == np.ascontiguousarray(view).tobytes()

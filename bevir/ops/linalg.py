@@ -95,7 +95,7 @@ def pad_nhwc(x: np.ndarray, pads, value=0) -> np.ndarray:
         return x
     n, h, wd, ch = x.shape
     xp = np.full((n, top + h + bottom, left + wd + right, ch), value, x.dtype)
-    xp[:, top:top + h, left:left + wd] = x
+    xp[:, top:top + h, left:left + wd] = native.contiguous(x)   # a fast copy, then another
     return xp
 
 
@@ -396,7 +396,7 @@ def fma_runner(shape, w: np.ndarray, b: np.ndarray | None, layout: Layout, strid
 
     def run(x: np.ndarray) -> np.ndarray:
         out = np.empty((n, o, oh, ow) if transposed else (n, oh, ow, o), np.float32)
-        product(np.ascontiguousarray(pad(x, pads)), out.reshape(-1, o))
+        product(native.contiguous(pad(x, pads)), out.reshape(-1, o))
         if transposed:
             return out.transpose(0, 2, 3, 1) if nhwc else out
         if channel_major:                                  # in channels, then as above
@@ -447,7 +447,7 @@ def depthwise_runner(shape, w: np.ndarray, b: np.ndarray | None, layout: Layout,
 
     def run(x: np.ndarray) -> np.ndarray:
         out = np.empty((n, oh, ow, o), np.float32)
-        product(np.ascontiguousarray(pad_nhwc(to_nhwc(x, layout), pads)), out)
+        product(native.contiguous(pad_nhwc(to_nhwc(x, layout), pads)), out)
         return from_nhwc(out, layout)
     return run
 
@@ -841,7 +841,7 @@ def _linear_fma(shape, w: np.ndarray, bias: np.ndarray | None,
 
     def run(a: np.ndarray) -> np.ndarray:
         out = np.empty(tuple(shape[:-1]) + (n,), np.float32)
-        product(np.ascontiguousarray(a), out.reshape(m, n))
+        product(native.contiguous(a), out.reshape(m, n))
         return out
     return run
 

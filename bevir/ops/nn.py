@@ -80,7 +80,7 @@ def pool_padded(x: np.ndarray, axes, c, out, fill, pads=None) -> np.ndarray:
         return x
     # the input copied once and only the border slabs filled (np.pad writes everything twice)
     y = np.empty([n + lo + hi for n, (lo, hi) in zip(x.shape, width)], x.dtype)
-    y[tuple(slice(lo, lo + n) for n, (lo, _) in zip(x.shape, width))] = x
+    y[tuple(slice(lo, lo + n) for n, (lo, _) in zip(x.shape, width))] = native.contiguous(x)
     for a in axes:
         lo, n = width[a][0], x.shape[a]
         for band in (slice(0, lo), slice(lo + n, None)):

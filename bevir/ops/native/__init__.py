@@ -155,7 +155,7 @@ def _call(dll, name: str, arrays: list[np.ndarray], out: np.ndarray, kernel, str
     if out.shape[0] != n or out.shape[3] != c:
         raise ValueError(f"{name}: {arrays[0].shape} cannot make {out.shape}")
     check_windows((hp, wp), (oh, ow), kernel, strides, dilations)
-    arrays = [np.ascontiguousarray(a, out.dtype) for a in arrays]
+    arrays = [contiguous(np.asarray(a, out.dtype)) for a in arrays]
     dims = (ctypes.c_int64 * 12)(n, hp, wp, c, oh, ow, *kernel, *strides, *dilations)
     return getattr(dll, name)(*_pointers(*arrays, out), dims) == 0
 
@@ -368,6 +368,22 @@ def swap_last_axes(x: np.ndarray) -> np.ndarray | None:
     dims = (ctypes.c_int64 * 3)(*x.shape)
     getattr(library(), f"bevir_transpose_u{8 * width}")(*_pointers(x, out), dims)
     return out
+
+
+def contiguous(x: np.ndarray) -> np.ndarray:
+    """``np.ascontiguousarray(x)``, through :func:`swap_last_axes` where ``x`` is a 4-D view
+    of the other layout's memory (NHWC of NCHW, or NCHW of NHWC: a transposed convolution
+    result), which numpy copies element by element: the same values."""
+    if x.flags.c_contiguous or x.ndim != 4:
+        return np.ascontiguousarray(x)
+    n, a, b, c = x.shape
+    if x.transpose(0, 3, 1, 2).flags.c_contiguous:          # NHWC view of NCHW memory
+        y = swap_last_axes(x.transpose(0, 3, 1, 2).reshape(n, c, a * b))
+    elif x.transpose(0, 2, 3, 1).flags.c_contiguous:        # NCHW view of NHWC memory
+        y = swap_last_axes(x.transpose(0, 2, 3, 1).reshape(n, b * c, a))
+    else:
+        y = None
+    return np.ascontiguousarray(x) if y is None else y.reshape(x.shape)
 
 
 def resize_bilinear(x: np.ndarray, taps: tuple[np.ndarray, ...], weights: tuple[np.ndarray, ...],
