@@ -182,27 +182,24 @@ def depthwise(xp: np.ndarray, wt: np.ndarray, out: np.ndarray, kernel, strides,
     return _window_kernel("depthwise", [xp, wt], out, kernel, strides, dilations, _FLOATS)
 
 
-def depthwise_epilogue(xp: np.ndarray, wt: np.ndarray, bias: np.ndarray | None,
-                       out: np.ndarray, kernel, strides, dilations,
-                       activation: tuple[int, int | None] = NO_ACTIVATION) -> bool:
-    """:func:`depthwise` of float32 operands, then ``bias`` [C] (or None) added to each
-    pixel and ``activation`` (an :func:`activation_code`) applied, in one native call: the
-    numpy path's operations (conv2d's y += b, the activation op's code). Returns False,
-    writing nothing, where no native kernel runs."""
-    run = bind_depthwise(xp.shape, wt, bias, out.shape, kernel, strides, dilations, activation)
-    if run is None or xp.dtype != _F32 or not out.flags.c_contiguous:
-        return False
-    run(np.ascontiguousarray(xp), out)
-    return True
+def _check_bound(name: str, a: np.ndarray, fits: bool, out: np.ndarray, out_shape) -> None:
+    """A bound kernel's check of each call: C-contiguous float32 operands, ``a`` one that
+    ``fits``, ``out`` writable and of ``out_shape`` (else ValueError)."""
+    if not (fits and a.dtype == _F32 and a.flags.c_contiguous and out.shape == out_shape
+            and out.dtype == _F32 and out.flags.c_contiguous and out.flags.writeable):
+        raise ValueError(f"{name}: operands {a.shape} {a.dtype} -> {out.shape} {out.dtype} do "
+                         f"not fit (C-contiguous float32 -> {out_shape})")
 
 
 def bind_depthwise(shape: tuple[int, ...], wt: np.ndarray, bias: np.ndarray | None,
                    out_shape: tuple[int, ...], kernel, strides, dilations,
                    activation: tuple[int, int | None] = NO_ACTIVATION
                    ) -> Callable[[np.ndarray, np.ndarray], None] | None:
-    """:func:`depthwise_epilogue` for padded inputs of ``shape``, with the weights, bias
-    and activation checked once: a function of C-contiguous float32 ``xp`` and ``out``;
-    None where no native kernel runs."""
+    """:func:`depthwise` of float32 operands, then ``bias`` [C] (or None) added to each
+    pixel and ``activation`` (an :func:`activation_code`) applied, in one native call (the
+    numpy path's operations: conv2d's y += b, the activation op's code), for padded inputs
+    of ``shape`` with the weights, bias and activation checked once: a function of
+    C-contiguous float32 ``xp`` and ``out``; None where no native kernel runs."""
     if not (wt.dtype == _F32 and (bias is None or bias.dtype == _F32) and enabled()):
         return None
     n, hp, wp, c = shape
@@ -221,12 +218,8 @@ def bind_depthwise(shape: tuple[int, ...], wt: np.ndarray, bias: np.ndarray | No
     keep = (wt, bias, dims)                      # alive while the function is
     shape, out_shape = tuple(shape), tuple(out_shape)
 
-    def run(xp: np.ndarray, out: np.ndarray) -> None:
-        if not (xp.shape == shape and xp.dtype == _F32 and xp.flags.c_contiguous
-                and out.shape == out_shape and out.dtype == _F32 and out.flags.c_contiguous
-                and out.flags.writeable and keep):
-            raise ValueError(f"depthwise: operands {xp.shape} -> {out.shape}, expected "
-                             f"{shape} -> {out_shape}")
+    def run(xp: np.ndarray, out: np.ndarray, _keep=keep) -> None:
+        _check_bound("depthwise", xp, xp.shape == shape, out, out_shape)
         if out.size and fn(xp.ctypes.data, *fixed, out.ctypes.data, *tail) != 0:
             raise MemoryError("depthwise: no memory for the tap offsets")
     return run
@@ -491,12 +484,8 @@ class GatherGemm:
                  for lo, d in zip(range(0, self.m, image), dims)]
         keep = (self, b, bias, dims)             # alive while the function is
 
-        def product(a: np.ndarray, out: np.ndarray) -> None:
-            if not (a.size == size and a.dtype == _F32 and a.flags.c_contiguous
-                    and out.shape == shape and out.dtype == _F32 and out.flags.c_contiguous
-                    and out.flags.writeable and keep):
-                raise ValueError(f"GatherGemm: operands {a.shape} -> {out.shape}, "
-                                 f"expected {size} elements -> {shape}")
+        def product(a: np.ndarray, out: np.ndarray, _keep=keep) -> None:
+            _check_bound("GatherGemm", a, a.size == size, out, shape)
             if not out.size:
                 return
             ap, op = a.ctypes.data, out.ctypes.data
