@@ -58,6 +58,16 @@ def cast_like(x: np.ndarray, t: TensorType) -> np.ndarray:
     return np.asarray(x, dtype=t.dtype.np)
 
 
+def read_only(a) -> bool:
+    """Nothing can write to ``a``: it and every array it views are read-only (a graph
+    constant)."""
+    while isinstance(a, np.ndarray):
+        if a.flags.writeable:
+            return False
+        a = a.base
+    return a is None or isinstance(a, bytes)
+
+
 class ArrayCache:
     """Values derived from arrays, each kept while its array lives (keyed by the array's id,
     confirmed by a weak reference): work done once per graph constant."""

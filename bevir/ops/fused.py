@@ -19,9 +19,9 @@ from ..ir.graph import Node
 from ..ir.types import TensorType
 from ..ir.opdef import Activation, Attr, Bool, Ctx, FixedLowering, Float, OpDef, Str, get_op
 from . import native
-from .common import broadcast_types, float_operands, require
+from .common import broadcast_types, float_operands, read_only, require
 from .layout_rules import ELEMENTWISE, NATIVE
-from .linalg import (CONV_ATTRS, Contraction, Convolution, _read_only, conv2d_runner, linear_runner,
+from .linalg import (CONV_ATTRS, Contraction, Convolution, conv2d_runner, linear_runner,
                      prepared_product)
 from .onnx_export import matmul_bias, onnx_as, then_activation
 
@@ -132,7 +132,7 @@ class Linear(Contraction):
         return _activation_infer(c, y)
 
     def compute(self, c, a, b, bias=None):
-        if np.ndim(b) == 2 and _read_only(b):       # a weight: prepared once
+        if np.ndim(b) == 2 and read_only(b):       # a weight: prepared once
             return prepared_product(c, a, b, bias, lambda: self.runner(c, a, b, bias))
         return self.numpy_path(c, a, b, bias)
 

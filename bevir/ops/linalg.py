@@ -11,7 +11,7 @@ from numpy.lib.stride_tricks import as_strided
 from ..ir.types import Layout, TensorType
 from ..ir.opdef import Bool, FixedLowering, Float, Int, Ints, OpDef, Piece, aligned_range
 from . import native
-from .common import ArrayCache, check_windows, float_operands, require
+from .common import ArrayCache, check_windows, float_operands, read_only, require
 from .cost import PEMapping, Work
 from .layout_rules import NATIVE
 from .onnx_export import onnx_as
@@ -145,15 +145,6 @@ def depthwise_conv_nhwc(xp: np.ndarray, w: np.ndarray, strides, dilations,
 _GEMM_WEIGHTS = ArrayCache()
 
 
-def _read_only(a) -> bool:
-    """Nothing can write to ``a``: it and every array it views are read-only."""
-    while isinstance(a, np.ndarray):
-        if a.flags.writeable:
-            return False
-        a = a.base
-    return a is None or isinstance(a, bytes)
-
-
 def gemm_weights(w: np.ndarray, groups: int, dtype) -> np.ndarray:
     """``w`` [O, C/groups, KH, KW] as the (G, KH*KW*Cg, Og) GEMM operand, rows in window
     order (kh, kw, c): a transposed view of 1x1 kernels, a copy of larger ones. A copy of
@@ -165,7 +156,7 @@ def gemm_weights(w: np.ndarray, groups: int, dtype) -> np.ndarray:
     o, cg, kh, kw = w.shape
     m = np.ascontiguousarray(w, dtype).reshape(groups, o // groups, cg, kh, kw)
     m = m.transpose(0, 3, 4, 2, 1).reshape(groups, kh * kw * cg, -1)
-    if _read_only(w) and not np.may_share_memory(m, w):
+    if read_only(w) and not np.may_share_memory(m, w):
         m.setflags(write=False)
         _GEMM_WEIGHTS.put(w, m)
     return m
@@ -463,7 +454,7 @@ def tap_weights(w: np.ndarray) -> np.ndarray:
     if hit is not None:
         return hit
     m = np.ascontiguousarray(w.reshape(w.shape[0], -1).T, np.float32)
-    if _read_only(w):
+    if read_only(w):
         m.setflags(write=False)
         _TAP_WEIGHTS.put(w, m)
     return m
@@ -522,7 +513,7 @@ def fma_weights(w: np.ndarray, groups: int, channel_major: bool) -> np.ndarray:
     m = w.reshape(groups, o // groups, cg, kh, kw)
     m = m.transpose(0, 2, 3, 4, 1) if channel_major else m.transpose(0, 3, 4, 2, 1)
     m = np.ascontiguousarray(m, np.float32).reshape(groups, cg * kh * kw, o // groups)
-    if _read_only(w):
+    if read_only(w):
         m.setflags(write=False)
         _FMA_WEIGHTS.put(w, ((groups, channel_major), m))
     return m
@@ -765,7 +756,7 @@ def prepared_product(c, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
     if hit is not None and hit[1] is b and hit[0] == key:
         return hit[2](x)
     run = build()
-    if _read_only(w) and (b is None or _read_only(b)):
+    if read_only(w) and (b is None or read_only(b)):
         _PREPARED.put(w, (key[:3] + (dict(c.attrs), key[4]), b, run))
     return run(x)
 
