@@ -316,12 +316,14 @@ def fma_eligible(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, layout: Lay
     """Whether :func:`conv2d_fma` may stand in for :func:`conv2d_float` (where
     native.agrees finds the same bits): a float32 convolution, of any size where BLAS runs
     on one thread, else not too large (:data:`FMA_MACS`)."""
+    o, cg, kh, kw = w.shape
     if not (x.dtype == w.dtype == np.float32 and (b is None or b.dtype == np.float32)
             and native.enabled()):
         return False
+    if groups == 1 and cg < NCHW_CHANNEL_LIMIT and cg * kh * kw < 64 and o >= 64:
+        return False      # its result written channel by channel costs more than it saves
     if native.threads() == 1:
         return True
-    o, cg, kh, kw = w.shape
     n, _, hp, wp = padded_dims(x.shape, layout, pads)
     out_hw = (conv_out_size(hp, kh, strides[0], 0, dilations[0]),
               conv_out_size(wp, kw, strides[1], 0, dilations[1]))
