@@ -377,7 +377,8 @@ def fma_runner(shape, w: np.ndarray, b: np.ndarray | None, layout: Layout, strid
     # conv2d_nchw's result lies in memory channel by channel, and a later reduction sums in
     # the order of memory: so does this one's (written transposed, in one block)
     bounds = native.blas_blocks(cg * kh * kw) if blocked else None
-    transposed = channel_major and (bounds is None or len(bounds) == 2)
+    # (or through a transposition after, faster for up to 32 channels)
+    transposed = channel_major and o > 32 and (bounds is None or len(bounds) == 2)
     plan = _window_plan((n, hp, wp, ch) if nhwc else (n, ch, hp, wp), nhwc, o, (oh, ow),
                         (kh, kw), tuple(strides), tuple(dilations), groups, channel_major,
                         None if live is None else tuple(live), blocked, transposed)
@@ -393,8 +394,7 @@ def fma_runner(shape, w: np.ndarray, b: np.ndarray | None, layout: Layout, strid
         if transposed:
             return out.transpose(0, 2, 3, 1) if nhwc else out
         if channel_major:                                  # in channels, then as above
-            y = np.ascontiguousarray(out.reshape(n, oh * ow, o).transpose(0, 2, 1))
-            y = y.reshape(n, o, oh, ow)
+            y = native.contiguous(out.transpose(0, 3, 1, 2))
             return y.transpose(0, 2, 3, 1) if nhwc else y
         return from_nhwc(out, layout)
     return run
