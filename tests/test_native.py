@@ -581,3 +581,15 @@ def test_contiguous_copies_a_transposed_layout_natively(rng):
                  x.transpose(0, 2, 3, 1).transpose(0, 3, 1, 2)):
         got = native.contiguous(view)
         assert got.flags.c_contiguous and got.tobytes() == np.ascontiguousarray(view).tobytes()
+
+
+def test_without_avx512_the_products_stay_numpys(monkeypatch, fma_runs, rng):
+    """A processor without AVX-512 (the FMA product's build returns -1 there): no native
+    product runs, not even to probe BLAS's blocks, and the results are numpy's."""
+    monkeypatch.setattr(native.library(), "avx512", False)
+    # a shape of its own: a plan made before (with AVX-512) is kept per shape
+    graph, x = conv_graph((Layout.nhwc, (1, 3, 22, 26), 16, (3, 3), (2, 2), (1, 1),
+                           (1, 1, 1, 1), 1), rng)
+    got = bevir.run(graph, {"x": x})["y"]
+    monkeypatch.setenv("BEVIR_NATIVE", "0")
+    assert not fma_runs and got.tobytes() == bevir.run(graph, {"x": x})["y"].tobytes()
