@@ -13,6 +13,7 @@ Subclassing and overriding :meth:`Interpreter.run_node` still works. See docs/in
 """
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
 import numpy as np
@@ -66,8 +67,7 @@ class Interpreter:
         self.kernels: dict[str, Kernel] = dict(kernels or {})
         self.node_kernels: dict[str, Kernel] = dict(node_kernels or {})
         self.on_node_start, self.on_node_end = on_node_start, on_node_end
-        self._last_use = self._last_uses(graph)
-        self._values = {v.name: v for v in graph.values()}
+        self._last_use, self._values = _graph_facts(graph)
         self._arrays: dict[int, np.ndarray] = {}
         self._overrides: dict[Node, Kernel] = {}
 
@@ -268,6 +268,20 @@ class Interpreter:
         out = {n: self.kernels[n.op] for n in self.graph.nodes if n.op in self.kernels}
         out.update((nodes[name], k) for name, k in self.node_kernels.items())
         return out
+
+
+#: each graph's last uses and values by name, while its version stays (bevir.run makes an
+#: interpreter per run)
+_FACTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _graph_facts(graph: Graph) -> tuple[dict[int, list[Value]], dict[str, Value]]:
+    hit = _FACTS.get(graph)
+    if hit is None or hit[0] != graph.version:
+        hit = (graph.version, Interpreter._last_uses(graph),
+               {v.name: v for v in graph.values()})
+        _FACTS[graph] = hit
+    return hit[1], hit[2]
 
 
 def _node_error(node: Node, e: Exception) -> InterpreterError:
