@@ -222,3 +222,19 @@ def test_a_partial_run_must_give_all_results_of_a_node_or_none():
     both = {"lo": np.ones((1, 2), np.float32), "hi": -np.ones((3, 2), np.float32)}
     got = bevir.Interpreter(b.graph).run({}, initial_env=both)
     assert np.array_equal(got["lo"], both["lo"]) and not got["hi"].any()
+
+
+def test_a_graph_changed_between_runs_runs_as_changed():
+    """What the interpreter works out once per graph (last uses, values by name) follows
+    the graph's version: a value renamed and an input rewired after a run count."""
+    b = Builder("g")
+    x = b.input("x", TensorType((4,)))
+    h = b.relu(x)
+    b.output("y", b.neg(h))
+    graph, a = b.graph, np.array([-1.0, 2.0, -3.0, 4.0], np.float32)
+    assert bevir.run(graph, {"x": a}, fetch=[h.name])[h.name].tolist() == [0, 2, 0, 4]
+    graph.rename(h, "hidden")
+    neg = next(n for n in graph.nodes if n.op == "neg")
+    neg.set_input(0, x)                     # y = -x now; hidden is no longer read
+    out = bevir.run(graph, {"x": a}, fetch=["hidden"])
+    assert out["hidden"].tolist() == [0, 2, 0, 4] and out["y"].tolist() == [1, -2, 3, -4]
