@@ -75,6 +75,11 @@ def activation_code(c: Ctx) -> tuple[int, int | None] | None:
     return native.activation_code(c.activation, _activation_ctx(c).attrs)
 
 
+def _then_activation(c: Ctx, run, activated: bool):
+    """``run``, followed by the fused activation unless it applied it itself."""
+    return run if activated else (lambda x: apply_activation(c, run(x)))
+
+
 def _activation_infer(c: Ctx, t: TensorType) -> TensorType:
     if c.activation != "none":
         t = get_op(c.activation).infer(_activation_ctx(c, [t]), t)
@@ -102,10 +107,8 @@ class Conv2dAct(Convolution):
     def runner(c, x, w, b):
         """conv2d's runner, the activation in its native call where the kernels take it."""
         code = activation_code(c)
-        run, activated = conv2d_runner(c, x, w, b, code or native.NO_ACTIVATION)
-        if activated and code is not None:
-            return run
-        return lambda x: apply_activation(c, run(x))
+        run, ran = conv2d_runner(c, x, w, b, code or native.NO_ACTIVATION)
+        return _then_activation(c, run, ran and code is not None)
 
 
 class Linear(Contraction):
@@ -148,10 +151,10 @@ class Linear(Contraction):
         """The native product, the activation in its call where the kernels take it; else
         the numpy path."""
         code = activation_code(c)
-        run = linear_runner(c, a, b.T if c.trans_b else b, bias, code or native.NO_ACTIVATION)
+        run = linear_runner(a, b.T if c.trans_b else b, bias, code or native.NO_ACTIVATION)
         if run is None:
             return lambda a: cls.numpy_path(c, a, b, bias)
-        return run if code is not None else (lambda a: apply_activation(c, run(a)))
+        return _then_activation(c, run, code is not None)
 
     def weight_axes(self, c, w):
         return (1,) if c.trans_b else (w.rank - 2,)

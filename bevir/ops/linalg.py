@@ -289,12 +289,18 @@ def from_nhwc(y: np.ndarray, layout: Layout) -> np.ndarray:
     return y if layout is Layout.nhwc else y.transpose(0, 3, 1, 2)
 
 
+def channel_major(w: np.ndarray, groups: int) -> bool:
+    """Whether a convolution sums in (c, kh, kw) order, as W @ im2col (:func:`conv2d_nchw`:
+    an ungrouped one of few input channels, the stem), not in (kh, kw, c) order."""
+    return groups == 1 and w.shape[1] < NCHW_CHANNEL_LIMIT
+
+
 def conv2d_float(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, layout: Layout, strides,
                  pads, dilations, groups: int) -> np.ndarray:
     """conv2d's float semantics: few input channels (the stem) by :func:`conv2d_nchw`, the
     others by :func:`conv2d_nhwc`, each the same algorithm (and float sums) in either
     layout, so results never depend on it; then the bias."""
-    if groups == 1 and w.shape[1] < NCHW_CHANNEL_LIMIT:
+    if channel_major(w, groups):
         nhwc = layout is Layout.nhwc
         y = conv2d_nchw(x.transpose(0, 3, 1, 2) if nhwc else x, w, strides, pads, dilations)
         y = y if b is None else y + b[:, None, None]
@@ -317,20 +323,18 @@ def fma_eligible(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, layout: Lay
     native.agrees finds the same bits): a float32 convolution, of any size where BLAS runs
     on one thread, else not too large (:data:`FMA_MACS`)."""
     o, cg, kh, kw = w.shape
+    k = cg * kh * kw
     if not (x.dtype == w.dtype == np.float32 and (b is None or b.dtype == np.float32)
             and native.enabled()):
         return False
-    if groups == 1 and cg < NCHW_CHANNEL_LIMIT and cg * kh * kw < 64 and o >= 64:
+    if channel_major(w, groups) and k < 64 and o >= 64:
         return False      # its result written channel by channel costs more than it saves
     if native.threads() == 1:
         return True
-    n, _, hp, wp = padded_dims(x.shape, layout, pads)
-    out_hw = (conv_out_size(hp, kh, strides[0], 0, dilations[0]),
-              conv_out_size(wp, kw, strides[1], 0, dilations[1]))
-    live = live_taps(x.shape, layout, out_hw, (kh, kw), strides, pads, dilations, cg, False)
-    k = cg * kh * kw
+    n, _, _, _, oh, ow = conv_geometry(x.shape, layout, (kh, kw), strides, pads, dilations)
+    live = live_taps(x.shape, layout, (oh, ow), (kh, kw), strides, pads, dilations, cg, False)
     kept = k if live is None else live.size
-    return n * out_hw[0] * out_hw[1] * o * kept <= FMA_MACS or kept <= FMA_FRACTION * k
+    return n * oh * ow * o * kept <= FMA_MACS or kept <= FMA_FRACTION * k
 
 
 def conv2d_fma(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, layout: Layout, strides,
@@ -348,11 +352,15 @@ def conv2d_fma(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, layout: Layou
     return None if run is None else run(x)
 
 
-def padded_dims(shape, layout: Layout, pads) -> tuple[int, int, int, int]:
-    """(N, C, H, W) of a 4-D input of ``shape`` in ``layout`` once padded by ``pads``."""
+def conv_geometry(shape, layout: Layout, kernel, strides, pads, dilations
+                  ) -> tuple[int, int, int, int, int, int]:
+    """(N, C, H, W) of a convolution's 4-D input of ``shape`` in ``layout`` once padded,
+    then its output's height and width."""
     n, ch, h, wd = nchw_dims(TensorType(tuple(shape), layout=layout))
     top, left, bottom, right = pads
-    return n, ch, h + top + bottom, wd + left + right
+    hp, wp = h + top + bottom, wd + left + right
+    return (n, ch, hp, wp, conv_out_size(hp, kernel[0], strides[0], 0, dilations[0]),
+            conv_out_size(wp, kernel[1], strides[1], 0, dilations[1]))
 
 
 def fma_runner(shape, w: np.ndarray, b: np.ndarray | None, layout: Layout, strides, pads,
@@ -365,22 +373,20 @@ def fma_runner(shape, w: np.ndarray, b: np.ndarray | None, layout: Layout, strid
     are exact zeros, which leave each sum as it is (with finite weights)."""
     o, cg, kh, kw = w.shape
     nhwc = layout is Layout.nhwc
-    n, ch, hp, wp = padded_dims(shape, layout, pads)
-    oh = conv_out_size(hp, kh, strides[0], 0, dilations[0])
-    ow = conv_out_size(wp, kw, strides[1], 0, dilations[1])
-    channel_major = groups == 1 and cg < NCHW_CHANNEL_LIMIT
-    weights = fma_weights(w, groups, channel_major)
+    n, ch, hp, wp, oh, ow = conv_geometry(shape, layout, (kh, kw), strides, pads, dilations)
+    by_channel = channel_major(w, groups)
+    weights = fma_weights(w, groups, by_channel)
     live = live_taps(shape, layout, (oh, ow), (kh, kw), strides, pads, dilations, cg,
-                     channel_major)
+                     by_channel)
     if live is not None and not np.isfinite(np.delete(weights, live, axis=1)).all():
         live = None                               # 0 * inf is a NaN: every tap counts
     # conv2d_nchw's result lies in memory channel by channel, and a later reduction sums in
-    # the order of memory: so does this one's (written transposed, in one block)
+    # the order of memory: so does this one's, written so (in one block of the reduction),
+    # or up to 32 channels, faster, transposed after
     bounds = native.blas_blocks(cg * kh * kw) if blocked else None
-    # (or through a transposition after, faster for up to 32 channels)
-    transposed = channel_major and o > 32 and (bounds is None or len(bounds) == 2)
+    transposed = by_channel and o > 32 and (bounds is None or len(bounds) == 2)
     plan = _window_plan((n, hp, wp, ch) if nhwc else (n, ch, hp, wp), nhwc, o, (oh, ow),
-                        (kh, kw), tuple(strides), tuple(dilations), groups, channel_major,
+                        (kh, kw), tuple(strides), tuple(dilations), groups, by_channel,
                         None if live is None else tuple(live), blocked, transposed)
     if plan is None:
         return None
@@ -393,7 +399,7 @@ def fma_runner(shape, w: np.ndarray, b: np.ndarray | None, layout: Layout, strid
         product(native.contiguous(pad(x, pads)), out.reshape(-1, o))
         if transposed:
             return out.transpose(0, 2, 3, 1) if nhwc else out
-        if channel_major:                                  # in channels, then as above
+        if by_channel:                                     # in channels, then as above
             y = native.contiguous(out.transpose(0, 3, 1, 2))
             return y.transpose(0, 2, 3, 1) if nhwc else y
         return from_nhwc(out, layout)
@@ -428,11 +434,9 @@ def depthwise_runner(shape, w: np.ndarray, b: np.ndarray | None, layout: Layout,
     conv2d_float's operations), prepared once: a function of the input; None where the
     native kernel cannot run."""
     o, _, kh, kw = w.shape
-    n, ch, hp, wp = padded_dims(shape, layout, pads)
+    n, ch, hp, wp, oh, ow = conv_geometry(shape, layout, (kh, kw), strides, pads, dilations)
     if ch != o or w.dtype != np.float32 or (b is not None and b.dtype != np.float32):
         return None
-    oh = conv_out_size(hp, kh, strides[0], 0, dilations[0])
-    ow = conv_out_size(wp, kw, strides[1], 0, dilations[1])
     product = native.bind_depthwise((n, hp, wp, ch), tap_weights(w), b, (n, oh, ow, o),
                                     (kh, kw), tuple(strides), tuple(dilations), activation)
     if product is None:
@@ -777,21 +781,18 @@ def conv2d_runner(c, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
         if x.dtype == np.float32 and native.enabled():
             run = depthwise_runner(x.shape, w, b, args[0], *args[1:4], activation)
     elif fma_eligible(x, w, b, *args):
-        # a long reduction: in BLAS's blocks (its blocked driver) or whole (its small-matrix
-        # kernels); whichever gives conv2d_float's bits
-        k = w[0].size
-        for blocked in (True, False) if k > native.min_blocked(k) else (False,):
-            if native.agrees(("conv2d", x.shape, w.shape, b is None, blocked) + args,
-                             lambda *xwb: conv2d_fma(*xwb, *args, blocked=blocked),
-                             lambda *xwb: conv2d_float(*xwb, *args), (x, w, b)):
-                run = fma_runner(x.shape, w, b, *args, activation, blocked)
-                break
+        blocked = native.agreeing_blocking(
+            ("conv2d", x.shape, w.shape, b is None) + args, w[0].size,
+            lambda blocked, *xwb: conv2d_fma(*xwb, *args, blocked=blocked),
+            lambda *xwb: conv2d_float(*xwb, *args), (x, w, b))
+        if blocked is not None:
+            run = fma_runner(x.shape, w, b, *args, activation, blocked)
     if run is not None:
         return run, True
     return (lambda x: conv2d_float(x, w, b, *args)), False
 
 
-def linear_runner(c, a: np.ndarray, w: np.ndarray, bias: np.ndarray | None,
+def linear_runner(a: np.ndarray, w: np.ndarray, bias: np.ndarray | None,
                   activation: tuple[int, int | None] = native.NO_ACTIVATION
                   ) -> Callable[[np.ndarray], np.ndarray] | None:
     """``a @ w`` (+ ``bias`` [N], then ``activation``, a native.activation_code) for float32
@@ -809,15 +810,13 @@ def linear_runner(c, a: np.ndarray, w: np.ndarray, bias: np.ndarray | None,
         y = stacked_matmul(a, w)
         return y if bias is None else y + bias
 
-    def native_path(a, w, bias, blocked):
+    def native_path(blocked, a, w, bias):
         run = _linear_fma(a.shape, w, bias, native.NO_ACTIVATION, blocked)
         return None if run is None else run(a)
-    for blocked in (True, False) if k > native.min_blocked(k) else (False,):
-        if native.agrees(("linear", a.shape, w.shape, w.strides[0] < w.strides[1],
-                          bias is None, blocked),
-                         lambda *abw: native_path(*abw, blocked), numpy_path, (a, w, bias)):
-            return _linear_fma(a.shape, w, bias, activation, blocked)
-    return None
+    blocked = native.agreeing_blocking(
+        ("linear", a.shape, w.shape, w.strides[0] < w.strides[1], bias is None), k,
+        native_path, numpy_path, (a, w, bias))
+    return None if blocked is None else _linear_fma(a.shape, w, bias, activation, blocked)
 
 
 def _linear_fma(shape, w: np.ndarray, bias: np.ndarray | None,

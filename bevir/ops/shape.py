@@ -15,8 +15,7 @@ from ..ir.types import DType, Layout, TensorType
 from ..ir.opdef import Bool, FixedLowering, Float, Int, Ints, LayoutRule, OpDef, Str, Tensor
 from .common import norm_axis, require, same_dtype
 from . import native
-from .layout_rules import (AXIS, NCHW_TO_NHWC, NHWC_TO_NCHW, axes_attr, layout_perm, pads_attr,
-                           permute_quant)
+from .layout_rules import AXIS, axes_attr, layout_perm, pads_attr, permute_quant
 from .cost import view_cost
 from .onnx_export import onnx_as, with_inputs
 
@@ -222,14 +221,7 @@ class LayoutTransform(OpDef):
 
     def compute(self, c, x):
         perm = layout_perm(c.in_types[0].layout, Layout(c.to))
-        if perm in (NCHW_TO_NHWC, NHWC_TO_NCHW) and x.flags.c_contiguous:
-            # [N, C, H*W] <-> [N, H*W, C]: the channels' axis swaps with the pixels'
-            n, a, b, d = x.shape
-            merged = (n, a, b * d) if perm == NCHW_TO_NHWC else (n, a * b, d)
-            y = native.swap_last_axes(x.reshape(merged))
-            if y is not None:
-                return y.reshape(tuple(x.shape[p] for p in perm))
-        return np.ascontiguousarray(x.transpose(perm))
+        return native.contiguous(x.transpose(perm))     # natively for a C-ordered x
 
 
 class Squeeze(OpDef):

@@ -307,41 +307,40 @@ GELU_BLOCK = 1 << 16
 
 def sigmoid(x: np.ndarray, silu: bool = False) -> np.ndarray | None:
     """Sigmoid of float32 ``x`` (times ``x`` where ``silu``) as elementwise._sigmoid
-    computes it: its arithmetic natively, block by block, around numpy's own exp. None
-    where no native kernel runs."""
-    if x.dtype != _F32 or not enabled():
-        return None
-    flat = np.ascontiguousarray(x).reshape(-1)
-    out = np.empty_like(flat)
-    dll, e, dims = library(), np.empty(GELU_BLOCK, np.float32), (ctypes.c_int64 * 2)(0, silu)
-    for i in range(0, flat.size, GELU_BLOCK):
-        xs, n = flat[i:i + GELU_BLOCK], min(GELU_BLOCK, flat.size - i)
-        dims[0] = n
-        dll.bevir_sigmoid_a_f32(*_pointers(xs, e), ctypes.addressof(dims))
-        np.exp(e[:n], out=e[:n])
-        dll.bevir_sigmoid_b_f32(*_pointers(xs, e, out[i:i + n]), ctypes.addressof(dims))
-    return out.reshape(x.shape)
+    computes it: its arithmetic natively around numpy's own exp. None where no native
+    kernel runs."""
+    return _around_exp(x, "sigmoid", (np.float32,), flag=int(silu))
 
 
 def gelu_erf(x: np.ndarray, constants: Sequence[float]) -> np.ndarray | None:
     """GELU (erf form) of float32 ``x`` as elementwise._gelu computes it: its float64
-    arithmetic natively, block by block, around numpy's own exp. ``constants``: sqrt(2),
-    then the erfc polynomial's coefficients from the leading one, then its constant term.
-    None where no native kernel runs."""
+    arithmetic natively around numpy's own exp. ``constants``: sqrt(2), then the erfc
+    polynomial's coefficients from the leading one, then its constant term. None where no
+    native kernel runs."""
+    return _around_exp(x, "gelu_erf", (np.float64, np.float64),
+                       constants=np.array(constants, np.float64))
+
+
+def _around_exp(x: np.ndarray, name: str, temporaries, flag: int = 0,
+                constants: np.ndarray | None = None) -> np.ndarray | None:
+    """Kernels ``bevir_<name>_a_f32`` and ``_b_f32`` of float32 ``x``, block by block:
+    the first writes the temporaries (exp's argument first), numpy's exp takes that in
+    place, the second writes the result. dims: the block's length, ``flag``."""
     if x.dtype != _F32 or not enabled():
         return None
     flat = np.ascontiguousarray(x).reshape(-1)
     out = np.empty_like(flat)
-    k = np.array(constants, np.float64)
     dll = library()
-    e, t, dims = np.empty(GELU_BLOCK), np.empty(GELU_BLOCK), (ctypes.c_int64 * 1)()
+    first, second = (getattr(dll, f"bevir_{name}_{p}_f32") for p in "ab")
+    temps = [np.empty(GELU_BLOCK, t) for t in temporaries]
+    dims = (ctypes.c_int64 * 2)(0, flag)
+    extra = () if constants is None else (constants.ctypes.data,)
     for i in range(0, flat.size, GELU_BLOCK):
         xs, n = flat[i:i + GELU_BLOCK], min(GELU_BLOCK, flat.size - i)
         dims[0] = n
-        dll.bevir_gelu_erf_a_f32(*_pointers(xs, e, t), ctypes.addressof(dims), k.ctypes.data)
-        np.exp(e[:n], out=e[:n])
-        dll.bevir_gelu_erf_b_f32(*_pointers(xs, e, t, out[i:i + n]), ctypes.addressof(dims),
-                                 k.ctypes.data)
+        first(*_pointers(xs, *temps), ctypes.addressof(dims), *extra)
+        np.exp(temps[0][:n], out=temps[0][:n])
+        second(*_pointers(xs, *temps, out[i:i + n]), ctypes.addressof(dims), *extra)
     return out.reshape(x.shape)
 
 
@@ -386,8 +385,7 @@ def resize_bilinear(x: np.ndarray, taps: tuple[np.ndarray, ...], weights: tuple[
     ``weights`` = (wy1, wy2, wx1, wx2) float32 distances, per output row and column.
     Returns False, writing nothing, where no native kernel runs (an index outside x
     raises ValueError)."""
-    f32 = np.dtype(np.float32)
-    if x.dtype != f32 or out.dtype != f32 or not out.flags.c_contiguous or not enabled():
+    if x.dtype != _F32 or out.dtype != _F32 or not out.flags.c_contiguous or not enabled():
         return False
     outer, h, w, inner = x.shape
     oh, ow = out.shape[1:3]
@@ -399,7 +397,7 @@ def resize_bilinear(x: np.ndarray, taps: tuple[np.ndarray, ...], weights: tuple[
         raise ValueError(f"resize_bilinear: taps do not fit {x.shape} -> {out.shape}")
     x = np.ascontiguousarray(x)
     t = np.concatenate(taps).astype(np.int64)
-    wt = np.concatenate(weights).astype(f32)
+    wt = np.concatenate(weights).astype(_F32)
     dims = (ctypes.c_int64 * 6)(outer, h, w, inner, oh, ow)
     return library().bevir_resize_bilinear_f32(*_pointers(x, t, wt, out), dims) == 0
 
@@ -544,17 +542,25 @@ def _blas_blocking() -> tuple[int, int] | None:
     return None
 
 
-def min_blocked(k: int) -> int:
-    """The largest reduction BLAS sums in one block (``k`` where its blocking is unknown)."""
-    blocking = _blas_blocking()
-    return k if blocking is None else blocking[0]
-
-
 def blas_blocks(k: int) -> list[int] | None:
     """BLAS's blocks of a reduction of ``k`` float32 products (boundaries [0, ..., k]) in
     its blocked driver, or None where they could not be found."""
     blocking = _blas_blocking()
     return None if blocking is None else split_blocks(k, *blocking)
+
+
+def agreeing_blocking(key, k: int, native: Callable[..., np.ndarray | None],
+                      reference: Callable[..., np.ndarray],
+                      like: Sequence[np.ndarray | None]) -> bool | None:
+    """How a native product of a reduction of ``k`` gives ``reference``'s bits
+    (:func:`agrees`, keyed by ``key`` and the answer): in BLAS's blocks (its blocked
+    driver; where it splits ``k``) True, whole (its small-matrix kernels) False, neither
+    None. ``native(blocked, *operands)``."""
+    bounds = blas_blocks(k)
+    for blocked in (True, False) if bounds is not None and len(bounds) > 2 else (False,):
+        if agrees(key + (blocked,), functools.partial(native, blocked), reference, like):
+            return blocked
+    return None
 
 
 #: key -> whether the native path gave the numpy path's bits (see :func:`agrees`)
