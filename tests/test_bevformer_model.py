@@ -437,7 +437,9 @@ def test_checkpoint_round_trip(model, inputs, tmp_path):
     pth_nbt = tmp_path / "w_no_nbt.pth"                           # without num_batches_tracked
     torch.save({"state_dict": {k: v for k, v in sd.items() if not k.endswith("num_batches_tracked")}},
                pth_nbt)
-    for path in (st, pth, pth_nbt):
+    pth_module = tmp_path / "w_module.pth"                        # saved from DataParallel
+    torch.save({"state_dict": {f"module.{k}": v for k, v in sd.items()}}, pth_module)
+    for path in (st, pth, pth_nbt, pth_module):
         loaded = load_checkpoint(path)
         with torch.device("meta"):
             m = BEVFormer(CFG)
@@ -483,6 +485,26 @@ def test_conditioned_filters_read_a_principal_subspace(model):
     # the stem reads the principal 7x7x3 image patches
     assert rank(model.img_backbone.conv1.weight.reshape(64, -1)) <= round(147 / 8) \
         < rank(plain.img_backbone.conv1.weight.reshape(64, -1))
+
+
+def test_conditioned_head_layers_read_a_principal_subspace(model):
+    """The conditioned head's linear layers read 1/16 of their input's directions (a trained
+    transformer's low-rank tokens); the plain preset's read them all."""
+    plain = build_model(CFG, seed=0, preset="plain")
+
+    def rank(w):        # the weights are rounded to 12 bits: ranks to 1 % of the largest
+        return int(torch.linalg.matrix_rank(w.detach().double(), rtol=1e-2))
+    head = "pts_bbox_head.transformer"
+    for name in (f"{head}.encoder.layers.0.attentions.1.deformable_attention.value_proj",
+                 f"{head}.encoder.layers.1.ffns.0.layers.1",
+                 f"{head}.decoder.layers.1.attentions.1.sampling_offsets",
+                 "pts_bbox_head.cls_branches.1.3", "pts_bbox_head.reg_branches.0.4"):
+        w, w_plain = (dict(m.named_modules())[name].weight for m in (model, plain))
+        assert rank(w) <= round(w.shape[1] / 16) < rank(w_plain), name
+    # the decoder self-attention's input projections: q and k read query + pos, v the query
+    model_qkv, plain_qkv = (rank(m.pts_bbox_head.transformer.decoder.layers[0].attentions[0]
+                                 .attn.in_proj_weight) for m in (model, plain))
+    assert model_qkv <= 2 * round(CFG.embed_dims / 16) < plain_qkv
 
 
 def test_save_test_vectors(model, inputs, tmp_path):
