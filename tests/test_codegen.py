@@ -12,7 +12,7 @@ import bevir
 from bevir import DType, Layout, TensorType
 from bevir.codegen.program import Program
 from bevir.codegen.lower import kernel_def, lowerable
-from bevir.ir.types import FixedPointQuant
+from bevir.ir.types import AffineQuant, FixedPointQuant
 from bevir.ops.fixed_point import FxAdd
 from bevir.testing import assert_bit_exact
 from test_partition import GRAPHS, ints, partitioned
@@ -85,6 +85,21 @@ def test_edge_codes_and_shifts(case, dtype, target):
     codes[0, :4] = [np.iinfo(dtype.np).min, np.iinfo(dtype.np).max, 0, -1]
     report = Program(b.graph, target).check({"x": codes})
     assert report.ok and report.checked >= 1, report.mismatch
+
+
+@pytest.mark.parametrize("target", ["llvm", "c"])
+@pytest.mark.parametrize("dtype,axis", [(DType.u8, None), (DType.i8, 1)])
+def test_affine_dequantize_is_bit_exact(rng, dtype, axis, target):
+    """onnxruntime's dequantize, a device stage's way out to a group kept float inside the
+    network: every code, per tensor and per channel."""
+    channels = 1 if axis is None else 257
+    quant = AffineQuant(tuple(rng.uniform(1e-4, 3.0, channels)),
+                        tuple(rng.integers(0, 40, channels)), axis)
+    b = bevir.Builder("dequantize")
+    x = b.input("x", TensorType((4, 257), dtype, quant=quant))
+    b.output("y", b.dequantize(x))
+    report = Program(b.graph, target).check({"x": all_codes((4, 257), dtype.np)})
+    assert report.ok and report.checked == 1, report.mismatch
 
 
 def residual_block(rng):

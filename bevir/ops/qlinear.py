@@ -172,6 +172,17 @@ class Dequantize(OpDef):
                 return np.multiply(v, s, out=v)
             return v * s
 
+    def tvm_lowering(self, c, L, x):
+        # a device stage's way out to a float consumer (a group kept float inside the network)
+        q = c.in_types[0].quant
+        scale = L.const(np.asarray(q.scale, F32), "scale")
+        zp = L.const(np.asarray(q.zero_point, np.int32), "zp")
+
+        def fn(*i):
+            ch = 0 if q.axis is None else i[q.axis]
+            return L.cast(L.cast(x[i], "int32") - zp[ch], "float32") * scale[ch]
+        return L.compute(c.out_types[0], fn)
+
 
 # ---- integer convolution and matrix products --------------------------------------------
 _OUT_ATTRS = {"out_dtype": Str(choices=_Q8), "out_scale": Float(), "out_zero_point": Int(0)}

@@ -122,12 +122,14 @@ def _calibrate(model: BEVFormer, seed: int, principal: bool) -> None:
        would see no image content. ``bias = -W @ mean(C5)`` and ``W /= rms`` make the lateral
        output zero-mean with unit rms on the scene images (:func:`_scene_images`, the
        frames the backbone was measured on). With ``principal``, its
-       filters first read only C5's principal subspace (as :func:`_read_principal`).
+       filters first read only C5's principal subspace (as :func:`_read_principal`), and
+       then the head's linear layers their inputs' (:func:`_head_from_data`).
     2. cls branches: the decoder output keeps an input-dependent component shared by all
        queries, which would push whole classes above or below 0.5. Each branch's class bias
        is shifted so that the mean logit over queries of class c (averaged with and without
        prev_bev) is the focal prior log(0.01/0.99) + _CLS_PRIOR[c]; with ~1.3 logit std across
-       queries a handful of queries score > 0.5.
+       queries a handful of queries score > 0.5 (with ``principal``, each branch's weights
+       are scaled to that measured spread, LOGIT_SPREAD).
     """
     from .inputs import make_inputs
     cfg = model.cfg
@@ -179,8 +181,9 @@ LOGIT_SPREAD = 1.3
 
 
 #: the synthetic weight presets. "conditioned" (the default) behaves like a trained model
-#: where INT8 quality depends on it: backbone filters that read their input's principal
-#: subspace, BatchNorm statistics measured on the synthetic scene (every backbone channel
+#: where INT8 quality depends on it: backbone filters and the head's linear layers that read
+#: their input's principal subspace, BatchNorm statistics measured on the synthetic scene
+#: (every backbone channel
 #: carries information, at comparable scales), residual branches that refine (last
 #: BatchNorm of each bottleneck and the decoder's residual projections small), softer
 #: decoder self-attention, box refinements of a trained decoder's size, and BEV queries
