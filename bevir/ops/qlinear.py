@@ -139,15 +139,9 @@ class Quantize(OpDef):
         return saturate_round(np.divide(x, s, dtype=F32), z, t.dtype.np, scratch=True)
 
     def tvm_lowering(self, c, L, x):
-        q = c.out_types[0].quant
-        scale = L.const(np.asarray(q.scale, F32), "scale")
-        zp = L.const(np.asarray(q.zero_point, np.int32), "zp")
-
-        def fn(*i):
-            ch = 0 if q.axis is None else i[q.axis]
-            return _lower_saturate_round(L, L.cast(x[i], "float32") / scale[ch], zp[ch],
-                                         c.out_types[0])
-        return L.compute(c.out_types[0], fn)
+        out = c.out_types[0]
+        return _lower_elementwise_affine(L, out.quant, out, lambda i, scale, zp: (
+            _lower_saturate_round(L, L.cast(x[i], "float32") / scale, zp, out)))
 
 
 class Dequantize(OpDef):
@@ -174,14 +168,9 @@ class Dequantize(OpDef):
 
     def tvm_lowering(self, c, L, x):
         # a device stage's way out to a float consumer (a group kept float inside the network)
-        q = c.in_types[0].quant
-        scale = L.const(np.asarray(q.scale, F32), "scale")
-        zp = L.const(np.asarray(q.zero_point, np.int32), "zp")
-
-        def fn(*i):
-            ch = 0 if q.axis is None else i[q.axis]
-            return L.cast(L.cast(x[i], "int32") - zp[ch], "float32") * scale[ch]
-        return L.compute(c.out_types[0], fn)
+        def real(i, scale, zp):
+            return L.cast(L.cast(x[i], "int32") - zp, "float32") * scale
+        return _lower_elementwise_affine(L, c.in_types[0].quant, c.out_types[0], real)
 
 
 # ---- integer convolution and matrix products --------------------------------------------
@@ -196,6 +185,18 @@ def _clamped(c, y: np.ndarray) -> np.ndarray:
     if c.out_min is None and c.out_max is None:
         return y
     return np.clip(y, c.out_min, c.out_max).astype(y.dtype, copy=False)
+
+
+def _lower_elementwise_affine(L, q: AffineQuant, out: TensorType, fn):
+    """``out`` computed element by element as ``fn(index, scale, zero_point)``, with ``q``'s
+    scale and zero point (those of the element's channel) as constants of the kernel."""
+    scale = L.const(np.asarray(q.scale, F32), "scale")
+    zp = L.const(np.asarray(q.zero_point, np.int32), "zp")
+
+    def element(*i):
+        ch = 0 if q.axis is None else i[q.axis]
+        return fn(i, scale[ch], zp[ch])
+    return L.compute(out, element)
 
 
 def _lower_saturate_round(L, v, zp, t: TensorType):
