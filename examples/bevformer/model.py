@@ -92,7 +92,8 @@ def rotate_bev(img: torch.Tensor, angle_deg: torch.Tensor, center: tuple[float, 
                         torch.ones(h, w, dtype=torch.float32)], -1)                  # (h, w, 3)
     rescaled = theta.transpose(0, 1) / torch.tensor([0.5 * w, 0.5 * h], dtype=torch.float32)
     grid = (base.view(1, h * w, 3) @ rescaled).view(1, h, w, 2)
-    out = F.grid_sample(img[None], grid.to(img.dtype), mode="nearest", padding_mode="zeros", align_corners=False)
+    out = F.grid_sample(img[None], grid.to(img.dtype), mode="nearest", padding_mode="zeros",
+                        align_corners=False)
     return out[0]
 
 

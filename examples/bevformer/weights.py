@@ -163,12 +163,13 @@ def _calibrate(model: BEVFormer, seed: int, principal: bool) -> None:
             means.append(cls.mean(1))                                # (L, classes)
             spreads.append(cls.std(1).mean(1))                       # (L,)
         mean = torch.stack(means).mean(0).double()
+        spread = torch.stack(spreads).mean(0)
         prior = math.log(0.01 / 0.99)
         target = torch.tensor([prior + p for p in _CLS_PRIOR[:cfg.num_classes]]).double()
         for lvl, br in enumerate(model.pts_bbox_head.cls_branches):
             gain = 1.0
-            if principal:   # the logits' spread across queries, as the plain preset's
-                gain = float(_sig(LOGIT_SPREAD / torch.stack(spreads).mean(0)[lvl:lvl + 1], 3))
+            if principal:   # the logits' spread across queries: LOGIT_SPREAD
+                gain = float(_sig(LOGIT_SPREAD / spread[lvl:lvl + 1], 3))
                 br[6].weight.data *= gain
             bias = br[6].bias.data.double()
             br[6].bias.data -= _round(mean[lvl] - target + (gain - 1) * (mean[lvl] - bias),
@@ -183,8 +184,7 @@ LOGIT_SPREAD = 1.3
 #: the synthetic weight presets. "conditioned" (the default) behaves like a trained model
 #: where INT8 quality depends on it: backbone filters and the head's linear layers that read
 #: their input's principal subspace, BatchNorm statistics measured on the synthetic scene
-#: (every backbone channel
-#: carries information, at comparable scales), residual branches that refine (last
+#: (every backbone channel carries information, at comparable scales), residual branches that refine (last
 #: BatchNorm of each bottleneck and the decoder's residual projections small), softer
 #: decoder self-attention, box refinements of a trained decoder's size, and BEV queries
 #: and positions that vary smoothly over the ground.
@@ -249,8 +249,10 @@ def _read_principal_rows(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     (HEAD_PRINCIPAL_FRACTION of it), scaled so that its output keeps its rms on ``x``."""
     x = x.reshape(-1, weight.shape[1])
     projected = weight @ _principal_projector(x, HEAD_PRINCIPAL_FRACTION)
-    rms = (x @ weight.T).pow(2).mean().sqrt() / (x @ projected.T).pow(2).mean().sqrt().clamp(min=1e-12)
-    return _round_bits(projected * float(f"{rms.item():.4g}"))
+    def rms(w):
+        return (x @ w.T).pow(2).mean().sqrt()
+    gain = rms(weight) / rms(projected).clamp(min=1e-12)
+    return _round_bits(projected * float(f"{gain.item():.4g}"))
 
 
 def _head_from_data(model: BEVFormer, feats: torch.Tensor, inp: dict) -> None:
@@ -505,10 +507,10 @@ def init_synthetic(model: BEVFormer, seed: int = 0, preset: str = "conditioned")
         mark(*br.parameters())
     # box code [dx, dy, log w, log l, dz, log h, sin, cos, vx, vy]: per-output scales; the
     # position deltas refine the reference points layer by layer (a trained decoder's are
-    # small, or the refinement loop amplifies any error
-    # small), and the conditioned preset's headings and velocities are those of a trained
-    # head on a still scene (sin and cos of one angle, a few tenths of a m/s), so that the
-    # per-tensor INT8 grid of the box code is not set by them alone
+    # small, or the refinement loop amplifies any error), and the conditioned preset's
+    # headings and velocities are those of a trained head on a still scene (sin and cos of
+    # one angle, a few tenths of a m/s), so that they alone do not set the per-tensor INT8
+    # grid of the box code
     move, turn, speed = (0.3, 0.7, 0.3) if conditioned else (1.0, 1.0, 1.0)
     out_std = torch.tensor([0.3 * move, 0.3 * move, 0.25, 0.25, 0.3 * move, 0.15, turn, turn,
                             speed, speed])
