@@ -583,6 +583,19 @@ def test_contiguous_copies_a_transposed_layout_natively(rng):
         assert got.flags.c_contiguous and got.tobytes() == np.ascontiguousarray(view).tobytes()
 
 
+@pytest.mark.parametrize("dtype", [np.uint8, np.int16, np.float32, np.float64])
+def test_native_transposition_moves_the_same_bits_for_any_row_count(dtype, rng):
+    """Up to 8 rows (each count its own case), more in tiles, few columns row by row; and
+    compact (a channel shuffle's copy) through it."""
+    from bevir.ops.shape import compact
+    for shape in [(3, a, 1500) for a in range(1, 10)] + [(2, 40, 130), (1, 1500, 5),
+                                                          (300, 2, 24)]:
+        x = (rng.standard_normal(shape) * 50).astype(dtype)
+        want = np.ascontiguousarray(x.swapaxes(1, 2)).tobytes()
+        assert native.swap_last_axes(x).tobytes() == want
+        assert compact(x.swapaxes(1, 2)).tobytes() == want
+
+
 def test_without_avx512_the_products_stay_numpys(monkeypatch, fma_runs, rng):
     """A processor without AVX-512 (the FMA product's build returns -1 there): no native
     product runs, not even to probe BLAS's blocks, and the results are numpy's."""

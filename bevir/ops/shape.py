@@ -33,11 +33,17 @@ SHORT_AXIS = 8
 
 def compact(x: np.ndarray) -> np.ndarray:
     """``np.ascontiguousarray(x)``, faster where x's last axis is short and strided (the
-    transposed pairs of a channel shuffle): numpy would copy element by element, a copy per
+    transposed pairs of a channel shuffle): numpy would copy element by element. A view of
+    memory with its last two axes swapped is transposed natively; otherwise a copy per
     index of that axis moves rows of the axes before it (about 5x faster)."""
     if (x.flags.c_contiguous or x.ndim < 2 or x.shape[-1] > SHORT_AXIS
             or x.strides[-1] == x.itemsize):
         return np.ascontiguousarray(x)
+    swapped = x.swapaxes(-1, -2)
+    if swapped.flags.c_contiguous:          # one transposition of memory: natively
+        y = native.swap_last_axes(swapped.reshape((-1,) + swapped.shape[-2:]))
+        if y is not None:
+            return y.reshape(x.shape)
     out = np.empty(x.shape, x.dtype)
     for i in range(x.shape[-1]):
         out[..., i] = x[..., i]

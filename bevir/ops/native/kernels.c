@@ -367,21 +367,39 @@ int bevir_resize_bilinear_f32(const float *x, const int64_t *taps, const float *
 /* Transposition of the last two axes: out[o, j, i] = x[o, i, j] for x [outer, A, B] of
  * elements of one width (the bits move unchanged), in 16 x 16 tiles so that both the reads
  * and the writes stay within a few cache lines (a layout change with few channels: NCHW to
- * NHWC is [N, C, H*W] to [N, H*W, C]); fewer than 16 columns, row by row. dims: outer, A, B. */
+ * NHWC is [N, C, H*W] to [N, H*W, C]); fewer than 16 columns, row by row. Up to 8 rows
+ * (an image's 3 channels, a channel shuffle's pairs) interleave in one sweep, the row count
+ * a constant in each case so that the compiler vectorizes it. dims: outer, A, B. */
 #define TRANSPOSE(NAME, T)                                                                \
+  static inline __attribute__((always_inline)) void NAME##_few(const T *x, T *out,        \
+                                                               int64_t A, int64_t B) {    \
+    for (int64_t j = 0; j < B; j++)                                                       \
+      for (int64_t i = 0; i < A; i++) out[j * A + i] = x[i * B + j];                      \
+  }                                                                                       \
   int NAME(const T *x, T *out, const int64_t *d) {                                        \
     const int64_t outer = d[0], A = d[1], B = d[2];                                       \
     for (int64_t o = 0; o < outer; o++, x += A * B, out += A * B)                         \
-      if (B < 16) /* a few long output rows: each written in one sweep */                 \
-        for (int64_t j = 0; j < B; j++)                                                   \
-          for (int64_t i = 0; i < A; i++) out[j * A + i] = x[i * B + j];                  \
-      else                                                                                \
-      for (int64_t i0 = 0; i0 < A; i0 += 16)                                              \
-        for (int64_t j0 = 0; j0 < B; j0 += 16) {                                          \
-          const int64_t i1 = i0 + 16 < A ? i0 + 16 : A, j1 = j0 + 16 < B ? j0 + 16 : B;   \
-          for (int64_t j = j0; j < j1; j++)                                               \
-            for (int64_t i = i0; i < i1; i++) out[j * A + i] = x[i * B + j];              \
-        }                                                                                 \
+      switch (A) {                                                                        \
+        case 1: NAME##_few(x, out, 1, B); break;                                          \
+        case 2: NAME##_few(x, out, 2, B); break;                                          \
+        case 3: NAME##_few(x, out, 3, B); break;                                          \
+        case 4: NAME##_few(x, out, 4, B); break;                                          \
+        case 5: NAME##_few(x, out, 5, B); break;                                          \
+        case 6: NAME##_few(x, out, 6, B); break;                                          \
+        case 7: NAME##_few(x, out, 7, B); break;                                          \
+        case 8: NAME##_few(x, out, 8, B); break;                                          \
+        default:                                                                          \
+          if (B < 16) /* a few long output rows: each written in one sweep */             \
+            for (int64_t j = 0; j < B; j++)                                               \
+              for (int64_t i = 0; i < A; i++) out[j * A + i] = x[i * B + j];              \
+          else                                                                            \
+            for (int64_t i0 = 0; i0 < A; i0 += 16)                                        \
+              for (int64_t j0 = 0; j0 < B; j0 += 16) {                                    \
+                const int64_t i1 = i0 + 16 < A ? i0 + 16 : A, j1 = j0 + 16 < B ? j0 + 16 : B; \
+                for (int64_t j = j0; j < j1; j++)                                         \
+                  for (int64_t i = i0; i < i1; i++) out[j * A + i] = x[i * B + j];        \
+              }                                                                           \
+      }                                                                                   \
     return 0;                                                                             \
   }
 
