@@ -332,15 +332,18 @@ def _around_exp(x: np.ndarray, name: str, temporaries, flag: int = 0,
     out = np.empty_like(flat)
     dll = library()
     first, second = (getattr(dll, f"bevir_{name}_{p}_f32") for p in "ab")
-    temps = [np.empty(GELU_BLOCK, t) for t in temporaries]
+    temps = [np.empty(min(GELU_BLOCK, flat.size), t) for t in temporaries]
     dims = (ctypes.c_int64 * 2)(0, flag)
     extra = () if constants is None else (constants.ctypes.data,)
+    # addresses taken once: a block's are its offsets from them (an array's .ctypes costs
+    # microseconds, a block's kernels tens)
+    xp, op, tp, dp = flat.ctypes.data, out.ctypes.data, [t.ctypes.data for t in temps], \
+        ctypes.addressof(dims)
     for i in range(0, flat.size, GELU_BLOCK):
-        xs, n = flat[i:i + GELU_BLOCK], min(GELU_BLOCK, flat.size - i)
-        dims[0] = n
-        first(*_pointers(xs, *temps), ctypes.addressof(dims), *extra)
+        n = dims[0] = min(GELU_BLOCK, flat.size - i)
+        first(xp + 4 * i, *tp, dp, *extra)
         np.exp(temps[0][:n], out=temps[0][:n])
-        second(*_pointers(xs, *temps, out[i:i + n]), ctypes.addressof(dims), *extra)
+        second(xp + 4 * i, *tp, op + 4 * i, dp, *extra)
     return out.reshape(x.shape)
 
 
