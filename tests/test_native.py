@@ -596,6 +596,28 @@ def test_native_transposition_moves_the_same_bits_for_any_row_count(dtype, rng):
         assert compact(x.swapaxes(1, 2)).tobytes() == want
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.int32])
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("groups", [2, 3])
+def test_native_grouped_im2col_copies_numpys_windows(case, groups, dtype, rng):
+    """Group-major windows (a grouped convolution's GEMM operands) copied natively: the bits
+    of numpy's copy of the strided view, for group widths below, at and above a vector."""
+    from numpy.lib.stride_tricks import as_strided
+    ch, _, kernel, strides, dilations, pads = case
+    x = (rng.standard_normal((2, 9, 11, ch * groups)) * 50).astype(dtype)
+    xp = linalg.pad_nhwc(x, pads)
+    (kh, kw), (sh, sw), (dh, dw) = kernel, strides, dilations
+    oh = linalg.conv_out_size(xp.shape[1], kh, sh, 0, dh)
+    ow = linalg.conv_out_size(xp.shape[2], kw, sw, 0, dw)
+    s0, s1, s2, s3 = xp.strides
+    view = as_strided(xp, (groups, 2, oh, ow, kh, kw, ch),
+                      (ch * s3, s0, s1 * sh, s2 * sw, s1 * dh, s2 * dw, s3))
+    got = native.im2col(xp, kernel, (oh, ow), strides, dilations, groups)
+    assert got.shape == view.shape and got.tobytes() == np.ascontiguousarray(view).tobytes()
+    assert linalg.im2col_nhwc(xp, kh, kw, oh, ow, strides, dilations, groups).tobytes() == \
+        got.tobytes()
+
+
 def test_without_avx512_the_products_stay_numpys(monkeypatch, fma_runs, rng):
     """A processor without AVX-512 (the FMA product's build returns -1 there): no native
     product runs, not even to probe BLAS's blocks, and the results are numpy's."""

@@ -25,10 +25,15 @@ def im2col_nhwc(x: np.ndarray, kh: int, kw: int, oh: int, ow: int, strides, dila
                 groups: int = 1) -> np.ndarray:
     """Gather the (G, N, OH, OW, KH, KW, C/G) windows of a padded NHWC array, group-major so
     that each group's GEMM operand comes out contiguous: one copy of a strided view (numpy
-    merges the dimensions that stay contiguous, a window row's KW*C values when G is 1)."""
+    merges the dimensions that stay contiguous, a window row's KW*C values when G is 1),
+    natively where G > 1 (numpy would copy runs of only C/G values, slowly)."""
     n, h, wd, ch = x.shape
     (sh, sw), (dh, dw) = strides, dilations
     check_windows((h, wd), (oh, ow), (kh, kw), strides, dilations)
+    if groups > 1:
+        cols = native.im2col(x, (kh, kw), (oh, ow), strides, dilations, groups)
+        if cols is not None:
+            return cols
     s0, s1, s2, s3 = x.strides
     cg = ch // groups
     windows = as_strided(x, (groups, n, oh, ow, kh, kw, cg),

@@ -142,7 +142,7 @@ _KERNELS = [f"bevir_depthwise_{_SUFFIX[t]}" for t in _FLOATS] + [
     "bevir_gather_mac_i8", "bevir_gather_mac_i16", "bevir_u8s8_gemm", "bevir_gather_gemm_f32",
     "bevir_resize_bilinear_f32", "bevir_activation_f32", "bevir_depthwise_epilogue_f32",
     "bevir_gelu_erf_a_f32", "bevir_gelu_erf_b_f32", "bevir_sigmoid_a_f32",
-    "bevir_sigmoid_b_f32"] + [f"bevir_transpose_u{8 * w}" for w in (1, 2, 4, 8)]
+    "bevir_sigmoid_b_f32", "bevir_im2col_u32"] + [f"bevir_transpose_u{8 * w}" for w in (1, 2, 4, 8)]
 
 
 def _call(dll, name: str, arrays: list[np.ndarray], out: np.ndarray, kernel, strides,
@@ -180,6 +180,23 @@ def depthwise(xp: np.ndarray, wt: np.ndarray, out: np.ndarray, kernel, strides,
         raise ValueError(f"depthwise: weights {wt.shape} do not fit {kernel} windows of "
                          f"{out.shape[3]} channels")
     return _window_kernel("depthwise", [xp, wt], out, kernel, strides, dilations, _FLOATS)
+
+
+def im2col(xp: np.ndarray, kernel, out_hw, strides, dilations, groups: int
+           ) -> np.ndarray | None:
+    """The group-major windows [G, N, OH, OW, KH, KW, C/G] of padded NHWC ``xp``
+    (linalg.im2col_nhwc) of 4-byte elements, copied natively (numpy copies runs of a few
+    channels slowly); None where the kernels are off or the elements are of another width."""
+    n, hp, wp, c = xp.shape
+    if xp.dtype.itemsize != 4 or c % groups or not enabled():
+        return None
+    check_windows((hp, wp), out_hw, kernel, strides, dilations)
+    xp = np.ascontiguousarray(xp)
+    out = np.empty((groups, n, *out_hw, *kernel, c // groups), xp.dtype)
+    dims = (ctypes.c_int64 * 13)(n, hp, wp, c, *out_hw, *kernel, *strides, *dilations, groups)
+    if out.size and library().bevir_im2col_u32(*_pointers(xp, out), dims) != 0:
+        raise MemoryError("im2col: no memory for the tap offsets")
+    return out
 
 
 def _check_bound(name: str, a: np.ndarray, fits: bool, out: np.ndarray, out_shape) -> None:

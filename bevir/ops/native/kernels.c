@@ -122,6 +122,33 @@ MAXPOOL(bevir_maxpool_u8, uint8_t, int8_t)
 MAXPOOL(bevir_maxpool_i16, int16_t, int16_t)
 MAXPOOL(bevir_maxpool_i32, int32_t, int32_t)
 
+/* Group-major im2col of a grouped convolution (linalg.im2col_nhwc): out[g, b, y, x, t, :] =
+ * the cg = c / groups channels of group g at tap t (in (kh, kw) order) of pixel (b, y, x)'s
+ * window. A copy of 4-byte elements (numpy copies runs of a few channels slowly), in 32-byte
+ * vectors. dims: the window kernels', then groups. */
+VECTOR(im2col_v, uint32_t)
+int bevir_im2col_u32(const uint32_t *xp, uint32_t *q, const int64_t *d) {
+  const int64_t groups = d[12], cg = d[3] / groups, nt = d[6] * d[7], lanes = 8;
+  ptrdiff_t *off = tap_offsets(d);
+  if (!off) return -1;
+  for (int64_t g = 0; g < groups; g++)
+    for (int64_t b = 0; b < d[0]; b++)
+      for (int64_t y = 0; y < d[4]; y++)
+        for (int64_t x = 0; x < d[5]; x++) {
+          const uint32_t *s = xp + ((b * d[1] + y * d[8]) * d[2] + x * d[9]) * d[3] + g * cg;
+          for (int64_t t = 0; t < nt; t++, q += cg) {
+            int64_t k = 0;
+            for (; k + lanes <= cg; k += lanes) {
+              im2col_v v = im2col_v_ld(s + off[t] + k);
+              memcpy(q + k, &v, sizeof v);
+            }
+            for (; k < cg; k++) q[k] = s[off[t] + k];
+          }
+        }
+  free(off);
+  return 0;
+}
+
 /* Gathered multiply-accumulate (fx_ms_deform_attn's sampling): for each of `rows` rows r
  * and its `points` taps p, acc[r, :] += v[idx[r, p], :] * cw[r, p] over `depth` channels,
  * in int32 arithmetic that wraps as numpy's does (done in uint32: the same bits, no
