@@ -119,17 +119,19 @@ POOLS = [((3, 3), (2, 2), (1, 1, 1, 1), (1, 1), False),
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int8, np.uint8, np.int16, np.int32])
 @pytest.mark.parametrize("pool", POOLS, ids=str)
-def test_native_maxpool_bits_are_numpys(pool, dtype, monkeypatch, native_runs, rng):
-    """NHWC (NCHW stays numpy's); a NaN wins its windows, -0 meets +0 as in numpy's maximum."""
+@pytest.mark.parametrize("channels", [37, 125])
+def test_native_maxpool_bits_are_numpys(pool, dtype, channels, monkeypatch, native_runs, rng):
+    """NHWC (NCHW stays numpy's); a NaN wins its windows, -0 meets +0 as in numpy's maximum.
+    125 channels take every dtype through 64-byte, 32-byte and single-element steps."""
     kernel, strides, pads, dilations, ceil = pool
     if np.dtype(dtype).kind == "f":
-        x = rng.standard_normal((2, 9, 11, 37)).astype(dtype)
+        x = rng.standard_normal((2, 9, 11, channels)).astype(dtype)
         flat = x.reshape(-1)
         flat[::13], flat[5::17], flat[7::19], flat[3::23] = -0.0, 0.0, np.nan, -np.inf
         flat[11::29] = -np.nan
     else:
         info = np.iinfo(dtype)
-        x = rng.integers(info.min, info.max, (2, 9, 11, 37), endpoint=True).astype(dtype)
+        x = rng.integers(info.min, info.max, (2, 9, 11, channels), endpoint=True).astype(dtype)
     b = Builder("pool")
     y = b.maxpool2d(b.input("x", TensorType.of(x, Layout.nhwc)), kernel=kernel,
                     strides=strides, pads=pads, dilations=dilations, ceil_mode=ceil)

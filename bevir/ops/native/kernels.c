@@ -33,9 +33,9 @@ static ptrdiff_t *tap_offsets(const int64_t *d) {
         __VA_ARGS__                                                                       \
       }
 
-/* 32-byte vectors of T, loaded from and stored to unaligned memory. */
-#define VECTOR(V, T)                                                                      \
-  typedef T V __attribute__((vector_size(32), aligned(sizeof(T))));                       \
+/* BYTES-byte vectors of T, loaded from and stored to unaligned memory. */
+#define VECTOR(V, T, BYTES)                                                               \
+  typedef T V __attribute__((vector_size(BYTES), aligned(sizeof(T))));                    \
   static inline V V##_ld(const T *p) { V v; memcpy(&v, p, sizeof v); return v; }
 
 /* Depthwise convolution: out[b, y, x, c] = the products xp[tap, c] * wt[t, c] of the taps t
@@ -43,7 +43,7 @@ static ptrdiff_t *tap_offsets(const int64_t *d) {
  * Four vectors of channels stay in registers across the taps. (Where two NaNs meet in an
  * add, the compiler's operand order decides which one's sign and payload survive.) */
 #define DEPTHWISE(NAME, T)                                                                \
-  VECTOR(NAME##_v, T)                                                                     \
+  VECTOR(NAME##_v, T, 32)                                                                 \
   int NAME(const T *xp, const T *wt, T *out, const int64_t *d) {                          \
     const int64_t lanes = 32 / sizeof(T), c = d[3], nt = d[6] * d[7];                     \
     ptrdiff_t *off = tap_offsets(d);                                                      \
@@ -79,29 +79,41 @@ static ptrdiff_t *tap_offsets(const int64_t *d) {
 DEPTHWISE(bevir_depthwise_f32, float)
 DEPTHWISE(bevir_depthwise_f64, double)
 
+/* Vectors V of BYTES bytes of T and their maximum select (see MAXPOOL), through the vectors
+ * V##_m of I, the integer type of T's width. */
+#define MAX_VECTOR(V, T, I, BYTES)                                                        \
+  VECTOR(V, T, BYTES)                                                                     \
+  typedef I V##_m __attribute__((vector_size(BYTES), aligned(sizeof(T))));                \
+  static inline V V##_max(V m, V v) {                                                     \
+    V##_m keep = (m > v) | (m != m);                                                      \
+    return (V)(((V##_m)m & keep) | ((V##_m)v & ~keep));                                   \
+  }
+
+/* A pixel's window maxima of channels k.. in vectors V while a whole one fits. */
+#define MAX_SWEEP(V)                                                                      \
+  for (; k + (int64_t)(sizeof(V) / sizeof *s) <= c; k += sizeof(V) / sizeof *s) {         \
+    V m = V##_ld(s + k);                                                                  \
+    for (int64_t t = 1; t < nt; t++) m = V##_max(m, V##_ld(s + off[t] + k));              \
+    memcpy(o + k, &m, sizeof m);                                                          \
+  }
+
 /* Max pooling: out[b, y, x, c] = the maximum of the window's taps in (kh, kw) order, each
  * next tap v taken as numpy's maximum (on x86-64) takes its second operand:
  * m = (m > v || m is NaN) ? m : v, so a NaN wins and an equal value replaces m (maximum(-0,
- * +0) is +0). The vector select works on bits, through a mask of I, the integer type of T's
- * width. xp is padded with T's lowest value. */
+ * +0) is +0). The vector select works on bits; 64-byte vectors (AVX-512), then 32-byte ones
+ * (few channels: a scalar tail would cost far more), then one at a time. xp is padded with
+ * T's lowest value. */
 #define MAXPOOL(NAME, T, I)                                                               \
-  VECTOR(NAME##_v, T)                                                                     \
-  typedef I NAME##_m __attribute__((vector_size(32), aligned(sizeof(T))));                \
-  static inline NAME##_v NAME##_max(NAME##_v m, NAME##_v v) {                             \
-    NAME##_m keep = (m > v) | (m != m);                                                   \
-    return (NAME##_v)(((NAME##_m)m & keep) | ((NAME##_m)v & ~keep));                      \
-  }                                                                                       \
+  MAX_VECTOR(NAME##_z, T, I, 64)                                                          \
+  MAX_VECTOR(NAME##_y, T, I, 32)                                                          \
   int NAME(const T *xp, T *out, const int64_t *d) {                                       \
-    const int64_t lanes = 32 / sizeof(T), c = d[3], nt = d[6] * d[7];                     \
+    const int64_t c = d[3], nt = d[6] * d[7];                                             \
     ptrdiff_t *off = tap_offsets(d);                                                      \
     if (!off) return -1;                                                                  \
     FOR_EACH_PIXEL(T, xp, out, d, {                                                       \
       int64_t k = 0;                                                                      \
-      for (; k + lanes <= c; k += lanes) {                                                \
-        NAME##_v m = NAME##_v_ld(s + k);                                                  \
-        for (int64_t t = 1; t < nt; t++) m = NAME##_max(m, NAME##_v_ld(s + off[t] + k));  \
-        memcpy(o + k, &m, sizeof m);                                                      \
-      }                                                                                   \
+      MAX_SWEEP(NAME##_z)                                                                 \
+      MAX_SWEEP(NAME##_y)                                                                 \
       for (; k < c; k++) {                                                                \
         T m = s[k];                                                                       \
         for (int64_t t = 1; t < nt; t++) {                                                \
@@ -126,7 +138,7 @@ MAXPOOL(bevir_maxpool_i32, int32_t, int32_t)
  * the cg = c / groups channels of group g at tap t (in (kh, kw) order) of pixel (b, y, x)'s
  * window. A copy of 4-byte elements (numpy copies runs of a few channels slowly), in 32-byte
  * vectors. dims: the window kernels', then groups. */
-VECTOR(im2col_v, uint32_t)
+VECTOR(im2col_v, uint32_t, 32)
 int bevir_im2col_u32(const uint32_t *xp, uint32_t *q, const int64_t *d) {
   const int64_t groups = d[12], cg = d[3] / groups, nt = d[6] * d[7], lanes = 8;
   ptrdiff_t *off = tap_offsets(d);
