@@ -424,6 +424,22 @@ def test_native_fused_activation_bits_are_numpys(act, monkeypatch, rng):
     assert runs["1"][~nan].tobytes() == runs["0"][~nan].tobytes()
 
 
+@pytest.mark.parametrize("op, attrs", [("relu", {}), ("hardswish", {}),
+                                       ("clip", {"min": 0.0, "max": 6.0})], ids=str)
+def test_native_activation_of_a_transposed_view_runs_in_memory_order(op, attrs, rng):
+    """An NHWC view of NCHW memory (neither C- nor F-contiguous) activated in place, in
+    its memory's order: the bits of the op's numpy code on the view."""
+    from bevir.ir.opdef import Ctx, get_op
+    y = (rng.standard_normal((2, 5, 7, 19)) * 4).astype(np.float32)
+    y.reshape(-1)[::11], y.reshape(-1)[3::13] = np.nan, -0.0
+    view = y.transpose(0, 2, 3, 1)
+    with np.errstate(invalid="ignore"):
+        want = get_op(op).compute(Ctx(attrs), view.copy())
+        assert native.activation(op, attrs, view)
+    assert view.tobytes() == np.ascontiguousarray(want).tobytes()
+    assert not native.activation(op, attrs, y[:, :, ::2])       # not one block: refused
+
+
 # (layout, NCHW dims, out channels, kernel, strides, dilations, pads, groups): depthwise
 # ones (one pass with the bias and the activation), a stem and a pointwise FMA product
 ACT_CASES = [
@@ -431,6 +447,8 @@ ACT_CASES = [
     (Layout.plain, (1, 24, 9, 12), 24, (5, 5), (1, 1), (2, 1), (4, 2, 4, 2), 24),
     (Layout.nhwc, (1, 3, 40, 36), 24, (3, 3), (2, 2), (1, 1), (1, 1, 1, 1), 1),
     (Layout.nhwc, (1, 48, 14, 14), 48, (1, 1), (1, 1), (1, 1), (0, 0, 0, 0), 1),
+    # a stem of many output channels: numpy's channel-major result, an NHWC view
+    (Layout.nhwc, (1, 3, 23, 21), 64, (3, 3), (2, 2), (1, 1), (0, 0, 0, 0), 1),
 ]
 
 

@@ -308,13 +308,17 @@ def activation_code(op: str, attrs) -> tuple[int, int | None] | None:
 def activation(op: str, attrs, y: np.ndarray) -> bool:
     """Apply activation ``op`` (its attributes ``attrs``) to float32 ``y`` in place, as
     its numpy code computes it: False, touching nothing, where no native kernel takes it
-    (another op or dtype, a view that is not C-contiguous, kernels off)."""
+    (another op or dtype, a view whose elements do not fill one block, kernels off). An
+    elementwise pass: a transposed view (a channel-major convolution's NHWC result) runs in
+    its memory's order, which numpy's loop over the view would take elementwise, slowly."""
     code = activation_code(op, attrs)
-    if (code is None or y.dtype != np.float32 or not y.flags.c_contiguous
-            or not y.flags.writeable):
+    if code is None or y.dtype != np.float32 or not y.flags.writeable:
+        return False
+    block = y if y.flags.c_contiguous else y.transpose(np.argsort(y.strides)[::-1])
+    if not block.flags.c_contiguous:
         return False
     dims = (ctypes.c_int64 * 2)(y.size, code[0])
-    library().bevir_activation_f32(y.ctypes.data, code[1], ctypes.addressof(dims))
+    library().bevir_activation_f32(block.ctypes.data, code[1], ctypes.addressof(dims))
     return True
 
 
