@@ -764,6 +764,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.fn(args)
     except BevirError as e:
         _err("bevir: error: " + _one_line(str(e)))
+    except BrokenPipeError:     # the reader stopped early (| head): nothing to report
+        # stdout to /dev/null, or flushing it at exit fails once more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + 13         # as a process that SIGPIPE ended (the shell's convention)
     except OSError as e:
         _err(f"bevir: error: {_os_message(e)}")
     except KeyboardInterrupt:

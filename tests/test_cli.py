@@ -225,6 +225,25 @@ def test_entry_point_subprocess():
     assert r.returncode == 0 and "opt" in r.stdout and "import" in r.stdout
 
 
+def test_a_reader_that_stops_early_is_no_error(tmp_path):
+    """``bevir show big.bevir | head``: the closed pipe ends the command silently."""
+    b = Builder("long")
+    y = b.input("x", TensorType((4,)))
+    for i in range(3000):
+        y = b.neg(y, loc=f"n{i}")
+    b.output("y", y)
+    path = tmp_path / "long.bevir"
+    bevir.save(b.graph, path)
+    exe = Path(sys.executable).with_name("bevir")
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "bevir"]
+    p = subprocess.Popen(cmd + ["show", str(path)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    assert p.stdout.readline().startswith(b"graph @long")
+    p.stdout.close()
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=120) == 141 and err == "", err
+
+
 # ---- every error path is one line --------------------------------------------------------
 def test_run_error_paths_are_one_line(tmp_path, capsys):
     path = small_model(tmp_path)
