@@ -429,8 +429,7 @@ int bevir_resize_bilinear_f32(const float *x, const int64_t *taps, const float *
         case 8: NAME##_few(x, out, 8, B); break;                                          \
         default:                                                                          \
           if (B < 16) /* a few long output rows: each written in one sweep */             \
-            for (int64_t j = 0; j < B; j++)                                               \
-              for (int64_t i = 0; i < A; i++) out[j * A + i] = x[i * B + j];              \
+            NAME##_few(x, out, A, B);                                                     \
           else                                                                            \
             for (int64_t i0 = 0; i0 < A; i0 += 16)                                        \
               for (int64_t j0 = 0; j0 < B; j0 += 16) {                                    \
