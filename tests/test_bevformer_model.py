@@ -507,6 +507,40 @@ def test_conditioned_head_layers_read_a_principal_subspace(model):
     assert model_qkv <= 2 * round(CFG.embed_dims / 16) < plain_qkv
 
 
+def test_conditioned_decoder_converges_on_objects():
+    """On a BEV grid that resolves objects (cells <= converge.MAX_CELL_M), the conditioned
+    decoder takes back an error in the object queries' reference points, as a trained one
+    does: moving every initial reference point by ~1 m moves those queries' boxes by well
+    under half of it, while queries far from any object carry the whole shift."""
+    import dataclasses
+
+    from examples.bevformer import converge
+    cfg = dataclasses.replace(CFG, name="test-fine", bev_h=26, bev_w=26)     # 3.9 m cells
+    assert converge.resolves_objects(cfg) and not converge.resolves_objects(CFG)
+    m = build_model(cfg, seed=0).eval()
+    inp = make_inputs(cfg, seed=0, with_prev_bev=True)
+    lin = m.pts_bbox_head.transformer.reference_points
+    pos = m.pts_bbox_head.query_embedding.weight.detach().double()[:, :cfg.embed_dims]
+
+    def anchors():
+        return torch.sigmoid(pos @ lin.weight.detach().double().T + lin.bias.detach().double())[:, :2]
+    start = anchors()
+    chosen = converge.object_queries(cfg, start)
+    assert len(chosen) >= 3
+    cells = start * torch.tensor([cfg.bev_w, cfg.bev_h], dtype=torch.float64)
+    far = torch.cdist(cells, cells[chosen]).min(1).values > 3 * converge.OBJECT_WELL_CELLS
+    assert far.sum() >= 3
+    _, before = run(m, inp)
+    with torch.no_grad():
+        lin.bias.data[:2] += 0.03
+    _, after = run(m, inp)
+    anchor_shift = ((anchors() - start) * cfg.real_w).norm(dim=-1)
+    box_shift = (after[:, :2] - before[:, :2]).double().norm(dim=-1)
+    assert float(anchor_shift.min()) > 0.5
+    assert (box_shift[chosen] < 0.65 * anchor_shift[chosen]).all(), box_shift[chosen]
+    assert float((box_shift[far] / anchor_shift[far]).median()) > 0.8
+
+
 def test_save_test_vectors(model, inputs, tmp_path):
     from safetensors.torch import load_file
     out = run(model, inputs)

@@ -154,7 +154,11 @@ def _calibrate(model: BEVFormer, seed: int, principal: bool) -> None:
 
         if principal:
             neck = copy.deepcopy(model.img_neck).double()
-            _head_from_data(model, neck(c5d[:cfg.num_cams]), inp)
+            neck_feats = neck(c5d[:cfg.num_cams])
+            _head_from_data(model, neck_feats, inp)
+            from . import converge            # it builds on this module's helpers
+            if converge.resolves_objects(cfg):
+                converge.build(model, neck_feats, inp, seed)
         feats = model.img_neck(c5)
         means, spreads = [], []
         for prev in (None, inp["prev_bev"]):
@@ -512,6 +516,9 @@ def init_synthetic(model: BEVFormer, seed: int = 0, preset: str = "conditioned")
     # one angle, a few tenths of a m/s), so that they alone do not set the per-tensor INT8
     # grid of the box code
     move, turn, speed = (0.3, 0.7, 0.3) if conditioned else (1.0, 1.0, 1.0)
+    from .converge import resolves_objects
+    if conditioned and resolves_objects(cfg):
+        move = 0.1          # the refinement converges on objects (converge.py): little else
     out_std = torch.tensor([0.3 * move, 0.3 * move, 0.25, 0.25, 0.3 * move, 0.15, turn, turn,
                             speed, speed])
     out_bias = torch.tensor([0.0, 0.0, math.log(1.9), math.log(4.4), 0.0, math.log(1.6),
