@@ -12,14 +12,17 @@ summed over six layers. The construction (for BEV grids that resolve objects, MA
   encoder layer writes into; the object queries carry a gate along another.
 - **Gradient heads.** In each decoder cross attention, heads 0-3 sample the BEV features one
   cell right, left, front and back of the reference point (all their points at one fixed
-  offset); channel 0 of each reads ``U``. The output projection writes the central
-  differences (the gradient) and their sum (the depth) along directions of the layer's own,
+  offset); U_CHANNELS value channels of each read ``U``. The output projection writes the central
+  differences (the gradient) and their mean (the depth) along directions of the layer's own,
   which nothing else writes into.
 - **Pull.** Each reg branch spends four hidden units on ``relu(+-gain * gradient + level)``:
   the reference point moves down the gradient, REFINEMENT_PULL of the way to a well's
   centre per layer (all the way in the last layer, whose box is the output).
-- **Scores.** Each cls branch spends one hidden unit on ``relu(depth + gate - 1)``: an
-  object query on its object gains up to SCORE_BOOST logits; the others stay as they were.
+- **Scores.** Each cls branch spends SCORE_UNITS hidden units on ``relu(depth + gate - 1.5)``:
+  an object query on its object gains up to SCORE_BOOST logits; the others stay as they were.
+
+Each piece is spread over several weak channels or units where one strong one would set the
+per-tensor (or per-channel) INT8 weight grid of the whole layer.
 
 Directions are pairs of channels, ``(e_a - e_b) / sqrt(2)``, and every LayerNorm gives both
 channels of a pair one weight and one bias, so normalization scales a direction without
@@ -34,7 +37,7 @@ import torch
 from torch import nn
 
 from .config import BEVFormerConfig
-from .weights import _round_bits
+from .weights import _round_bits, _run_hooked
 
 #: BEV cells no larger than this resolve an object's well (``tiny``: 2.05 m; ``test``'s
 #: 10 m cells do not, and its decoder keeps the plain refinement)
@@ -47,10 +50,22 @@ OBJECT_WELL_CELLS = 1.5
 GRADIENT_STEP_CELLS = 1.0
 #: the fraction of the way to a well's centre that each refinement moves a reference point
 REFINEMENT_PULL = 0.5
+#: how strongly the BEV features carry U: its read along its direction at a well's centre,
+#: in units of the encoder output's per-channel rms
+U_IN_BEV = 2.0
+#: the value channels of each gradient head that read U, and U's range in them (a fraction
+#: of the value tensor's): many weak channels, so that no weight sets a per-tensor INT8
+#: weight grid far coarser than the others'
+U_CHANNELS = 8
+VALUE_RANGE = 0.33
+#: the gradient's size in the decoder's stream (a well's steepest is about 0.8 of U)
+GRADIENT_IN_STREAM = 0.4
 #: the pull's hidden units in each reg branch: relu(+-gain * gradient + level)
 _PULL_GAIN, _PULL_LEVEL = 2.0, 2.0
-#: the logit a query on an object's centre gains over one far from objects
+#: the logit a query on an object's centre gains over one far from objects, and the cls
+#: branch's hidden units that carry it
 SCORE_BOOST = 4.0
+SCORE_UNITS = 8
 
 
 def _sig(x: float, digits: int = 4) -> float:
@@ -145,32 +160,41 @@ def build(model, feats: torch.Tensor, inp: dict, seed: int) -> None:
     embed = head.query_embedding.weight.data.double()                    # [pos | content]
     embed[:, c:] -= embed[:, c:] @ dirs.T @ dirs
     lin = tr.reference_points
-    anchors = torch.sigmoid(embed[:, :c] @ lin.weight.data.double().T + lin.bias.data.double())[:, :2]
+    anchors = torch.sigmoid(embed[:, :c] @ lin.weight.data.double().T
+                            + lin.bias.data.double())[:, :2]
     chosen = object_queries(cfg, anchors)
     size = torch.tensor([cfg.bev_w, cfg.bev_h], dtype=torch.float64)
     embed[chosen, c:] += _sig(4 * embed[:, c:].std().item(), 3) * math.sqrt(2) * gate_dir
     head.query_embedding.weight.data = _round_bits(embed).float()
 
     u = potential(cfg, anchors[chosen].double() * size)
-    bev = head.bev_embedding.weight.data.double()
-    # as strong as the largest channel values: a per-tensor grid keeps its step
-    amp = _sig((4 * bev.std() / u.abs().max()).item(), 3) * math.sqrt(2)
-    bev = bev - bev @ u_dir[:, None] @ u_dir[None] + amp * u.reshape(-1, 1) @ u_dir[None]
-    head.bev_embedding.weight.data = _round_bits(bev).float()
-
     work = copy.deepcopy(head).double().eval()
-    with torch.no_grad():
-        bev_embed = work.transformer.get_bev_features(
-            feats, work.bev_embedding.weight, work.positional_encoding(),
-            inp["lidar2img"].double(), inp["can_bus"].double(), inp["prev_bev"].double())[0]
-    read_a, read_b = _fit(bev_embed @ u_dir, u.reshape(-1))
+
+    def carry_u(amp: float) -> tuple[torch.Tensor, tuple[float, float]]:
+        """The BEV queries carry ``amp * U`` along u_dir: the encoder's output, and its
+        read along u_dir fitted to U (a, b)."""
+        bev = head.bev_embedding.weight.data.double()
+        bev = bev + (amp * u.reshape(-1, 1) - bev @ u_dir[:, None]) @ u_dir[None]
+        head.bev_embedding.weight.data = _round_bits(bev).float()
+        work.bev_embedding.weight.data = head.bev_embedding.weight.data.double()
+        with torch.no_grad():
+            out = work.transformer.get_bev_features(
+                feats, work.bev_embedding.weight, work.positional_encoding(),
+                inp["lidar2img"].double(), inp["can_bus"].double(), inp["prev_bev"].double())[0]
+        return out, _fit(out @ u_dir, u.reshape(-1))
+    # a first guess (as strong as the embedding's largest values), then U_IN_BEV after the
+    # encoder, whose LayerNorms scale it
+    amp = _sig((4 * math.sqrt(2) * head.bev_embedding.weight.data.double().std()).item(), 3)
+    bev_embed, (read_a, _) = carry_u(amp)
+    bev_embed, (read_a, read_b) = carry_u(
+        _sig(amp * U_IN_BEV * float(bev_embed.std()) / abs(read_a), 3))
     _gradient_heads(cfg, work, head, bev_embed, u_dir, layer_dirs, (read_a, read_b))
     _pull_and_score(cfg, work, head, feats, inp, u, layer_dirs, gate_dir, chosen)
 
 
 def _gradient_heads(cfg, work, head, bev_embed, u_dir, layer_dirs, read) -> None:
     """Heads 0-3 of each decoder cross attention sample one cell right, left, front, back;
-    channel 0 of each reads U, and the output projection writes the differences and the sum
+    channel 0 of each reads U, and the output projection writes the differences and the mean
     along the layer's directions (scaled like the other channels of each tensor)."""
     dh, lp = cfg.embed_dims // cfg.num_heads, cfg.num_levels * cfg.decoder_points
     step = GRADIENT_STEP_CELLS
@@ -178,20 +202,20 @@ def _gradient_heads(cfg, work, head, bev_embed, u_dir, layer_dirs, read) -> None
                                           head.transformer.decoder.layers)):
         m = layer.attentions[1]
         value_max = _sig(m.value_proj(bev_embed).abs().amax(-1).mean().item(), 3)
-        value_gain = value_max                              # U in [-1, 0]: same range
-        out_gain = _sig(1.0 / value_gain, 3)
+        value_gain = value_max * VALUE_RANGE
+        out_gain = _sig(GRADIENT_IN_STREAM / (U_CHANNELS * value_gain), 3)
         for mod in (m, orig.attentions[1]):
             so, vp, op = mod.sampling_offsets, mod.value_proj, mod.output_proj
             for i, (sx, sy) in enumerate(_STEPS):
                 rows = slice(i * lp * 2, (i + 1) * lp * 2)
                 so.weight.data[rows] = 0
                 so.bias.data[rows] = torch.tensor([sx * step, sy * step] * lp, dtype=so.bias.dtype)
-                row = i * dh
-                vp.weight.data[row] = (u_dir * value_gain / read[0]).to(vp.weight.dtype)
-                vp.bias.data[row] = -read[1] * value_gain / read[0]
+                chans = slice(i * dh, i * dh + U_CHANNELS)
+                vp.weight.data[chans] = (u_dir * value_gain / read[0]).to(vp.weight.dtype)
+                vp.bias.data[chans] = -read[1] * value_gain / read[0]
                 col = (layer_dirs[k, 0] * (sx != 0) * sx + layer_dirs[k, 1] * (sy != 0) * sy
-                       + layer_dirs[k, 2]) * out_gain
-                op.weight.data[:, row] = col.to(op.weight.dtype)
+                       + layer_dirs[k, 2] / len(_STEPS)) * out_gain
+                op.weight.data[:, chans] = col.to(op.weight.dtype)[:, None]
 
 
 def _pull_and_score(cfg, work, head, feats, inp, u, layer_dirs, gate_dir, chosen) -> None:
@@ -241,13 +265,7 @@ def _pull_and_score(cfg, work, head, feats, inp, u, layer_dirs, gate_dir, chosen
     hooks = [layer.register_forward_pre_hook(record(k))
              for k, layer in enumerate(work.transformer.decoder.layers)]
     hooks += [br.register_forward_pre_hook(branch(k)) for k, br in enumerate(work.reg_branches)]
-    try:
-        with torch.no_grad():
-            work(feats, inp["lidar2img"].double(), inp["can_bus"].double(),
-                 inp["prev_bev"].double(), all_layers=True)
-    finally:
-        for h in hooks:
-            h.remove()
+    _run_hooked(work, feats, inp, hooks)
 
 
 def _store(work_lin: nn.Linear, lin: nn.Linear, w: torch.Tensor, b: torch.Tensor) -> None:
@@ -284,32 +302,36 @@ def _pull(br, orig, x, fits, gains, dirs) -> None:
 
 
 def _score(br, orig, x, fit, depth_dir, gate_fit, gate_dir) -> None:
-    """Hidden unit 0 of cls branch ``br`` carries relu(depth + gate - 1): the depth (0 far
-    from objects, about 1 on one's centre) of the queries that carry the gate (the objects'
-    own queries; a trained detector's other queries on an object stay low), through both
-    LayerNorms, added to every class logit times SCORE_BOOST; the other units no longer
-    read it."""
+    """Hidden units 0..SCORE_UNITS-1 of cls branch ``br`` carry relu(depth + gate - 1.5): the
+    depth (0 far from objects, about 1 on one's centre) of the queries that carry the gate
+    (the objects' own queries; a trained detector's other queries on an object stay low),
+    through both LayerNorms; together they add up to SCORE_BOOST to every class logit (many
+    units, so that no class weight sets a per-channel INT8 grid far coarser than the
+    others'). The other units no longer read them."""
     a, b = fit
     ga, gb = gate_fit
+    n = SCORE_UNITS
     for ln, o in ((br[1], orig[1]), (br[4], orig[4])):
-        ln.weight.data[0], ln.bias.data[0] = 1.0, 0.0
-        o.weight.data[0], o.bias.data[0] = 1.0, 0.0
+        ln.weight.data[:n], ln.bias.data[:n] = 1.0, 0.0
+        o.weight.data[:n], o.bias.data[:n] = 1.0, 0.0
     w0, b0 = br[0].weight.data.clone(), br[0].bias.data.clone()
     sd = _sig(br[0](x).std().item(), 3)
-    w0[0] = (-depth_dir / a / 4 + gate_dir / ga) * sd     # the depth: four samples, -4 on a centre
-    b0[0] = (b / a / 4 - gb / ga - 1) * sd
+    # the depth (truth: the sum of four samples, -4 at most) plus the gate, less 1.5: a query
+    # without the gate stays below 0 with a margin, deep in a well or not
+    w0[:n] = (-depth_dir / a / 4 + gate_dir / ga) * 2 * sd
+    b0[:n] = (b / a / 4 - gb / ga - 1.5) * 2 * sd
     _store(br[0], orig[0], w0, b0)
     h1 = torch.relu(br[1](br[0](x)))
     w3, b3 = br[3].weight.data.clone(), br[3].bias.data.clone()
-    b3 += w3[:, 0] * h1[:, 0].mean()
-    w3[:, 0] = 0
-    w3[0] = 0
-    w3[0, 0] = _sig(br[3](h1).std().item(), 3)
-    b3[0] = 0
+    b3 += w3[:, :n] @ h1[:, :n].mean(0)
+    w3[:, :n] = 0
+    w3[:n] = 0
+    w3[:n, :n] = torch.eye(n, dtype=w3.dtype) * _sig(br[3](h1).std().item(), 3)
+    b3[:n] = 0
     _store(br[3], orig[3], w3, b3)
-    h2 = torch.relu(br[4](br[3](h1)))[:, 0]
+    h2 = torch.relu(br[4](br[3](h1)))[:, :n]
     w6, b6 = br[6].weight.data.clone(), br[6].bias.data.clone()
-    b6 += w6[:, 0] * h2.mean()
-    w6[:, 0] = SCORE_BOOST / max(_sig(h2.max().item(), 3), 1e-6)
-    b6 -= w6[:, 0] * h2.mean()
+    b6 += w6[:, :n] @ h2.mean(0)
+    w6[:, :n] = SCORE_BOOST / n / max(_sig(h2.max().item(), 3), 1e-6)
+    b6 -= w6[:, :n] @ h2.mean(0)
     _store(br[6], orig[6], w6, b6)

@@ -297,6 +297,12 @@ def _head_from_data(model: BEVFormer, feats: torch.Tensor, inp: dict) -> None:
             hooks.append(m.register_forward_pre_hook(linear(name)))
         elif isinstance(m, nn.MultiheadAttention):
             hooks.append(m.register_forward_pre_hook(attention(name), with_kwargs=True))
+    _run_hooked(work, feats, inp, hooks)
+
+
+def _run_hooked(work: nn.Module, feats: torch.Tensor, inp: dict, hooks: list) -> None:
+    """Run ``work`` (a float64 copy of the head) on the calibration frame ``inp`` with the
+    neck output ``feats``, for what its ``hooks`` measure and set; then remove them."""
     try:
         with torch.no_grad():
             work(feats, inp["lidar2img"].double(), inp["can_bus"].double(),
