@@ -395,12 +395,14 @@ def pictures(out: Path, inputs: dict, config: BEVFormerConfig, detections: dict[
     images = camera_images(inputs["img"].numpy(), config)
     l2i = inputs["lidar2img"].numpy()
     main = "program" if "program" in detections else "INT8 golden"
-    colors = {"program": "#d62728", "INT8 golden": "#1f77b4", "float": "#2ca02c",
-              "scene": "#ffd700"}
-    views = {k: View(filter_by_score(d, threshold), k, colors[k]) for k, d in detections.items()}
+    colors = {"program": ("#d62728", "red"), "INT8 golden": ("#1f77b4", "blue"),
+              "float": ("#2ca02c", "green"), "scene": ("#ffd700", "gold")}
+    views = {k: View(filter_by_score(d, threshold), k, colors[k][0])
+             for k, d in detections.items()}
     figs = [("detections.png", [main], f"{main} (score >= {threshold})")]
     figs += [(f"detections_vs_{other.split()[0].lower()}.png", [main, other],
-              f"{main} (red) against {other} (score >= {threshold})")
+              f"{main} ({colors[main][1]}) against {other} ({colors[other][1]}) "
+              f"(score >= {threshold})")
              for other in ("INT8 golden", "float") if other != main]
     if "scene" in detections:
         figs.append(("scene.png", ["scene"], "the synthetic scene's objects, where the images "
