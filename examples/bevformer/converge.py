@@ -194,8 +194,8 @@ def build(model, feats: torch.Tensor, inp: dict, seed: int) -> None:
 
 def _gradient_heads(cfg, work, head, bev_embed, u_dir, layer_dirs, read) -> None:
     """Heads 0-3 of each decoder cross attention sample one cell right, left, front, back;
-    channel 0 of each reads U, and the output projection writes the differences and the mean
-    along the layer's directions (scaled like the other channels of each tensor)."""
+    U_CHANNELS value channels of each read U, and the output projection writes the
+    differences and the mean along the layer's directions (see the gains' constants)."""
     dh, lp = cfg.embed_dims // cfg.num_heads, cfg.num_levels * cfg.decoder_points
     step = GRADIENT_STEP_CELLS
     for k, (layer, orig) in enumerate(zip(work.transformer.decoder.layers,
@@ -213,7 +213,7 @@ def _gradient_heads(cfg, work, head, bev_embed, u_dir, layer_dirs, read) -> None
                 chans = slice(i * dh, i * dh + U_CHANNELS)
                 vp.weight.data[chans] = (u_dir * value_gain / read[0]).to(vp.weight.dtype)
                 vp.bias.data[chans] = -read[1] * value_gain / read[0]
-                col = (layer_dirs[k, 0] * (sx != 0) * sx + layer_dirs[k, 1] * (sy != 0) * sy
+                col = (layer_dirs[k, 0] * sx + layer_dirs[k, 1] * sy
                        + layer_dirs[k, 2] / len(_STEPS)) * out_gain
                 op.weight.data[:, chans] = col.to(op.weight.dtype)[:, None]
 
