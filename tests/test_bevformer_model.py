@@ -520,11 +520,7 @@ def test_conditioned_decoder_converges_on_objects():
     m = build_model(cfg, seed=0).eval()
     inp = make_inputs(cfg, seed=0, with_prev_bev=True)
     lin = m.pts_bbox_head.transformer.reference_points
-    pos = m.pts_bbox_head.query_embedding.weight.detach().double()[:, :cfg.embed_dims]
-
-    def anchors():
-        return torch.sigmoid(pos @ lin.weight.detach().double().T + lin.bias.detach().double())[:, :2]
-    start = anchors()
+    start = converge.initial_anchors(m.pts_bbox_head)
     chosen = converge.object_queries(cfg, start)
     assert len(chosen) >= 3
     cells = start * torch.tensor([cfg.bev_w, cfg.bev_h], dtype=torch.float64)
@@ -534,7 +530,7 @@ def test_conditioned_decoder_converges_on_objects():
     with torch.no_grad():
         lin.bias.data[:2] += 0.03
     _, after = run(m, inp)
-    anchor_shift = ((anchors() - start) * cfg.real_w).norm(dim=-1)
+    anchor_shift = ((converge.initial_anchors(m.pts_bbox_head) - start) * cfg.real_w).norm(dim=-1)
     box_shift = (after[:, :2] - before[:, :2]).double().norm(dim=-1)
     assert float(anchor_shift.min()) > 0.5
     assert (box_shift[chosen] < 0.65 * anchor_shift[chosen]).all(), box_shift[chosen]

@@ -77,10 +77,19 @@ def resolves_objects(cfg: BEVFormerConfig) -> bool:
     return max(cfg.grid_length) <= MAX_CELL_M
 
 
+def initial_anchors(head) -> torch.Tensor:
+    """(Nq, 2) float64: each query's initial reference point (x, y), normalized, as the
+    transformer computes it from the query embedding's positional half."""
+    lin, c = head.transformer.reference_points, head.cfg.embed_dims
+    pos = head.query_embedding.weight.data.double()[:, :c]
+    return torch.sigmoid(pos @ lin.weight.data.double().T + lin.bias.data.double())[:, :2]
+
+
 def object_queries(cfg: BEVFormerConfig, anchors: torch.Tensor) -> torch.Tensor:
     """Indices of the queries that sit on the synthetic objects: in query order, those whose
     initial reference point (``anchors`` (Nq, 2) normalized) is two cells inside the BEV
-    and three well widths from the objects taken before, OBJECTS_PER_100_CELLS of them."""
+    and three well widths from the objects taken before, OBJECTS_PER_100_CELLS of them (at
+    least 12)."""
     n = max(12, round(OBJECTS_PER_100_CELLS * cfg.num_bev / 100))
     size = torch.tensor([cfg.bev_w, cfg.bev_h], dtype=torch.float64)
     cells = anchors.double() * size
@@ -159,9 +168,7 @@ def build(model, feats: torch.Tensor, inp: dict, seed: int) -> None:
             _write_outside(lin, dirs)
     embed = head.query_embedding.weight.data.double()                    # [pos | content]
     embed[:, c:] -= embed[:, c:] @ dirs.T @ dirs
-    lin = tr.reference_points
-    anchors = torch.sigmoid(embed[:, :c] @ lin.weight.data.double().T
-                            + lin.bias.data.double())[:, :2]
+    anchors = initial_anchors(head)
     chosen = object_queries(cfg, anchors)
     size = torch.tensor([cfg.bev_w, cfg.bev_h], dtype=torch.float64)
     embed[chosen, c:] += _sig(4 * embed[:, c:].std().item(), 3) * math.sqrt(2) * gate_dir
@@ -223,6 +230,8 @@ def _pull_and_score(cfg, work, head, feats, inp, u, layer_dirs, gate_dir, chosen
     the directions are read against the true gradient and depth at the reference points."""
     grid = u[None, None]                                            # (1, 1, H, W)
     size = torch.tensor([cfg.bev_w, cfg.bev_h], dtype=torch.float64)
+    gate = torch.zeros(cfg.num_query, dtype=torch.float64)       # 1 on the object queries
+    gate[chosen] = 1
     truth: dict[int, torch.Tensor] = {}
     done: set[int] = set()
 
@@ -256,10 +265,7 @@ def _pull_and_score(cfg, work, head, feats, inp, u, layer_dirs, gate_dir, chosen
             fits = [_fit(x @ layer_dirs[k, i], truth[k][:, i]) for i in range(3)]
             _pull(br, head.reg_branches[k], x, fits[:2], [pull_gain(k, i) for i in range(2)],
                   layer_dirs[k])
-            cls_work = work.cls_branches[k]
-            gate = torch.zeros(len(x), dtype=torch.float64)
-            gate[chosen] = 1
-            _score(cls_work, head.cls_branches[k], x, fits[2], layer_dirs[k, 2],
+            _score(work.cls_branches[k], head.cls_branches[k], x, fits[2], layer_dirs[k, 2],
                    _fit(x @ gate_dir, gate), gate_dir)
         return hook
     hooks = [layer.register_forward_pre_hook(record(k))
