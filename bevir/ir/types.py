@@ -27,7 +27,7 @@ class DType(enum.Enum):
 
     @property
     def np(self) -> np.dtype:
-        return np.dtype(_NUMPY[self])
+        return _NUMPY[self]
 
     @property
     def is_float(self) -> bool:
@@ -44,8 +44,8 @@ class DType(enum.Enum):
     @staticmethod
     def from_numpy(dtype) -> DType:
         dtype = np.dtype(dtype)
-        for d, name in _NUMPY.items():
-            if np.dtype(name) == dtype:
+        for d, np_dtype in _NUMPY.items():
+            if np_dtype == dtype:
                 return d
         raise TypeError(f"no bevir dtype for numpy dtype {dtype}")
 
@@ -53,9 +53,12 @@ class DType(enum.Enum):
         return self.value
 
 
-_NUMPY = {DType.f64: "float64", DType.f32: "float32", DType.f16: "float16",
-          DType.i64: "int64", DType.i32: "int32", DType.i16: "int16", DType.i8: "int8",
-          DType.u8: "uint8", DType.bool: "bool"}
+#: numpy's dtype of each element type, made once (``DType.np`` is on the interpreter's
+#: per-node result check)
+_NUMPY = {d: np.dtype(name) for d, name in (
+    (DType.f64, "float64"), (DType.f32, "float32"), (DType.f16, "float16"),
+    (DType.i64, "int64"), (DType.i32, "int32"), (DType.i16, "int16"), (DType.i8, "int8"),
+    (DType.u8, "uint8"), (DType.bool, "bool"))}
 
 
 class Layout(enum.Enum):

@@ -179,8 +179,7 @@ class Interpreter:
             raise InterpreterError(f"produced {len(results)} results, declared "
                                    f"{len(node.outputs)}", node=node.name, op=node.op, loc=node.loc)
         for v, r in zip(node.outputs, results):
-            t = v.type
-            if tuple(r.shape) != t.shape or r.dtype != _NUMPY[t.dtype]:
+            if not v.type.matches(r):
                 raise InterpreterError(f"result %{v.name} is {r.dtype}{list(r.shape)}, declared "
                                        f"{v.type}", node=node.name, op=node.op, loc=node.loc)
 
@@ -278,9 +277,6 @@ class Interpreter:
 #: the interpreter's (unbound) golden run_node: where a subclass keeps it, a run may call
 #: each op's kernel itself
 _RUN_NODE = Interpreter.run_node
-
-#: numpy's dtype of each element type (DType.np makes one per call)
-_NUMPY = {d: d.np for d in DType}
 
 #: one node of a run: the node, its op (None: unknown), its operands' keys in the run's
 #: arrays (None: an omitted operand), its results' keys, the keys of the values it uses last
