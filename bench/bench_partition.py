@@ -2,7 +2,7 @@
 bit-identical to the single-core one (0 differing elements, checked), with the ops split
 per kind and the times to partition and to run.
 
-    python bench/bench_partition.py [--config tiny|test] [--barrier-cycles N]
+    python bench/bench_partition.py [--config tiny|test] [--hw "QC-U 8MB 16MAC x4"]
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import bevir  # noqa: E402
 from bevir.passes import make_pass  # noqa: E402
 from bevir.passes.partition import plan_of  # noqa: E402
+from bevir.target import HWConfig  # noqa: E402
 from examples.bevformer import e2e  # noqa: E402
 from examples.bevformer.e2e import timed  # noqa: E402
 from examples.bevformer.config import CONFIGS  # noqa: E402
@@ -25,7 +26,8 @@ from examples.bevformer.config import CONFIGS  # noqa: E402
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="tiny", choices=sorted(CONFIGS))
-    ap.add_argument("--barrier-cycles", type=int, default=500)
+    ap.add_argument("--hw", default="QC-U 8MB 16MAC x4", help="the config whose cycle model "
+                    "costs the splits")
     args = ap.parse_args()
     config = CONFIGS[args.config]
     (q, feed), t_int8 = timed(lambda: e2e.int8_frame(config))
@@ -35,8 +37,8 @@ def main() -> int:
     failed = False
     for cores in (1, 2, 3, 4):
         g = q.clone()
-        _, t_part = timed(lambda: bevir.optimize(g, [make_pass(
-            "partition", cores=cores, barrier_cycles=args.barrier_cycles)]))
+        hw = HWConfig.parse(args.hw).with_cores(cores)
+        _, t_part = timed(lambda: bevir.optimize(g, [make_pass("partition", hw=hw)]))
         out, t_run = timed(lambda: bevir.run(g, feed))
         diff = sum(int(np.count_nonzero(out[k] != reference[k])) for k in reference)
         kinds = Counter(f"{e['op']}:{e['choice']}" for e in plan_of(g)["ops"]

@@ -37,7 +37,7 @@ def __getattr__(name: str):
         from .frontends import torch as _torch_frontend
         return getattr(_torch_frontend, name)
     if name == "compile":
-        from .codegen.cprogram import compile as _compile
+        from .flows.target import compile as _compile
         return _compile
     if name == "to_onnx":
         from .codegen.onnx import to_onnx

@@ -125,11 +125,17 @@ def summary(graph) -> str:
     return f"summary of @{graph.name}:\n" + "".join(f"  {k.ljust(width)}  {v}\n" for k, v in rows)
 
 
-def partitioned(graph, cores: int, plan: str | None = None, hw: str | None = None):
-    """``graph`` partitioned for ``cores`` cores (0: ``hw``'s) in place, a plan file
-    replayed if given, costed by ``hw``'s cycle model if given."""
+def planned(graph, hw_text: str | None, cores: int | None, plan: str | None = None):
+    """``graph`` planned for the target as ``bevir compile`` plans it: for ``hw_text``
+    (default QC-U x4) with ``cores`` replacing its cores, a partition plan file replayed if
+    given. (The config, the planned graph.)"""
+    from .flows.target import hw_config
     from .passes import make_pass, optimize
-    return optimize(graph, [make_pass("partition", cores=cores, plan=plan or "", hw=hw or "")])
+    from .passes.target import plan_for_target
+    hw = hw_config(_hw(hw_text or "qc-u-4c"), cores)
+    if plan and "partition" not in graph.meta:
+        graph = optimize(graph.clone(), [make_pass("partition", hw=hw, plan=plan)])
+    return hw, plan_for_target(graph, hw)
 
 
 def cmd_show(args) -> int:
@@ -137,7 +143,8 @@ def cmd_show(args) -> int:
     graph = load_graph(args.model)
     if args.partition:
         from .passes.partition import format_plan, plan_of, save_plan
-        plan = plan_of(graph) or plan_of(partitioned(graph.clone(), args.cores, args.plan))
+        _, g = planned(graph, args.hw, args.cores, args.plan)
+        plan = plan_of(g)
         _out(format_plan(plan))
         if args.plan_out:
             save_plan(plan, args.plan_out)
@@ -323,9 +330,8 @@ def cmd_run(args) -> int:
         fetch = "all" if args.fetch == ["all"] else args.fetch
     if args.cores is not None or args.plan or args.hw:
         from .passes.partition import format_plan
-        cores = args.cores if args.cores is not None else 0 if args.hw else 4
-        partitioned(graph, cores, args.plan, args.hw)
-        _err(format_plan(graph.meta["partition"]).splitlines()[1].strip())
+        _, graph = planned(graph, args.hw, args.cores, args.plan)
+        _err("\n".join(format_plan(graph.meta["partition"]).splitlines()[1:3]).strip())
     write_results(run(graph, inputs, fetch=fetch), args.output)
     return 0
 
@@ -333,16 +339,19 @@ def cmd_run(args) -> int:
 # ---- code generation ---------------------------------------------------------------------
 def cmd_compile(args) -> int:
     import time
-    from .codegen.cprogram import compile as compile_program
+    from .flows.target import compile as compile_program
     graph = load_graph(args.model)
     t0 = time.perf_counter()
-    program = compile_program(graph, args.output, hw=args.hw, cores=args.cores)
+    hw = _hw(args.hw) if args.hw else None
+    program = compile_program(graph, args.output, hw=hw, cores=args.cores)
     m = program.manifest
     steps = sum(len(p["steps"]) for p in m["programs"])
+    stages = ", ".join(f"{'device' if st['device'] else 'host'} {st['nodes']}"
+                       for st in m["stages"])
     _out(f"compiled @{graph.name} for {m['cores']} core(s) into {args.output}: "
          f"{len(m['kernels'])} kernels, {steps} program steps, DDR {m['ddr_bytes']:,} bytes, "
          f"OCM {', '.join(f'{b:,}' for b in m['ocm_bytes'])} bytes "
-         f"({time.perf_counter() - t0:.1f}s)")
+         f"({time.perf_counter() - t0:.1f}s); stages (nodes): {stages}")
     return 0
 
 
@@ -365,10 +374,19 @@ def cmd_exec(args) -> int:
     program = CompiledProgram.load(args.program)
     graph = program.graph
     inputs = read_inputs(graph, args.inputs)
+    if args.counters and args.host:
+        raise CliError("--counters counts what the per-core programs do: not with --host")
     if args.host:
         results = Program(graph, "llvm").run(inputs)
     else:
         results = program.run(inputs)
+    if args.counters:
+        import json
+        counts = program.counters()
+        Path(args.counters).write_text(json.dumps(counts, indent=1) + "\n")
+        _out(f"wrote {args.counters}: {counts['ddr_bytes']:,} bytes between DDR and OCM, "
+             f"{counts['transfers']:,} transfers, {counts['waits']:,} waits, "
+             f"{counts['kernel_calls']:,} kernel calls")
     write_results(results, args.output)
     if args.check:
         golden = run(graph, inputs)
@@ -387,23 +405,22 @@ def _hw(text: str):
     """A HWConfig from a preset, a vendor string or a .json file of its fields (as
     ``sim --fit`` writes)."""
     import json
-    from .hw import HWConfig, HWConfigError
+    from .target.hw import HWConfig, HWConfigError
     if text.endswith(".json"):
         try:
             return HWConfig(**json.loads(Path(text).read_text()))
         except ValueError as e:
             raise HWConfigError(f"cannot read hardware config {text}: {e}") from None
-    return HWConfig.parse(text)
+    return HWConfig.from_option(text)
 
 
 def cmd_sim(args) -> int:
     import json
-    import bevir
-    from .sim.cycles import model
-    hw = _hw(args.hw)
-    graph = bevir.load(args.model)
+    from .target.cycles import model
+    graph = load_graph(args.model)
+    hw, graph = planned(graph, args.hw, args.cores)
     if args.fit:
-        from .sim.fit import fit_efficiency, format_fit, load_measured
+        from .target.fit import fit_efficiency, format_fit, load_measured
         fit = fit_efficiency(graph, hw, load_measured(args.fit))
         hw = fit.hw
         Path(args.out).mkdir(parents=True, exist_ok=True)
@@ -414,9 +431,11 @@ def cmd_sim(args) -> int:
     profile = model(graph, hw)
     profile.write(args.out, plots=not args.no_plots)
     s = profile.summary()
-    _out(f"{hw.describe()} ({hw.hash[:12]}): makespan {s['makespan_cycles']:,} cycles "
-         f"({s['makespan_ms']:.3f} ms), per core {s['cycles_per_core']}, "
-         f"utilisation {s['utilisation']:.1%}")
+    _out(f"{hw.option_text()} ({hw.hash[:12]}): makespan {s['makespan_cycles']:,} cycles "
+         f"({s['makespan_ms']:.3f} ms), per core {s['cycles_per_core']} (waiting "
+         f"{s['wait_cycles_per_core']}), utilisation {s['utilisation']:.1%}; DDR "
+         f"{s['ddr_bytes']:,} bytes per frame; host: {s['host']['nodes']} nodes in "
+         f"{s['host']['stages']} stage(s)")
     for r in s["top_ops"][:args.top]:
         _out(f"  {r['cycles']:>12,}  {r['bound']:<8} {r['op']:<20} {r['loc'] or r['name']}")
     _out(f"wrote {args.out}")
@@ -442,7 +461,7 @@ def _list(text: str | None, flag: str, read) -> list:
 
 def cmd_sweep(args) -> int:
     import bevir
-    from .hw import parse_size
+    from .target.hw import parse_size
     from .flows.sweep import format_table, write
     from .scale import sweep
     base = _hw(args.hw)
@@ -607,8 +626,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how to print constant payloads (default: elide)")
     s.add_argument("--summary-only", action="store_true", help="print only the summary")
     s.add_argument("--partition", action="store_true", help="print the partition plan: the "
-                   "model's own, or the one the partition pass finds for --cores")
-    s.add_argument("--cores", type=int, default=4, help="with --partition: cores (default 4)")
+                   "model's own, or the one bevir compile makes for --hw, with the modelled "
+                   "makespan bevir sim reports")
+    s.add_argument("--hw", metavar="CONFIG", help="with --partition: the hardware config "
+                   "(default: qc-u-4c)")
+    s.add_argument("--cores", type=int, help="with --partition: cores (default: the config's)")
     s.add_argument("--plan", metavar="FILE", help="with --partition: replay this plan")
     s.add_argument("--plan-out", metavar="FILE", help="with --partition: write the plan (JSON)")
     _plugin_options(s)
@@ -648,21 +670,20 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-o", "--output", metavar="FILE", help="a safetensors file for the results")
     s.add_argument("--fetch", nargs="+", metavar="NAME",
                    help="also return these values (by value name; 'all' for every value)")
-    s.add_argument("--cores", type=int, help="partition across N cores first (the partition "
-                   "pass), then run the partitioned graph")
+    s.add_argument("--cores", type=int, help="plan for N cores first, as bevir compile does "
+                   "(partition, memory plan), then run the planned graph")
     s.add_argument("--plan", metavar="FILE", help="partition by this plan (see show --partition)")
-    s.add_argument("--hw", metavar="CONFIG", help="partition with this hardware config's cycle "
-                   "model (a preset or e.g. 'QC-U 8MB 16MAC x4'; cores default to its)")
+    s.add_argument("--hw", metavar="CONFIG", help="plan for this hardware config (a preset or "
+                   "e.g. 'QC-U 8MB 16MAC x4'; default qc-u-4c; --cores replaces its cores)")
     _plugin_options(s)
     s.set_defaults(fn=cmd_run)
 
     s = sub.add_parser("compile", help="generate and build per-core C programs through TVM")
     s.add_argument("model", help="a .bevir file (quantized; partitioned or not)")
     s.add_argument("-o", "--output", required=True, metavar="DIR", help="the program folder")
-    s.add_argument("--hw", metavar="CONFIG", help="partition for this config's cores and plan "
-                   "its OCM (a preset or e.g. 'QC-U 8MB 16MAC x4')")
-    s.add_argument("--cores", type=int, help="partition across N cores (values stay in DDR "
-                   "unless --hw is given)")
+    s.add_argument("--hw", metavar="CONFIG", help="plan for this config (a preset or e.g. "
+                   "'QC-U 8MB 16MAC x4'): partition, memory plan")
+    s.add_argument("--cores", type=int, help="plan for N cores (of --hw, default qc-u)")
     s.set_defaults(fn=cmd_compile)
 
     s = sub.add_parser("export", help="write a model as ONNX (quantized ops as QDQ)")
@@ -678,12 +699,17 @@ def build_parser() -> argparse.ArgumentParser:
                    "instead of the per-core programs")
     s.add_argument("--check", action="store_true", help="compare with the golden model; on a "
                    "difference, name the first kernel that differs")
+    s.add_argument("--counters", metavar="FILE.json", help="write what the programs counted "
+                   "per core and node: bytes between DDR and OCM, DMA transfers, waits, "
+                   "kernel calls, and the totals")
     s.set_defaults(fn=cmd_exec)
 
     s = sub.add_parser("sim", help="model a lowered model's cycles per op per core")
     s.add_argument("model", help="a .bevir file")
     s.add_argument("--hw", default="qc-u-4c", help="a preset or e.g. 'QC-U 8MB 16MAC x4' "
-                   "(default: qc-u-4c)")
+                   "(default: qc-u-4c); an unplanned model is planned as bevir compile "
+                   "plans it")
+    s.add_argument("--cores", type=int, help="replace the config's cores")
     s.add_argument("--out", required=True, metavar="DIR", help="where to write "
                    "profile_core{i}.json, summary.json, timeline.png and roofline.png")
     s.add_argument("--top", type=int, default=3, help="how many of the costliest ops to print")

@@ -36,3 +36,11 @@ def pytest_terminal_summary(terminalreporter):
     if zoo is not None and zoo.ROWS:
         terminalreporter.write_sep("-", "model zoo")
         terminalreporter.write_line(zoo.table())
+
+
+@pytest.fixture(scope="session")
+def bevformer_int8():
+    """The `test` config's INT8 graph as the e2e flow builds it, and its frame's inputs
+    (built once per session: several back-end tests share it)."""
+    from examples.bevformer import e2e
+    return e2e.int8_frame("test")

@@ -180,7 +180,7 @@ def test_lowering_is_bit_exact(rng, name):
 @pytest.mark.parametrize("name", PARTITIONED)
 def test_partitioned_lowering_is_bit_exact(rng, name, cores):
     graph, inputs = CASES[name](rng)
-    g = partitioned(graph, cores, barrier_cycles=0)
+    g = partitioned(graph, cores)
     assert g.op_counts().get("core_gather", 0) >= 1, "nothing was split"
     check(g, inputs)
 

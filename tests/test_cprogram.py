@@ -1,73 +1,108 @@
-"""Per-core C programs: a partitioned graph compiled into one C program per core (kernels
-called in graph order, OCM offsets from the memory plan, DDR copies, ready flags and
-barriers), built with the system C compiler, run with one thread per core: 0 differing
-elements against the golden model, for every fx op family on 1 to 4 cores, with and
-without a memory plan, and for BEVFormer's INT8 graph on the QC-U 4-core preset; the same
-graph compiles to byte-identical sources and manifest; the CLI compiles, runs and checks."""
+"""Per-core C programs: a lowered graph's schedule compiled into one C program per core
+(kernels called in order, OCM offsets from the memory plan, DDR copies, ready flags),
+built with the system C compiler, run with one thread per core: 0 differing elements
+against the golden model, for every fx op family on 1 to 4 cores, with and without a
+memory plan, and for BEVFormer's INT8 graph on the QC-U 4-core preset. The programs count
+what they move: per core and node, their bytes between DDR and OCM are the cycle model's.
+The same graph compiles to byte-identical sources and manifest; the CLI compiles, runs,
+checks and counts."""
 from __future__ import annotations
 
+import collections
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import bevir
 from bevir.codegen import Program
-from bevir.codegen.cprogram import CompiledProgram, compile
+from bevir.codegen.cprogram import CompiledProgram
+from bevir.flows.sweep import model_point
+from bevir.flows.target import compile, hw_config, simulate
 from bevir.passes import make_pass
+from bevir.target import HWConfig, model
 from bevir.testing import assert_bit_exact
 from test_partition import GRAPHS, partitioned
 
 
-@pytest.fixture(scope="module")
-def bevformer_int8():
-    """The `test` config's INT8 graph as the e2e flow builds it, and its inputs."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from examples.bevformer import e2e
-    return e2e.int8_frame("test")
-
-
 def planned(graph, cores: int):
-    g = partitioned(graph, cores, barrier_cycles=0)
-    bevir.optimize(g, [make_pass("plan-memory", hw=f"QC-U 8MB 16MAC x{cores}")])
-    return g
+    return bevir.optimize(partitioned(graph, cores),
+                          [make_pass("plan-memory", hw=f"QC-U 8MB 16MAC x{cores}")])
+
+
+def per_node(pairs) -> collections.Counter:
+    out = collections.Counter()
+    for key, value in pairs:
+        out[key] += value
+    return out
+
+
+def assert_counted_as_modelled(program, hw: HWConfig) -> dict:
+    """The program's counters (after a run) equal the cycle model's figures of its graph,
+    per core and node: bytes between DDR and OCM and DMA transfers. The counters."""
+    counts = program.counters()
+    profile = model(program.graph, hw)
+    for field, of_record in (("ddr_bytes", lambda r: r.ddr_bytes),
+                             ("transfers", lambda r: r.transfers)):
+        counted = per_node(((c["core"], st["node"]), st[field])
+                           for c in counts["cores"] for st in c["steps"])
+        modelled = per_node(((r.core, r.name), of_record(r)) for r in profile.records)
+        assert +counted == +modelled, field
+    assert counts["ddr_bytes"] == profile.ddr_bytes
+    assert [c["ddr_bytes"] for c in counts["cores"]] == \
+        profile.ddr_bytes_per_core[:len(counts["cores"])]
+    assert counts["kernel_calls"] == sum(1 for r in profile.records if r.op != "barrier")
+    return counts
 
 
 @pytest.mark.parametrize("name", GRAPHS)
 @pytest.mark.parametrize("cores,plan", [(1, False), (2, True), (3, False), (4, True)])
-def test_per_core_programs_are_bit_exact(rng, tmp_path, name, cores, plan):
+def test_per_core_programs_are_bit_exact_and_count_what_the_model_charges(
+        rng, tmp_path, name, cores, plan):
     graph, inputs = GRAPHS[name](rng)
-    g = planned(graph, cores) if plan else partitioned(graph, cores, barrier_cycles=0)
+    g = planned(graph, cores) if plan else partitioned(graph, cores)
     program = compile(g, tmp_path)
     assert program.cores == cores
     assert_bit_exact(program.run(inputs), bevir.run(graph, inputs))
     m = program.manifest
     steps = [s for p in m["programs"] for s in p["steps"]]
-    assert {s["node"] for s in steps} == {n.name for n in g.nodes}
+    assert {s["node"] for s in steps} == {n.name for n in g.nodes if n.op != "barrier"} | \
+        {s["node"] for s in steps if s.get("barrier")}
     if plan:        # the planned offsets are the ones the program uses
         assert m["ocm"] and all(e["offset"] == next(o["offset"] for o in
                                 g.value(e["value"]).meta["ocm"] if o["core"] == e["core"])
                                 for e in m["ocm"])
-    if cores > 1:
-        assert all(sum(s.get("barrier", False) for s in p["steps"]) == g.op_counts()["barrier"]
-                   for p in m["programs"])
-        assert any(s["waits"] for s in steps) and any(s["loads"] or s["stores"] for s in steps) \
-            or not plan
+    if cores > 1 and any(n.meta.get("piece") for n in g.nodes):
+        assert any(s["waits"] for s in steps)          # the cores exchange values
+    counts = assert_counted_as_modelled(program, HWConfig.parse("qc-u").with_cores(cores))
+    assert counts["ddr_bytes"] > 0
 
 
-def test_bevformer_int8_on_4_cores_is_bit_exact_and_reproducible(bevformer_int8, tmp_path):
-    """The per-core programs and the host build of the `test` INT8 frame for QC-U x4."""
+def test_bevformer_int8_on_4_cores_is_bit_exact_counted_and_reproducible(bevformer_int8,
+                                                                          tmp_path):
+    """The per-core programs and the host build of the `test` INT8 frame for QC-U x4:
+    bit-exact, counting what the model charges; compile's plan is what sim and the sweep
+    model (exact cycles)."""
     q, feed = bevformer_int8
-    a = compile(q, tmp_path / "a", hw="QC-U 8MB 16MAC x4")
+    hw = hw_config("QC-U 8MB 16MAC x4")
+    a = compile(q, tmp_path / "a", hw=hw)
     out = a.run(feed)
     assert_bit_exact(out, bevir.run(q, feed))
+    counts = assert_counted_as_modelled(a, hw)
+    print(f"\ntest x4: {counts['ddr_bytes']:,} bytes between DDR and OCM, "
+          f"{counts['transfers']:,} transfers, {counts['waits']:,} waits")
     assert_bit_exact(a.run(feed), out)                  # a second run, same program
+    assert a.counters() == counts
     m = a.manifest
     assert m["cores"] == 4 and [s["device"] for s in m["stages"]] == [False, True, False]
     assert all(b <= 8 * 2**20 for b in m["ocm_bytes"])
-    compile(q, tmp_path / "b", hw="QC-U 8MB 16MAC x4")
+    # one plan: compile's planned graph, sim and a sweep point give the same cycles
+    profile = simulate(q, hw)
+    point = model_point(q, hw)
+    assert model(a.graph, hw).makespan == profile.makespan == point.makespan
+    assert model(a.graph, hw).cycles_per_core == profile.cycles_per_core
+    assert profile.ddr_bytes == point.ddr_bytes == counts["ddr_bytes"]
+    compile(q, tmp_path / "b", hw=hw)
     files = sorted(p.relative_to(tmp_path / "a") for p in (tmp_path / "a").rglob("*")
                    if p.suffix in (".c", ".json"))
     assert len(files) > 100
@@ -78,21 +113,54 @@ def test_bevformer_int8_on_4_cores_is_bit_exact_and_reproducible(bevformer_int8,
     assert_bit_exact(Program(a.graph, "llvm").run(feed), out)
 
 
+def test_a_value_named_like_a_load_plans_and_runs(rng, tmp_path):
+    """Buffers are identified by type, not by a string split at '@': values named x@1 and
+    x@2 (and none named x), one of them spilled to DDR, plan and run bit-exact."""
+    from bevir import DType, TensorType
+    from bevir.ir.types import FixedPointQuant
+    fx = lambda shape: TensorType(shape, DType.i8, quant=FixedPointQuant((4,)))  # noqa: E731
+    b = bevir.Builder("names")
+    x = b.input("a", fx((4096,)))
+    y = b.fx_relu(x, out_frac_bits=4, name="x@1")
+    z = b.fx_relu(y, out_frac_bits=4, name="x@2")
+    v = b.fx_relu(b.fx_relu(z, out_frac_bits=4), out_frac_bits=4)
+    b.output("y", b.fx_add(b.fx_add(v, y, out_frac_bits=4), z, out_frac_bits=4))
+    inputs = {"a": rng.integers(-128, 128, 4096).astype(np.int8)}
+    g = bevir.optimize(b.graph.clone(), "plan-memory{ocm=12288}")
+    assert g.meta["memory_plan"]["ddr_values"]          # something waits in DDR
+    program = compile(g, tmp_path)
+    assert_bit_exact(program.run(inputs), bevir.run(b.graph, inputs))
+    assert_counted_as_modelled(program, HWConfig.parse("qc-u"))
+
+
 def test_cli_compiles_runs_and_checks(rng, tmp_path, capsys):
     from safetensors.numpy import load_file, save_file
     from bevir.cli import main
     graph, inputs = GRAPHS["chain"](rng)
     bevir.save(graph, tmp_path / "m.bevir")
     save_file(inputs, str(tmp_path / "in.safetensors"))
-    assert main(["compile", str(tmp_path / "m.bevir"), "--hw", "QC-U 8MB 16MAC x2",
+    hw = tmp_path / "hw.json"                 # splits pay on this machine
+    hw.write_text(partitioned.__globals__["FREE_SYNC"].with_cores(2).model_dump_json())
+    assert main(["compile", str(tmp_path / "m.bevir"), "--hw", str(hw),
                  "-o", str(tmp_path / "prog")]) == 0
-    assert "compiled @chain for 2 core(s)" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "compiled @chain for 2 core(s)" in text and "stages (nodes): device " in text
     for extra in ([], ["--host"]):
         out = tmp_path / f"out{len(extra)}.safetensors"
         assert main(["exec", str(tmp_path / "prog"), "--inputs", str(tmp_path / "in.safetensors"),
                      "-o", str(out), "--check", *extra]) == 0
         assert "check: 0 differing elements" in capsys.readouterr().out
         assert_bit_exact(load_file(str(out)), bevir.run(graph, inputs))
+    counters = tmp_path / "counters.json"
+    assert main(["exec", str(tmp_path / "prog"), "--inputs", str(tmp_path / "in.safetensors"),
+                 "--counters", str(counters)]) == 0
+    assert main(["sim", str(tmp_path / "m.bevir"), "--hw", str(hw), "--out",
+                 str(tmp_path / "perf"), "--no-plots"]) == 0
+    summary = json.loads((tmp_path / "perf" / "summary.json").read_text())
+    counted = json.loads(counters.read_text())
+    assert counted["ddr_bytes"] == summary["ddr_bytes"] > 0
+    assert [c["ddr_bytes"] for c in counted["cores"]] == summary["ddr_bytes_per_core"]
+    assert "bytes between DDR and OCM" in capsys.readouterr().out
     assert main(["exec", str(tmp_path / "m.bevir")]) == 1
     assert capsys.readouterr().err.startswith("bevir: error:")
 
@@ -128,14 +196,17 @@ def test_manifest_says_what_each_core_does(rng, tmp_path):
     program = compile(planned(graph, 2), tmp_path)
     m = json.loads((tmp_path / "manifest.json").read_text())
     assert m == program.manifest and m["format"] == "bevir-program"
+    assert m["counters"] == ["ddr_bytes", "transfers", "waits", "kernel_calls"]
     for p in m["programs"]:
         for s in p["steps"]:
             assert s["loc"] is not None and (s["kernel"] in m["kernels"] or s.get("barrier"))
+            moved = sum(a["bytes"] for a in s["args"] if a["mem"] == "ddr")
+            assert s["ddr_bytes"] >= moved and s["transfers"] >= len(s["loads"]) + len(s["stores"])
             for a in s["args"]:
                 assert a["mem"] in ("ocm", "ddr") and a["offset"] >= 0
     for k in m["kernels"].values():
         assert (tmp_path / k["file"]).exists()
-    assert (tmp_path / "core0.c").read_text().count("bevir_barrier(bar, 2)") == 1
+    assert "cnt[" in (tmp_path / "core0.c").read_text()        # the program counts
 
 
 def test_device_nodes_keep_graph_order_across_stages(rng, tmp_path):
@@ -143,7 +214,7 @@ def test_device_nodes_keep_graph_order_across_stages(rng, tmp_path):
     order runs in the later device stage: the memory plan's liveness assumes graph order,
     so running it early would let later buffers overwrite its result."""
     from bevir import DType, TensorType
-    from bevir.codegen.lower import stages
+    from bevir.target import stages
     from bevir.ir.types import FixedPointQuant
     fx = lambda shape, f: TensorType(shape, DType.i8, quant=FixedPointQuant((f,)))  # noqa: E731
     b = bevir.Builder("order")

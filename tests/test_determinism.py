@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SEEDS = ("1", "2")
 ARTIFACTS = ("float.bevir", "float.safetensors", "q.bevir", "q.safetensors", "ranges.json",
              "ranges.safetensors", "outputs.safetensors", "prog/graph.bevir",
-             "prog/graph.safetensors", "prog/manifest.json", "prog/core0.c", "prog/core1.c")
+             "prog/graph.safetensors", "prog/manifest.json", "prog/core0.c")
 
 
 def build_model(path: Path) -> Path:

@@ -6,7 +6,7 @@ import json
 import pytest
 
 import bevir
-from bevir.hw import MB, HWConfig, HWConfigError
+from bevir.target import MB, HWConfig, HWConfigError
 
 
 def test_the_seed_string_is_the_seeds_config():

@@ -138,7 +138,7 @@ def test_bevformer_int8_exports_as_qdq(bevformer_graphs, tmp_path):
 
 def test_what_has_no_onnx_form_is_named(rng, tmp_path):
     graph, _ = GRAPHS["chain"](rng)
-    g = partitioned(graph, 2, barrier_cycles=0)
+    g = partitioned(graph, 2)
     with pytest.raises(CodegenError, match=r"op 'core_slice' has no ONNX export") as e:
         bevir.to_onnx(g)
     assert e.value.node and e.value.op == "core_slice"

@@ -7,10 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
-import math
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,7 +17,8 @@ from bevir.testing import assert_bit_exact, differences
 from bevir import DType, Layout, TensorType
 from bevir.ir.types import AffineQuant, FixedPointQuant
 from bevir.passes import make_pass
-from bevir.passes.partition import SplitCost, format_plan, plan_of, save_plan, search
+from bevir.passes.partition import format_plan, plan_of, save_plan, search
+from bevir.target import HWConfig, model
 
 I8, I16, I32 = DType.i8, DType.i16, DType.i32
 
@@ -138,10 +136,17 @@ GRAPHS = {f.__name__: f for f in (conv_nhwc, conv_nchw, matmul, linear, add, lay
                                   softmax, deform_attn, chain)}
 
 
-def partitioned(graph, cores: int, **options):
-    g = graph.clone()
-    bevir.optimize(g, [make_pass("partition", cores=cores, **options)])
-    return g
+#: a machine of one PE with one MAC lane, where starting an op and synchronising cores
+#: cost nothing: the array's time dominates, so splits win
+FREE_SYNC = HWConfig.preset("qc-u", pe_rows=1, pe_cols=1, macs_per_pe=1, barrier_cycles=0,
+                            launch_cycles=0, ddr_latency_cycles=0, dma_setup_cycles=0,
+                            name="free-sync")
+
+
+def partitioned(graph, cores: int, hw: HWConfig = FREE_SYNC, plan: str = ""):
+    """``graph`` partitioned for ``cores`` cores of ``hw`` (a plan file replayed if given)."""
+    return bevir.optimize(graph.clone(), [make_pass("partition", hw=hw.with_cores(cores),
+                                                    plan=plan)])
 
 
 def differing(a: dict, b: dict) -> int:
@@ -161,14 +166,18 @@ def split_entries(g) -> list[dict]:
 def test_partitioned_graph_is_bit_identical(rng, name, cores):
     graph, inputs = GRAPHS[name](rng)
     reference = bevir.run(graph, inputs)
-    g = partitioned(graph, cores, barrier_cycles=0)     # no barrier cost: splits win
+    g = partitioned(graph, cores)
     bevir.verify(g)
     assert_bit_exact(bevir.run(g, inputs), reference)
     if cores == 1:
         assert str(g) == str(graph) and not split_entries(g)
     else:
         assert split_entries(g), "nothing was split: the check would be empty"
-        assert g.op_counts()["core_gather"] == len(split_entries(g)) == g.op_counts()["barrier"]
+        assert "barrier" not in g.op_counts()        # cores wait on the values they read
+        for e in split_entries(g):
+            pieces = [n for n in g.nodes if n.meta.get("piece", {}).get("of") ==
+                      e["node"].lstrip("%")]
+            assert [p.meta["core"] for p in pieces] == list(range(len(pieces))) and pieces
 
 
 def forced(plan: dict, node: str, kind: str) -> dict:
@@ -193,7 +202,7 @@ def test_every_declared_split_is_bit_identical(rng, tmp_path, name, kind):
     reference = bevir.run(graph, inputs)
     checked = 0
     for cores in (2, 3, 4):
-        plan = search(graph, cores, SplitCost())
+        plan = search(graph, FREE_SYNC.with_cores(cores))
         for entry in plan["ops"]:
             cand = next(c for c in entry["candidates"] if c["split"] == kind)
             if not cand["applies"]:
@@ -210,36 +219,44 @@ def test_every_declared_split_is_bit_identical(rng, tmp_path, name, kind):
     assert checked >= 3            # the kind applies on 2, 3 and 4 cores
 
 
-def test_conv_rows_read_their_halo_and_pad_only_at_the_border(rng):
+def test_conv_rows_read_their_halo_and_pad_only_at_the_border(rng, tmp_path):
     graph, _ = conv_nhwc(rng)            # H 11, kernel 3, stride 2, pads 1: 6 output rows
-    plan = forced(search(graph, 2, SplitCost()), "%y", "rows")
+    plan = forced(search(graph, FREE_SYNC.with_cores(2)), "%y", "rows")
     cand = next(c for c in plan["ops"][0]["candidates"] if c["split"] == "rows")
     assert cand["axis"] == 1 and cand["sizes"] == [3, 3]
-    g = graph.clone()
-    bevir.passes.partition.apply_plan(g, plan)
+    save_plan(plan, tmp_path / "rows.json")
+    g = partitioned(graph, 2, plan=str(tmp_path / "rows.json"))
     slices = [(n.attrs["start"], n.attrs["stop"]) for n in g.nodes if n.op == "core_slice"]
     # output row r reads input rows 2r-1..2r+1: rows 0..2 read -1..5 (-1 the top padding),
     # rows 3..5 read 5..11 (11 the bottom padding); row 5 is the halo both read
     assert slices == [(0, 6), (5, 11)]
-    pads = [n.attrs["pads"] for n in g.nodes if n.op == "fx_conv2d"]
-    assert pads == [(1, 1, 0, 1), (0, 1, 1, 1)]
-    # read twice: the halo (one row of 9 x 5 per image) and the weights and bias, which
-    # both cores hold whole
-    assert cand["extra_bytes_read"] == 2 * 9 * 5 + 6 * 5 * 3 * 3 + 6 * 4
+    convs = [n for n in g.nodes if n.op == "fx_conv2d"]
+    assert [n.attrs["pads"] for n in convs] == [(1, 1, 0, 1), (0, 1, 1, 1)]
+    # both pieces take the whole weights and bias (a split of rows does not cut them)
+    assert {n.inputs[1].name for n in convs} == {"w"} and len(g.constants) == 2
+
+
+def test_a_split_of_channels_cuts_the_weights_at_compile_time(rng, tmp_path):
+    graph, inputs = conv_nhwc(rng)
+    plan = forced(search(graph, FREE_SYNC.with_cores(3)), "%y", "channels")
+    save_plan(plan, tmp_path / "channels.json")
+    g = partitioned(graph, 3, plan=str(tmp_path / "channels.json"))
+    convs = [n for n in g.nodes if n.op == "fx_conv2d"]
+    # each core's weights and bias are constants of their own: no core_slice of a constant
+    assert [n.inputs[1].type.shape[0] for n in convs] == [2, 2, 2]
+    assert all(n.inputs[1].is_const and n.inputs[2].is_const for n in convs)
+    assert not any(n.op == "core_slice" and n.inputs[0].is_const for n in g.nodes)
+    assert_bit_exact(bevir.run(g, inputs), bevir.run(graph, inputs))
 
 
 # ---- metadata: the core of every node ----------------------------------------------------
 def test_every_piece_has_its_core_in_meta(rng, tmp_path):
     graph, inputs = chain(rng)
-    g = partitioned(graph, 4, barrier_cycles=0)
+    g = partitioned(graph, 4)
     for n in g.nodes:
-        if n.op == "barrier":
-            assert "core" not in n.meta and len(n.inputs) in (2, 3, 4)
-            pieces = [v.producer for v in n.inputs]
-            assert [p.meta["core"] for p in pieces] == list(range(len(pieces)))
-            assert all(p.output.name.endswith(f".c{k}") for k, p in enumerate(pieces))
-        else:
-            assert n.meta["core"] in range(4), n
+        assert n.meta["core"] in range(4), n
+        if "piece" in n.meta:
+            assert n.output.name.endswith(f".c{n.meta['core']}")
     for n in g.nodes:                    # a core's slices feed only that core's piece
         if n.op == "core_slice":
             assert {u.meta["core"] for u in n.output.users} == {n.meta["core"]}
@@ -254,13 +271,11 @@ def test_plan_lists_every_candidate_its_cycles_the_choice_and_why(rng):
     graph, _ = chain(rng)
     g = partitioned(graph, 4)
     plan = json.loads(json.dumps(plan_of(g)))             # plain JSON
-    assert plan["cores"] == 4 and plan["cost"]["macs_per_cycle"] == 4096
+    assert plan["cores"] == 4 and plan["hw_hash"] == FREE_SYNC.with_cores(4).hash
     assert [(e["node"], e["op"], e["loc"]) for e in plan["ops"]] == \
         [(n.name, n.op, n.loc) for n in graph.nodes]
-    cost = SplitCost()
     for e, node in zip(plan["ops"], graph.nodes):
         assert e["reason"] and e["candidates"][0]["split"] == "none"
-        assert e["candidates"][0]["cycles"] == cost.cycles(node)
         if node.opdef.splits and all(v.type.dtype.is_int for v in node.inputs + node.outputs):
             assert [c["split"] for c in e["candidates"][1:]] == list(node.opdef.splits)
         applies = [c for c in e["candidates"] if c["applies"]]
@@ -268,43 +283,37 @@ def test_plan_lists_every_candidate_its_cycles_the_choice_and_why(rng):
         chosen = next(c for c in applies if c["split"] == e["choice"])
         assert chosen["cycles"] == best                   # the cheapest wins
         for c in applies[1:]:
-            assert c["cycles"] == max(c["per_core"]) + cost.barrier_cycles
             assert sum(c["sizes"]) == node.output.type.shape[c["axis"]]
     reasons = {e["op"]: e["reason"] for e in plan["ops"]}
     assert reasons["reshape"] == "op declares no split"
     assert reasons["fx_dequantize"].startswith("not an integer op")
 
 
-def test_cost_is_the_documented_formula_and_small_ops_stay_unsplit(rng):
-    """Cycles = max(ceil(MACs / 4096), ceil(bytes / 64)); a split adds a barrier of 500."""
+def test_costs_are_the_cycle_models_and_small_ops_stay_unsplit(rng):
+    """On one core an op's candidate is the cycle model's own cycles of it (its operands
+    and result in DDR, as the program runs an unplanned graph); a small add stays on one
+    core, a large convolution splits."""
     b = bevir.Builder("sizes")
     small = b.input("s", fx((4, 8), 5))
-    big = b.input("x", fx((1, 64, 64, 32), 5, layout=Layout.nhwc))
-    w = b.const(ints(rng, (32, 32, 3, 3)), "w", fx((32, 32, 3, 3), 7))
+    big = b.input("x", fx((1, 32, 32, 128), 5, layout=Layout.nhwc))     # compute-bound
+    w = b.const(ints(rng, (128, 128, 3, 3)), "w", fx((128, 128, 3, 3), 7))
     b.output("s2", b.fx_add(small, small, out_frac_bits=4))
     b.output("y", b.fx_conv2d(big, w, pads=(1, 1, 1, 1), out_frac_bits=3))
-    plan = search(b.graph, 4, SplitCost())
+    hw = HWConfig.parse("QC-U 8MB 16MAC x4")
+    plan = search(b.graph, hw)
     add_entry, conv_entry = plan["ops"]
-    # fx_add: 2 x 32 bytes read + 32 written = 96 bytes -> 2 cycles; no split beats that
-    assert add_entry["candidates"][0]["cycles"] == math.ceil(96 / 64)
+    alone = {r.name: r.own_cycles for r in model(b.graph, hw.with_cores(1)).records}
+    for e in plan["ops"]:
+        assert e["candidates"][0]["cycles"] == alone[e["node"]]
     assert add_entry["choice"] == "none" and "no split is cheaper" in add_entry["reason"]
-    # the conv: 64*64*32 outputs x 288 products; rows x4 reads 16 + 2 halo rows a core
-    macs = 64 * 64 * 32 * 288
-    conv_bytes = 64 * 64 * 32 + 32 * 288 + 64 * 64 * 32
-    assert conv_entry["candidates"][0]["cycles"] == max(math.ceil(macs / 4096),
-                                                        math.ceil(conv_bytes / 64))
-    rows = next(c for c in conv_entry["candidates"] if c["split"] == "rows")
-    inner = (18 * 64 * 32 + 32 * 288 + 16 * 64 * 32) / 64     # a middle piece's bytes
-    assert rows["per_core"][1] == max(math.ceil(macs / 4 / 4096), math.ceil(inner))
     assert conv_entry["choice"] != "none" and conv_entry["reason"].startswith(conv_entry["choice"])
 
 
 def test_replay_gives_the_same_graph(rng, tmp_path):
     graph, inputs = chain(rng)
-    g = partitioned(graph, 3, barrier_cycles=0)
+    g = partitioned(graph, 3)
     save_plan(plan_of(g), tmp_path / "plan.json")
-    again = graph.clone()
-    bevir.optimize(again, f"partition{{cores=3, plan={tmp_path / 'plan.json'}}}")
+    again = partitioned(graph, 3, plan=str(tmp_path / "plan.json"))
     assert str(again) == str(g)
     assert [n.meta.get("core") for n in again.nodes] == [n.meta.get("core") for n in g.nodes]
     assert_bit_exact(bevir.run(again, inputs), bevir.run(graph, inputs))
@@ -328,7 +337,7 @@ def test_partition_is_deterministic(rng):
 ])
 def test_a_plan_that_does_not_fit_is_a_clear_error(rng, tmp_path, break_it, message):
     graph, _ = conv_nhwc(rng)
-    plan = forced(search(graph, 4, SplitCost()), "%y", "rows")
+    plan = forced(search(graph, FREE_SYNC.with_cores(4)), "%y", "rows")
     break_it(plan)
     save_plan(plan, tmp_path / "bad.json")
     with pytest.raises(bevir.PassError, match="does not fit the graph") as e:
@@ -346,68 +355,71 @@ def test_a_graph_is_partitioned_once(rng):
 
 def test_format_plan_says_what_was_split(rng):
     graph, _ = chain(rng)
-    text = format_plan(plan_of(partitioned(graph, 4, barrier_cycles=0)))
+    text = format_plan(plan_of(partitioned(graph, 4)))
     print(text)
     assert text.startswith("partition of @chain for 4 cores")
-    assert "fx_conv2d %" in text and "(c/conv)" in text and "cycles: none " in text
+    assert "fx_conv2d %" in text and "(c/conv)" in text
+    assert "cycles with its consumers: none " in text
     assert "op declares no split" in text
 
 
 # ---- the command line --------------------------------------------------------------------
-def test_cli_runs_partitioned_and_prints_the_plan(rng, tmp_path, capsys):
+def test_cli_runs_planned_and_shows_the_figure_sim_reports(rng, tmp_path, capsys):
     from safetensors.numpy import load_file, save_file
     from bevir.cli import main
     graph, inputs = chain(rng)
     bevir.save(graph, tmp_path / "m.bevir")
     save_file(inputs, str(tmp_path / "in.safetensors"))
+    hw = tmp_path / "hw.json"
+    hw.write_text(FREE_SYNC.model_dump_json())
+    model_in = [str(tmp_path / "m.bevir"), "--hw", str(hw)]
     outs = {}
     for cores in ("1", "4"):
         out = tmp_path / f"out{cores}.safetensors"
-        assert main(["run", str(tmp_path / "m.bevir"), "--inputs", str(tmp_path / "in.safetensors"),
+        assert main(["run", *model_in, "--inputs", str(tmp_path / "in.safetensors"),
                      "-o", str(out), "--cores", cores]) == 0
         outs[cores] = load_file(str(out))
     assert "ops split" in capsys.readouterr().err
     assert_bit_exact(outs["4"], bevir.run(graph, inputs))
     assert_bit_exact(outs["1"], outs["4"])
-    assert main(["show", str(tmp_path / "m.bevir"), "--partition", "--cores", "4",
+    assert main(["show", *model_in, "--partition", "--cores", "4",
                  "--plan-out", str(tmp_path / "plan.json")]) == 0
     shown = capsys.readouterr().out
-    assert shown.startswith("partition of @chain for 4 cores") and "cycles: none" in shown
-    assert main(["run", str(tmp_path / "m.bevir"), "--inputs", str(tmp_path / "in.safetensors"),
+    assert shown.startswith("partition of @chain for 4 cores")
+    assert "cycles with its consumers: none" in shown
+    figure = int(shown.split(" -> ")[1].split()[0].replace(",", ""))
+    assert main(["sim", *model_in, "--cores", "4", "--out", str(tmp_path / "perf"),
+                 "--no-plots"]) == 0
+    capsys.readouterr()
+    summary = json.loads((tmp_path / "perf" / "summary.json").read_text())
+    assert summary["makespan_cycles"] == figure           # show --partition = sim
+    assert main(["run", *model_in, "--inputs", str(tmp_path / "in.safetensors"),
                  "--cores", "4", "--plan", str(tmp_path / "plan.json")]) == 0
-    assert main(["run", str(tmp_path / "m.bevir"), "--inputs", str(tmp_path / "in.safetensors"),
+    assert main(["run", *model_in, "--inputs", str(tmp_path / "in.safetensors"),
                  "--cores", "2", "--plan", str(tmp_path / "plan.json")]) == 1
     assert "does not fit the graph: it is for 4 cores" in capsys.readouterr().err
 
 
 # ---- BEVFormer's INT8 graph --------------------------------------------------------------
-@pytest.fixture(scope="module")
-def bevformer_int8():
-    """The `test` config's INT8 graph as the e2e flow builds it, and its inputs."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from examples.bevformer import e2e
-    return e2e.int8_frame("test")
-
-
-@pytest.mark.parametrize("barrier", [500, 0], ids=["default-cost", "no-barrier"])
-def test_bevformer_int8_is_bit_identical_on_1_to_4_cores(bevformer_int8, barrier):
+@pytest.mark.parametrize("hw", [HWConfig.parse("qc-u"), FREE_SYNC], ids=["qc-u", "free-sync"])
+def test_bevformer_int8_is_bit_identical_on_1_to_4_cores(bevformer_int8, hw):
     q, feed = bevformer_int8
     reference = bevir.run(q, feed)
     for cores in (1, 2, 3, 4):
         t0 = time.perf_counter()
-        g = partitioned(q, cores, barrier_cycles=barrier)
+        g = partitioned(q, cores, hw)
         t1 = time.perf_counter()
         out = bevir.run(g, feed)
         kinds = {}
         for e in split_entries(g):
             kinds[f"{e['op']}:{e['choice']}"] = kinds.get(f"{e['op']}:{e['choice']}", 0) + 1
-        print(f"\n{cores} cores, barrier {barrier}: {len(g.nodes)} nodes, split {kinds}; "
+        print(f"\n{cores} cores of {hw.name}: {len(g.nodes)} nodes, split {kinds}; "
               f"partition {t1 - t0:.2f}s, run {time.perf_counter() - t1:.2f}s")
         assert differing(out, reference) == 0, cores
         if cores > 1:
             assert any(k.startswith("qlinear_conv:") for k in kinds)
-        if cores > 1 and barrier == 0:        # the head's integer ops split too
-            assert {"fx_linear", "fx_layer_norm", "fx_softmax", "fx_ms_deform_attn"} <= \
+        if cores > 1 and hw is FREE_SYNC:        # the head's integer ops split too
+            assert {"fx_linear", "fx_softmax", "fx_ms_deform_attn"} <= \
                 {k.split(":")[0] for k in kinds}
 
 
@@ -418,4 +430,4 @@ def test_golden_outputs_stay_as_stored(golden, name):
     partition agrees with them."""
     graph, inputs = GRAPHS[name](np.random.default_rng(0))
     expected = golden(graph, inputs)
-    assert_bit_exact(bevir.run(partitioned(graph, 4, barrier_cycles=0), inputs), expected)
+    assert_bit_exact(bevir.run(partitioned(graph, 4), inputs), expected)

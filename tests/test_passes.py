@@ -192,7 +192,7 @@ def test_option_types_checked_in_python():
         OptsPass(flag=1)
     with pytest.raises(PassError, match="test-opts.*unexpected keyword"):
         make_pass("test-opts", bogus=1)
-    with pytest.raises(TypeError, match="options are int, float, bool or str"):
+    with pytest.raises(TypeError, match="options are int, float, bool, str or HWConfig"):
         class Bad(Pass):
             name = "test-bad-option-type"
             items: list = None

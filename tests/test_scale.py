@@ -219,7 +219,7 @@ def test_evaluation_resumes_and_refuses_other_models(tmp_path):
 # ---- sweep and the CLI --------------------------------------------------------------------
 def test_distributed_sweep_equals_the_local_sweep(local_ray):
     from bevir.flows.sweep import sweep as local_sweep
-    from bevir.hw import HWConfig
+    from bevir.target import HWConfig
     from bevir.scale import sweep
     g = small_graph()
     base = HWConfig.preset("qc-u")
@@ -292,7 +292,7 @@ def test_bevformer_signoff_on_ray_equals_one_process(tmp_path, local_ray):
 def test_evaluation_runs_the_generated_program_too(tmp_path, local_ray):
     """With ``program``, every frame also runs the compiled per-core program: 0 differing
     elements against the golden model on every frame, on Ray."""
-    from bevir.codegen.cprogram import compile
+    from bevir.flows.target import compile
     from test_partition import chain, ints
     graph, _ = chain(np.random.default_rng(0))
     compile(graph, tmp_path / "prog", hw="QC-U 8MB 16MAC x2")

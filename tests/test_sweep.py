@@ -11,11 +11,13 @@ import pytest
 import bevir
 from bevir import DType, Layout, TensorType
 from bevir.cli import main
-from bevir.hw import MB, HWConfig
+from bevir.target import MB, HWConfig
 from bevir.ir.types import FixedPointQuant
-from bevir.sim.cycles import model
-from bevir.sim.fit import FitError, fit_efficiency
-from bevir.flows.sweep import format_table, partitioned, sweep, write
+from bevir.target.cycles import model
+from bevir.target.fit import FitError, fit_efficiency
+from bevir.flows.sweep import format_table, sweep, write
+from bevir.flows.target import plan, simulate
+from bevir.passes import make_pass
 
 BASE = HWConfig.preset("qc-u")
 CORES, MACS, OCM = [1, 2, 4], [8, 16], [MB // 4, 4 * MB]
@@ -62,22 +64,29 @@ def test_one_point_per_config_in_grid_order(points):
         best.label.split()
 
 
-def test_more_macs_or_ocm_never_slow_the_same_partition(points):
-    """For one partition, each term of every op is non-increasing in MACs per PE and in
-    OCM (fewer tiles, fewer spills), so the makespan is too."""
-    at = {(p.hw.cores, p.hw.macs_per_pe, p.hw.ocm_bytes): p.makespan for p in points}
-    for c in CORES:
-        for o in OCM:
-            assert at[c, 16, o] <= at[c, 8, o]
-        for m in MACS:
-            assert at[c, m, 4 * MB] <= at[c, m, MB // 4]
-    # the compute-bound conv gains from twice the lanes; the small OCM spills it to DDR
-    g = partitioned(net(), 1)
-    conv = [model(g, BASE.model_copy(update={"macs_per_pe": m, "ocm_bytes": 4 * MB}))
-            .records[0] for m in (8, 16)]
-    assert conv[0].bound == "compute" and conv[1].terms["mac"] < conv[0].terms["mac"]
-    assert at[1, 16, 4 * MB] < at[1, 8, 4 * MB]
-    assert at[1, 16, MB // 4] > at[1, 16, 4 * MB]
+def test_a_point_is_what_sim_reports_for_the_plan_compile_makes(points):
+    """Each point plans the graph as ``bevir compile`` does and models that plan: the
+    figures of :func:`bevir.flows.target.simulate`, and of the planned graph itself."""
+    for p in points[::3]:
+        profile = simulate(net(), p.hw)
+        assert (p.makespan, p.cycles_per_core, p.ddr_bytes) == \
+            (profile.makespan, profile.cycles_per_core, profile.ddr_bytes)
+        assert model(plan(net(), p.hw), p.hw).makespan == p.makespan
+
+
+def test_more_macs_or_ocm_never_slow_the_same_partition():
+    """For one plan, each term of every op is non-increasing in MACs per PE; for one
+    partition, a larger OCM spills less."""
+    g = plan(net(), BASE)
+    slow, fast = (model(g, BASE.model_copy(update={"macs_per_pe": m})) for m in (8, 16))
+    assert fast.makespan < slow.makespan
+    for a, b in zip(slow.records, fast.records):
+        assert b.terms["mac"] <= a.terms["mac"] and b.own_cycles <= a.own_cycles
+    conv = slow.records[0]
+    assert conv.op == "fx_conv2d" and conv.bound == "compute"
+    small, large = (model(bevir.optimize(net(), f"plan-memory{{ocm={o}}}"),
+                          BASE.model_copy(update={"ocm_bytes": o})) for o in OCM)
+    assert large.makespan < small.makespan and large.ddr_bytes < small.ddr_bytes
 
 
 def test_sweep_writes_json_and_plot(points, tmp_path):
@@ -120,7 +129,7 @@ def measured(graph, hw) -> list[dict]:
 
 
 def test_fit_recovers_a_halved_efficiency():
-    g = partitioned(net(), 2)
+    g = bevir.optimize(net(), [make_pass("partition", hw=BASE.with_cores(2))])
     truth = BASE.model_copy(update={"cores": 2, "efficiency": {"conv": 0.5}})
     base = BASE.model_copy(update={"cores": 2})
     fit = fit_efficiency(g, base, measured(g, truth))
@@ -133,10 +142,10 @@ def test_fit_recovers_a_halved_efficiency():
 
 
 def test_fit_leaves_memory_bound_records_out():
-    """Spilled to DDR (a 64 KB OCM), the conv is DDR-bound even at half efficiency: its
-    time says nothing about compute, so the class keeps its factor."""
-    g = partitioned(net(), 1)
-    small = BASE.model_copy(update={"ocm_bytes": 64 * 1024, "ddr_bytes_per_cycle": 0.5})
+    """Read from DDR at half a byte a cycle, the conv is DDR-bound even at half
+    efficiency: its time says nothing about compute, so the class keeps its factor."""
+    g = net()
+    small = BASE.model_copy(update={"ddr_bytes_per_cycle": 0.5})
     rec = model(g, small.model_copy(update={"efficiency": {"conv": 0.5}})).records[0]
     assert rec.op_class == "conv" and rec.bound == "ddr"
     fit = fit_efficiency(g, small, measured(g, small.model_copy(
@@ -156,7 +165,8 @@ def test_cli_sim_fit_writes_the_fitted_config(tmp_path, capsys):
     g = net()
     bevir.save(g, tmp_path / "net.bevir")
     truth = BASE.model_copy(update={"efficiency": {"norm": 0.25}})
-    (tmp_path / "m.json").write_text(json.dumps(measured(g, truth)))
+    # measured on the plan sim makes (one core: the efficiency does not change it)
+    (tmp_path / "m.json").write_text(json.dumps(measured(plan(g, truth), truth)))
     assert main(["sim", str(tmp_path / "net.bevir"), "--hw", "qc-u", "--fit",
                  str(tmp_path / "m.json"), "--out", str(tmp_path / "o"), "--no-plots"]) == 0
     out = capsys.readouterr().out
@@ -171,18 +181,23 @@ def test_cli_sim_fit_writes_the_fitted_config(tmp_path, capsys):
 
 
 def test_fit_follows_a_mapping_that_changes_with_efficiency():
-    """docs/target.md's conv at half efficiency switches to its pixels x out-channels
-    mapping and becomes OCM-bound (10 + max(ceil(950 / 0.5), 1950) + 124 = 2084 cycles),
-    so any factor in [950 / 1950, 1346 / 1950] explains it: the fit ends inside that range
-    with the measurement reproduced."""
+    """docs/target.md's conv (with a 16-byte broadcast bus) at half efficiency switches to
+    its pixels x out-channels mapping: 900 MAC + 200 ALU cycles become 2200, above its 1800
+    broadcast cycles, so 10 + 124 + 2200 = 2334. The first fit explains that with the
+    pixels/in-channels mapping (1496 cycles of work: 1496 / 2200); there the other mapping
+    wins, whose work (1100) gives 0.5, which reproduces the measurement."""
     hw = HWConfig(pe_rows=4, pe_cols=4, macs_per_pe=8, ocm_bytes_per_cycle=64,
-                  ddr_bytes_per_cycle=32, ddr_latency_cycles=100, dma_burst_bytes=128,
-                  dma_setup_cycles=20, launch_cycles=10)
+                  broadcast_bytes_per_cycle=16, ddr_bytes_per_cycle=32,
+                  ddr_latency_cycles=100, dma_burst_bytes=128, dma_setup_cycles=20,
+                  launch_cycles=10)
     b = bevir.Builder()
-    x = b.input("x", TensorType((1, 16, 10, 10), DType.f32))
-    b.output("y", b.conv2d(x, b.const(np.ones((8, 16, 3, 3), np.float32)), pads=(1,) * 4))
+    x = b.input("x", fx((1, 16, 10, 10), 4))
+    w = b.const(np.ones((8, 16, 3, 3), np.int8), "w", fx((8, 16, 3, 3), 4))
+    b.output("y", b.fx_conv2d(x, w, pads=(1,) * 4, out_frac_bits=4))
+    assert model(b.graph, hw).records[0].mapping == "pixels/in-channels"
     m = measured(b.graph, hw.model_copy(update={"efficiency": {"conv": 0.5}}))
-    assert m[0]["data"]["TotalCycles"] == 2084
+    assert m[0]["data"]["TotalCycles"] == 2334
     fit = fit_efficiency(b.graph, hw, m)
-    assert 950 / 1950 <= fit.hw.efficiency_of("conv") <= 1346 / 1950
+    assert fit.hw.efficiency_of("conv") == pytest.approx(0.5)
+    assert model(b.graph, fit.hw).records[0].mapping == "pixels x out-channels"
     assert fit.error_after == 0 < fit.error_before

@@ -1,28 +1,26 @@
-"""Per-core C programs: a partitioned (and usually memory-planned) graph as one C program
-per core that calls the generated kernels in graph order, with buffer offsets from the
-memory plan, copies between DDR and each core's OCM, and barriers; built with the system
-C compiler into one library per core that needs only libc; run with one thread per core.
+"""Per-core C programs: a lowered graph's schedule (bevir/target/schedule.py: where each
+value lives, what each core does) as one C program per core that calls the generated
+kernels in order, copies between DDR and its OCM, waits for the values other cores make,
+and counts what it does; built with the system C compiler into one library per core that
+needs only libc; run with one thread per core.
 
-    compiled = bevir.codegen.compile(graph, "out/")      # writes and builds out/
-    outputs = compiled.run(inputs)                         # or CompiledProgram.load("out/")
+    program = write_program(planned_graph, "out/")      # bevir.compile plans, then this
+    outputs = program.run(inputs)                          # or CompiledProgram.load("out/")
+    program.counters()                                     # per core and step, and totals
 
-Memory. Each core has an OCM arena; all cores share a DDR arena. A value the plan put in
-OCM (``value.meta["ocm"]``) lives at its planned offset in the OCM of each core holding
-it; any other value lives in DDR. A value also gets a DDR slot where it crosses a
-boundary: written by the host (graph inputs, constants, float pre-processing), read by
-the host (outputs, float post-processing), or read on a core other than its producer's;
-its producer stores it there and then publishes a ready flag, and a reader on another core
-waits for the flag and loads it into its own OCM (or reads it in place). Barriers are full
-barriers of all cores, in graph order. Kernels run on what their core holds.
+Code generation only generates: the graph comes partitioned and memory-planned as it is
+meant to run (``bevir.compile`` / ``bevir.flows.target`` plan it), and every copy, wait
+and in-place DDR access the programs make is a step of its schedule, so the bytes the
+programs count are the bytes the cycle model charges.
 
 Stages. Float nodes run on the host through the golden model; the program has one entry
-per core and device stage (:func:`~bevir.codegen.lower.stages`), so a quantized network
-runs as host pre-processing, the cores, host post-processing.
+per core and device stage, so a quantized network runs as host pre-processing, the cores,
+host post-processing.
 
 Files in the output folder: ``kernels/<kernel>.c`` (TVM's C with an entry taking data
 pointers), ``core<k>.c`` (the program of core k), ``runtime.c`` (barrier, flags, the few
 functions TVM's C calls), ``core<k>.so``, ``manifest.json`` (kernels, buffers, offsets,
-copies, waits and barriers per core, with provenance) and ``graph.bevir`` (the graph,
+copies, waits and counters per core, with provenance) and ``graph.bevir`` (the graph,
 for the host stages). The same graph gives byte-identical sources and manifest.
 """
 from __future__ import annotations
@@ -34,9 +32,8 @@ import json
 import os
 import shutil
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -45,11 +42,9 @@ from ..errors import CodegenError
 from ..ir.graph import Graph, Node, Value
 from ..progress import Progress
 from ..sim.interpreter import Interpreter
+from ..target.schedule import MemoryMap, Place, Step, graph_cores, schedule_of, stages
 from .build import CFLAGS, RUNTIME_C, build_shared, c_kernel_source, cache_dir, include_dirs
-from .lower import (code_digest, dtype_name, kernel_def, kernel_name, op_code_key, signature,
-                    source_key, stages)
-
-ALIGN = 64
+from .lower import dtype_name, kernel_def, kernel_name, signature, source_key
 
 RUNTIME_SYNC = r"""
 #include <sched.h>
@@ -71,171 +66,94 @@ void bevir_barrier(int64_t* bar, int64_t n) {
 """
 
 
-def _align(n: int) -> int:
-    return -(-n // ALIGN) * ALIGN
+#: what the programs count per step (bevir exec --counters): bytes moved between DDR and
+#: OCM, DMA transfers, waits (flags and barriers), kernel calls
+COUNTERS = ("ddr_bytes", "transfers", "waits", "kernel_calls")
 
 
-@dataclass
-class Layout:
-    """Where every value of the device stages lives: DDR slots, OCM offsets per core, the
-    producing core, the ready flags."""
-
-    cores: int
-    ddr: dict[str, int] = field(default_factory=dict)          # value -> DDR offset
-    ocm: dict[tuple[str, int], int] = field(default_factory=dict)  # (value, core) -> offset
-    ocm_size: list[int] = field(default_factory=list)
-    flags: dict[str, int] = field(default_factory=dict)        # value -> flag index
-    ddr_size: int = 0
-
-    def where(self, v: Value, core: int) -> tuple[str, int]:
-        """("ocm", offset) where core holds v on chip, else ("ddr", offset)."""
-        off = self.ocm.get((v.name, core))
-        return ("ocm", off) if off is not None else ("ddr", self.ddr[v.name])
-
-
-def _core(n: Node) -> int:
-    return int(n.meta.get("core", 0) or 0)
-
-
-def producer_core(v: Value, device: set[int]) -> int | None:
-    """The core that produces v (a barrier's result: its operand's), None for the host."""
-    n = v.producer
-    if n is None or id(n) not in device:
-        return None
-    if n.op == "barrier":
-        return producer_core(n.inputs[n.outputs.index(v)], device)
-    return _core(n)
-
-
-def plan_layout(graph: Graph, device: set[int], cores: int) -> Layout:
-    """DDR slots and OCM offsets (from the memory plan's ``meta["ocm"]``) for the values
-    the device stages touch (see the module docstring)."""
-    layout = Layout(cores, ocm_size=[0] * cores)
-    touched: dict[str, Value] = {}
-    readers: dict[str, set] = {}
-    for n in graph.nodes:
-        if id(n) not in device:
-            for v in n.inputs:
-                if v is not None:
-                    readers.setdefault(v.name, set()).add("host")
-            continue
-        for v in n.tensors():
-            touched[v.name] = v
-        for v in n.inputs:
-            if v is not None:
-                readers.setdefault(v.name, set()).add(_core(n) if n.op != "barrier" else None)
-    for v in graph.outputs.values():
-        readers.setdefault(v.name, set()).add("host")
-    for v in touched.values():
-        for e in v.meta.get("ocm") or []:
-            if e["core"] < cores:
-                layout.ocm[(v.name, e["core"])] = e["offset"]
-                layout.ocm_size[e["core"]] = max(layout.ocm_size[e["core"]], e["offset"] + e["size"])
-    for v in touched.values():
-        p = producer_core(v, device)
-        others = readers.get(v.name, set()) - {p, None}
-        if p is None or (v.name, p) not in layout.ocm or others:
-            layout.ddr[v.name] = layout.ddr_size
-            layout.ddr_size += _align(v.type.nbytes)
-        if p is not None and others - {"host"}:
-            layout.flags[v.name] = len(layout.flags)
-    return layout
+def _count(index: int, **fields: int) -> str:
+    """The C that adds to step ``index``'s counters."""
+    return " ".join(f"cnt[{len(COUNTERS) * index + COUNTERS.index(k)}] += {v};"
+                    for k, v in fields.items() if v)
 
 
 class _CoreWriter:
-    """Emits one core's program: each node's loads, waits, kernel call, stores, flags."""
+    """Emits one core's steps as C: waits, loads, the kernel call, stores, flags, and the
+    counters of each."""
 
-    def __init__(self, core: int, layout: Layout, device: set[int]):
-        self.core, self.layout, self.device = core, layout, device
+    def __init__(self, core: int, memory: MemoryMap, kernels: dict[str, str]):
+        self.core, self.memory, self.kernels = core, memory, kernels
         self.lines: list[str] = []
         self.steps: list[dict] = []
-        self.on_chip: set[str] = set()        # values this core has loaded into its OCM
-        self.waited: set[str] = set()
 
-    def ptr(self, v: Value) -> tuple[str, int]:
-        return self.layout.where(v, self.core)
+    @staticmethod
+    def ptr(place: Place) -> str:
+        return f"{place.mem} + {place.offset}"
 
-    def operand(self, v: Value, step: dict) -> tuple[str, int]:
-        """Where the operand is on this core, after waiting for / loading it as needed."""
-        p = producer_core(v, self.device)
-        mem, off = self.layout.where(v, self.core)
-        if p != self.core and v.name not in self.waited and v.name in self.layout.flags:
-            self.lines.append(f"  bevir_wait(flags + {self.layout.flags[v.name]}, epoch);")
-            self.waited.add(v.name)
-            step["waits"].append(v.name)
-        if mem == "ocm" and p != self.core and v.name not in self.on_chip:
-            self.lines.append(f"  memcpy(ocm + {off}, ddr + {self.layout.ddr[v.name]}, "
-                              f"{v.type.nbytes});")
-            self.on_chip.add(v.name)
-            step["loads"].append(v.name)
-        return mem, off
+    def copy(self, dst: str, src: str, nbytes: int) -> None:
+        self.lines.append(f"  memcpy({dst}, {src}, {nbytes});")
 
-    def result(self, v: Value, step: dict) -> None:
-        """Store a result to its DDR slot where it has one and publish it."""
-        mem, off = self.layout.where(v, self.core)
-        if mem == "ocm" and v.name in self.layout.ddr:
-            self.lines.append(f"  memcpy(ddr + {self.layout.ddr[v.name]}, ocm + {off}, "
-                              f"{v.type.nbytes});")
-            step["stores"].append(v.name)
-        if v.name in self.layout.flags:
-            self.lines.append(f"  bevir_publish(flags + {self.layout.flags[v.name]}, epoch);")
-
-    def node(self, n: Node, kernel: str | None) -> None:
-        step = {"node": n.name, "op": n.op, "loc": n.loc, "kernel": kernel, "loads": [],
-                "waits": [], "stores": [], "args": []}
-        self.lines.append(f"  /* {n.name} = {n.op} from '{n.loc}' */")
-        if n.op == "barrier":           # this core's pieces pass through, then all wait
-            for x, y in zip(n.inputs, n.outputs):
-                if producer_core(x, self.device) == self.core:
-                    src, dst = self.operand(x, step), self.ptr(y)
-                    self.lines.append(f"  memcpy({dst[0]} + {dst[1]}, {src[0]} + {src[1]}, "
-                                      f"{x.type.nbytes});")
-                    self.result(y, step)
-            self.lines.append(f"  bevir_barrier(bar, {self.layout.cores});")
-            step["barrier"] = True
-        else:
-            values = [v for v in n.inputs if v is not None]
-            places = [self.operand(v, step) for v in values] + [self.ptr(v) for v in n.outputs]
-            step["args"] = [{"value": v.name, "mem": mem, "offset": off, "bytes": v.type.nbytes}
-                            for v, (mem, off) in zip(values + n.outputs, places)]
-            pointers = ", ".join(f"(void*)({mem} + {off})" for mem, off in places)
-            self.lines.append(f"  {{ void* a[] = {{{pointers}}}; "
-                              f"if (bevir_{kernel}(a)) return {len(self.steps) + 1}; }}")
-            for v in n.outputs:
-                self.result(v, step)
-        self.steps.append(step)
+    def step(self, step: Step) -> None:
+        n, s = step.node, len(self.steps)
+        kernel = self.kernels.get(n.name) if step.kernel else None
+        out = self.lines
+        out.append(f"  /* {n.name} = {n.op} from '{n.loc}' */")
+        for v in step.waits:
+            out.append(f"  bevir_wait(flags + {self.memory.flags[v]}, epoch); "
+                       + _count(s, waits=1))
+        for t in step.loads:
+            self.copy(f"ocm + {t.ocm}", f"ddr + {t.ddr}", t.nbytes)
+            out.append("  " + _count(s, ddr_bytes=t.nbytes, transfers=1))
+        for src, dst in step.copies:         # a barrier: this core's pieces pass through
+            self.copy(self.ptr(dst.place), self.ptr(src.place), src.nbytes)
+        if step.kernel:
+            pointers = ", ".join(f"(void*)({self.ptr(a.place)})" for a in step.args)
+            out.append(f"  {{ void* a[] = {{{pointers}}}; if (bevir_{kernel}(a)) return {s + 1}; }}")
+            out.append("  " + _count(s, kernel_calls=1))
+        in_place = step.ddr_args()
+        if in_place:
+            out.append("  " + _count(s, ddr_bytes=sum(a.nbytes for a in in_place),
+                                     transfers=len(in_place)))
+        for t in step.stores:
+            self.copy(f"ddr + {t.ddr}", f"ocm + {t.ocm}", t.nbytes)
+            out.append("  " + _count(s, ddr_bytes=t.nbytes, transfers=1))
+        for v in step.publishes:
+            out.append(f"  bevir_publish(flags + {self.memory.flags[v]}, epoch);")
+        if step.barrier:
+            out.append(f"  bevir_barrier(bar, {self.memory.cores}); " + _count(s, waits=1))
+        self.steps.append({"node": n.name, "op": n.op, "loc": n.loc, "kernel": kernel,
+                           "loads": [t.value for t in step.loads], "waits": list(step.waits),
+                           "stores": [t.value for t in step.stores],
+                           "args": [{"value": a.value, "mem": a.place.mem,
+                                     "offset": a.place.offset, "bytes": a.nbytes}
+                                    for a in step.args],
+                           "ddr_bytes": step.ddr_bytes, "transfers": len(step.transfers()),
+                           **({"barrier": True} if step.barrier else {})})
 
 
-def generate(graph: Graph, cores: int) -> tuple[dict[str, str], dict[str, Node], dict]:
+def generate(graph: Graph, cores: int | None = None
+             ) -> tuple[dict[str, str], dict[str, Node], dict]:
     """(C sources by file name, each kernel's first node by kernel name, manifest) of the
-    programs."""
-    parts = stages(graph)
-    device = {id(n) for dev, nodes in parts if dev for n in nodes}
-    layout = plan_layout(graph, device, cores)
+    programs of ``graph``'s schedule (:func:`~bevir.target.schedule.schedule_of`)."""
+    sched = schedule_of(graph, cores)
     # each kernel's first node; lowering waits until a kernel's source is not cached
     kernels: dict[str, Node] = {}
     node_kernel: dict[str, str] = {}
-    for n in graph.nodes:
-        if id(n) in device and n.op != "barrier":
-            node_kernel[n.name] = kernel_name(n)
-            kernels.setdefault(node_kernel[n.name], n)
-    writers = [_CoreWriter(k, layout, device) for k in range(cores)]
-    entries: list[list[str]] = [[] for _ in range(cores)]
-    device_stage = 0
-    for dev, nodes in parts:
-        if not dev:
-            continue
-        for w in writers:
-            w.lines.append(f"int bevir_core{w.core}_stage{device_stage}(uint8_t* ddr, uint8_t* ocm, "
-                           "int64_t* flags, int64_t epoch, int64_t* bar) {")
-        for n in nodes:
-            for w in writers:
-                if n.op == "barrier" or _core(n) == w.core:
-                    w.node(n, node_kernel.get(n.name))
-        for w in writers:
+    for step in sched.steps():
+        if step.kernel and step.node.name not in node_kernel:
+            node_kernel[step.node.name] = kernel_name(step.node)
+            kernels.setdefault(node_kernel[step.node.name], step.node)
+    writers = [_CoreWriter(k, sched.memory, node_kernel) for k in range(sched.cores)]
+    entries: list[list[str]] = [[] for _ in range(sched.cores)]
+    for device_stage, stage in enumerate(s for s in sched.stages if s.device):
+        for w, steps in zip(writers, stage.steps):
+            w.lines.append(f"int bevir_core{w.core}_stage{device_stage}(uint8_t* ddr, "
+                           "uint8_t* ocm, int64_t* flags, int64_t epoch, int64_t* bar, "
+                           "int64_t* cnt) {")
+            for step in steps:
+                w.step(step)
             w.lines += ["  return 0;", "}", ""]
             entries[w.core].append(f"bevir_core{w.core}_stage{device_stage}")
-        device_stage += 1
     sources = {}
     for w in writers:
         used = sorted({s["kernel"] for s in w.steps if s["kernel"]})
@@ -245,12 +163,13 @@ def generate(graph: Graph, cores: int) -> tuple[dict[str, str], dict[str, Node],
                 "void bevir_barrier(int64_t*, int64_t);"]
         head += [f"int bevir_{k}(void** data);" for k in used] + [""]
         sources[f"core{w.core}.c"] = "\n".join(head + w.lines)
+    mem = sched.memory
     manifest = {
-        "format": "bevir-program", "version": 1, "graph": graph.name, "cores": cores,
-        "stages": [{"device": dev, "nodes": len(nodes)} for dev, nodes in parts],
-        "ddr_bytes": layout.ddr_size, "ocm_bytes": layout.ocm_size,
-        "ddr": layout.ddr, "flags": layout.flags,
-        "ocm": [{"value": v, "core": c, "offset": o} for (v, c), o in sorted(layout.ocm.items())],
+        "format": "bevir-program", "version": 2, "graph": graph.name, "cores": sched.cores,
+        "stages": [{"device": st.device, "nodes": len(st.nodes)} for st in sched.stages],
+        "ddr_bytes": mem.ddr_size, "ocm_bytes": mem.ocm_size,
+        "ddr": mem.ddr, "flags": mem.flags, "counters": list(COUNTERS),
+        "ocm": [{"value": v, "core": c, "offset": o} for (v, c), o in sorted(mem.ocm.items())],
         "kernels": {name: {"op": n.op, "signature": signature(n), "file": f"kernels/{name}.c",
                            "node": n.name, "loc": n.loc}
                     for name, n in sorted(kernels.items())},
@@ -258,89 +177,6 @@ def generate(graph: Graph, cores: int) -> tuple[dict[str, str], dict[str, Node],
                      for w in writers],
     }
     return sources, kernels, manifest
-
-
-def compile(graph: Graph, out: str | Path, hw: str | None = None,
-            cores: int | None = None, progress: bool | None = None) -> CompiledProgram:
-    """Compile ``graph`` into folder ``out`` and build it. With ``hw`` (a preset, a vendor
-    string such as "QC-U 8MB 16MAC x4"), a copy of the graph is partitioned for its cores
-    by its cycle model (``cores`` overrides) and its OCM planned; with ``cores`` alone it
-    is partitioned and every value stays in DDR; with neither, the graph is taken as it is
-    (partitioned already, or one core). ``progress`` shows a bar over the kernel builds
-    (``None``: when stderr is a terminal). Returns the loaded program."""
-    out = Path(out)
-    key = _plan_key(graph, hw, cores)
-    ops = sorted({n.op: n.opdef for n in graph.nodes}.items())
-    built = cache_dir().parent / "programs" / _digest(
-        key, *(f"{name}:{op_code_key(opdef)}" for name, opdef in ops), " ".join(CFLAGS),
-        os.environ.get("CC", "cc"))
-    if (built / "manifest.json").exists():     # built before: the same files, no work
-        shutil.copytree(built, out, dirs_exist_ok=True)
-        return CompiledProgram.load(out)
-    saved = None
-    if hw is not None or cores is not None:
-        graph, saved = _planned(graph, hw, cores, key)
-    program = write_program(graph, out, progress, saved)
-    _publish(lambda tmp: shutil.copytree(out, tmp, dirs_exist_ok=True), built)
-    return program
-
-
-def _digest(*parts: str) -> str:
-    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:20]
-
-
-def _publish(fill, cached: Path) -> None:
-    """Make the cache folder ``cached`` with ``fill(folder)``, whole or not at all."""
-    tmp = cached.with_name(f"{cached.name}.{os.getpid()}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    fill(tmp)
-    try:
-        tmp.rename(cached)                      # a racing writer's copy wins
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _plan_key(graph: Graph, hw: str | None, cores: int | None) -> str:
-    """The graph's content (text, constants, meta), ``hw``, ``cores`` and the code of the
-    passes: what planning and code generation depend on."""
-    from ..ir.serialize import graph_digest, meta_document
-    doc, arrays = meta_document(graph)
-    h = hashlib.sha256(f"{graph_digest(graph)}|{hw}|{cores}|{code_digest('passes', 'ops', 'ir', 'hw.py')}|"
-                       f"{json.dumps(doc, sort_keys=True)}".encode())
-    for k in sorted(arrays or {}):
-        h.update(k.encode() + np.ascontiguousarray(arrays[k]).tobytes())
-    return h.hexdigest()[:20]
-
-
-def planned(graph: Graph, hw: str | None = None, cores: int | None = None) -> Graph:
-    """A copy of ``graph`` partitioned (unless it is) and, with ``hw``, memory-planned, as
-    :func:`compile` does. The result is cached on disk by the graph's content (text,
-    constants, meta), ``hw``, ``cores`` and the code of the passes, so compiling an
-    unchanged graph again plans nothing."""
-    return _planned(graph, hw, cores, _plan_key(graph, hw, cores))[0]
-
-
-def _planned(graph: Graph, hw: str | None, cores: int | None, key: str) -> tuple[Graph, Path]:
-    """:func:`planned`, and where the planned graph is saved in the cache."""
-    from ..ir.serialize import load, save
-    from ..passes import make_pass, optimize
-    folder = cache_dir().parent / "plans" / key
-    if (folder / "graph.bevir").exists():
-        return load(folder / "graph.bevir"), folder / "graph.bevir"
-    graph = graph.clone()
-    passes = [] if "partition" in graph.meta else [
-        make_pass("partition", cores=cores or 0, hw=hw or "")]
-    if hw is not None:
-        from ..hw import HWConfig
-        config = HWConfig.parse(hw)
-        if cores:
-            config = config.model_copy(update={"cores": cores})
-        passes.append(make_pass("plan-memory", hw=config.describe()))
-    if passes:
-        optimize(graph, passes)             # one pipeline: the input verified once
-    _publish(lambda tmp: save(graph, tmp / "graph.bevir"), folder)
-    return graph, folder / "graph.bevir"
 
 
 def write_program(graph: Graph, out: str | Path, progress: bool | None = None,
@@ -351,8 +187,7 @@ def write_program(graph: Graph, out: str | Path, progress: bool | None = None,
     from ..ir.serialize import constants_path, meta_paths, save
     out = Path(out)
     (out / "kernels").mkdir(parents=True, exist_ok=True)
-    cores = graph.meta["partition"]["cores"] if "partition" in graph.meta else \
-        1 + max((_core(n) for n in graph.nodes), default=0)
+    cores = graph_cores(graph)
     sources, kernels, manifest = generate(graph, cores)
     (out / "runtime.c").write_text(RUNTIME_C + RUNTIME_SYNC)
     for fname, text in sources.items():
@@ -488,12 +323,15 @@ class CompiledProgram:
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The graph's outputs: host stages on the golden model, device stages on the
-        per-core programs, one thread per core."""
+        per-core programs, one thread per core. What the programs did is then in
+        :meth:`counters`."""
         m = self.manifest
         ddr = np.zeros(max(m["ddr_bytes"], 1), np.uint8)
         ocm = [np.zeros(max(n, 1), np.uint8) for n in m["ocm_bytes"]]
         flags = np.zeros(max(len(m["flags"]), 1), np.int64)
         bar = np.zeros(2, np.int64)
+        self._counts = [np.zeros(max(len(p["steps"]), 1) * len(COUNTERS), np.int64)
+                        for p in m["programs"]]
         self._epoch += 1
         env: dict[str, np.ndarray] = {}
         interp = Interpreter(self.graph)
@@ -535,7 +373,8 @@ class CompiledProgram:
             fn.restype = ctypes.c_int
             errors[k] = fn(ctypes.c_void_p(ddr.ctypes.data), ctypes.c_void_p(ocm[k].ctypes.data),
                            ctypes.c_void_p(flags.ctypes.data), ctypes.c_int64(self._epoch),
-                           ctypes.c_void_p(bar.ctypes.data))
+                           ctypes.c_void_p(bar.ctypes.data),
+                           ctypes.c_void_p(self._counts[k].ctypes.data))
         threads = [threading.Thread(target=work, args=(k,)) for k in range(self.cores)]
         for t in threads:
             t.start()
@@ -546,6 +385,23 @@ class CompiledProgram:
                 step = self.manifest["programs"][k]["steps"][e - 1]
                 raise CodegenError(f"kernel {step['kernel']} failed on core {k}", op=step["op"],
                                    node=step["node"], loc=step["loc"])
+
+
+    def counters(self) -> dict:
+        """What the programs counted in the last run: per core, per step (node, op, source
+        layer and each of :data:`COUNTERS`), the core's totals; and the totals of all cores
+        (``ddr_bytes``: bytes moved between DDR and OCM in one frame)."""
+        if not hasattr(self, "_counts"):
+            raise CodegenError("the program has not run yet: no counters")
+        width = len(COUNTERS)
+        cores = []
+        for program, counts in zip(self.manifest["programs"], self._counts):
+            steps = [{"node": st["node"], "op": st["op"], "loc": st["loc"],
+                      **dict(zip(COUNTERS, map(int, counts[i * width:(i + 1) * width])))}
+                     for i, st in enumerate(program["steps"])]
+            totals = {k: sum(st[k] for st in steps) for k in COUNTERS}
+            cores.append({"core": program["core"], "steps": steps, **totals})
+        return {"cores": cores, **{k: sum(c[k] for c in cores) for k in COUNTERS}}
 
 
 def _put(ddr: np.ndarray, offset: int, array: np.ndarray, v: Value) -> None:

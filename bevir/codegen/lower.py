@@ -38,40 +38,6 @@ def dtype_name(t: TensorType) -> str:
     return np.dtype(t.dtype.np).name
 
 
-def lowerable(node: Node) -> bool:
-    """Whether code is generated for ``node``: it gives an integer result or reads a
-    quantized operand (fx_dequantize, the device's way out). Float ops (the geometry
-    before the network, the box decoding after it, a float gather by integer indices) run
-    on the host through the golden model; an integer op without a lowering is an error
-    (:func:`kernel_def`)."""
-    return (any(v.type.dtype.is_int for v in node.outputs)
-            or any(v is not None and v.type.quant is not None for v in node.inputs))
-
-
-def stages(graph: Graph) -> list[tuple[bool, list[Node]]]:
-    """The graph's nodes in stages that alternate between host (False) and device (True):
-    a node's stage is the latest of its producers', one later where it changes sides; a
-    device node's is also at least the previous device node's, so that the device runs its
-    nodes in graph order (the order the memory plan's liveness assumes). A quantized
-    network gives three: float pre-processing, the integer network, float post-processing."""
-    stage: dict[int, int] = {}
-    last_device = 1
-    for n in graph.nodes:
-        dev = lowerable(n)
-        s = last_device if dev else 0
-        for v in n.inputs:
-            if v is not None and v.producer is not None:
-                p = stage[id(v.producer)]
-                s = max(s, p if (p % 2 == 1) == dev else p + 1)
-        stage[id(n)] = s
-        if dev:
-            last_device = s
-    out: list[tuple[bool, list[Node]]] = [(k % 2 == 1, []) for k in range(max(stage.values(), default=0) + 1)]
-    for n in graph.nodes:
-        out[stage[id(n)]][1].append(n)
-    return [(dev, nodes) for dev, nodes in out if nodes]
-
-
 def signature(node: Node) -> str:
     """What a node's kernel depends on: op, attributes, operand and result types. Nodes of
     equal signature share one kernel."""

@@ -19,7 +19,8 @@ from ..errors import CodegenError
 from ..ir.graph import Graph, Node
 from ..sim.interpreter import Interpreter
 from .build import CKernel, HostKernel, build_host
-from .lower import kernel_defs, lowerable
+from ..target.schedule import lowerable
+from .lower import kernel_defs
 from .micro import available as micro_available
 
 

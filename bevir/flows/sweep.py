@@ -5,9 +5,9 @@
     print(format_table(points)); write(points, "sweep/")    # sweep.json, sweep.png
 
 Each grid point is the base config with ``cores``, ``macs_per_pe`` and ``ocm_bytes``
-replaced; the graph is partitioned once per core count (``partition{cores=N}``, whose
-default cost does not read the rest of the config) and modelled by bevir/sim/cycles.py.
-It is a flow, not part of bevir.sim, because it runs a pass (sim sits below passes).
+replaced; the graph is planned for it exactly as ``bevir compile`` plans it
+(bevir/flows/target.py: partition, memory plan) and modelled by bevir/target/cycles.py,
+so a point's figures are what ``bevir sim`` reports for that config.
 """
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..hw import HWConfig, format_size
 from ..ir.graph import Graph
-from ..sim.cycles import model
+from ..target.hw import HWConfig, format_size
+from .target import simulate
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,7 @@ class SweepPoint:
     makespan: int
     cycles_per_core: list[int]
     utilisation: float
+    ddr_bytes: int
     seconds: float
 
     @property
@@ -41,14 +42,9 @@ class SweepPoint:
         return {"config": self.label, "cores": self.hw.cores, "macs_per_pe": self.hw.macs_per_pe,
                 "ocm_bytes": self.hw.ocm_bytes, "makespan_cycles": self.makespan,
                 "cycles_per_core": self.cycles_per_core, "utilisation": self.utilisation,
+                "ddr_bytes": self.ddr_bytes,
                 "model_seconds": self.seconds, "hw": self.hw.model_dump(),
                 "hw_hash": self.hw.hash}
-
-
-def partitioned(graph: Graph, cores: int) -> Graph:
-    """A partitioned copy of ``graph`` for ``cores`` cores (``graph`` is left as it is)."""
-    from ..passes import make_pass, optimize
-    return optimize(graph.clone(), [make_pass("partition", cores=cores)])
 
 
 def grid(base: HWConfig, cores: Sequence[int] = (), macs: Sequence[int] = (),
@@ -64,17 +60,12 @@ def grid(base: HWConfig, cores: Sequence[int] = (), macs: Sequence[int] = (),
     return configs
 
 
-def model_point(graph: Graph, hw: HWConfig, by_cores: dict[int, Graph] | None = None
-                ) -> SweepPoint:
-    """``graph`` partitioned for ``hw.cores`` (kept in ``by_cores`` for the next config
-    with as many cores) and modelled on ``hw``."""
+def model_point(graph: Graph, hw: HWConfig) -> SweepPoint:
+    """``graph`` planned for ``hw`` as ``bevir compile`` plans it, and modelled."""
     t = time.perf_counter()
-    by_cores = {} if by_cores is None else by_cores
-    if hw.cores not in by_cores:
-        by_cores[hw.cores] = partitioned(graph, hw.cores)
-    profile = model(by_cores[hw.cores], hw)
+    profile = simulate(graph, hw)
     return SweepPoint(hw, profile.makespan, profile.cycles_per_core, profile.utilisation,
-                      time.perf_counter() - t)
+                      profile.ddr_bytes, time.perf_counter() - t)
 
 
 def sweep(graph: Graph, base: HWConfig, cores: Sequence[int] = (), macs: Sequence[int] = (),
@@ -83,10 +74,9 @@ def sweep(graph: Graph, base: HWConfig, cores: Sequence[int] = (), macs: Sequenc
     """Model ``graph`` on every config of :func:`grid`. ``progress(i, total, point)``
     after each point."""
     configs = grid(base, cores, macs, ocm)
-    by_cores: dict[int, Graph] = {}
     points = []
     for i, hw in enumerate(configs, 1):
-        points.append(model_point(graph, hw, by_cores))
+        points.append(model_point(graph, hw))
         if progress:
             progress(i, len(configs), points[-1])
     return points

@@ -247,7 +247,7 @@ class OpDef:
     #: as expressions, constant tables) on te tensors; returns the result tensor(s). None:
     #: no lowering (code generation refuses an integer node of the op)
     tvm_lowering: ClassVar[Callable | None] = None
-    #: the GPNPU cycle cost (bevir.sim.cycles); None: the model's default for the op's kind
+    #: the GPNPU cycle cost (bevir.target.cycles); None: the model's default for the op's kind
     cycle_cost: ClassVar[Callable | None] = None
     #: ``onnx_export(e, node, inputs, outputs)``: the op as ONNX nodes (bevir.codegen.onnx;
     #: helpers in bevir.ops.onnx_export). None: the op has no ONNX form

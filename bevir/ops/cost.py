@@ -5,7 +5,7 @@ An op's ``cycle_cost(c) -> Work`` says how its MACs map onto the PE array (candi
 non-MAC work takes. Bytes are not declared: they follow from the operand and result types
 (``OpDef.cost``). An op without ``cycle_cost`` gets :func:`default_work`: data movement
 for ``moves_data`` ops, its MACs spread over every lane, or one ALU operation per element.
-The units are symbolic (``rows``, ``cols``, ``pes``, ``lanes``, ``macs``); bevir/sim/cycles.py
+The units are symbolic (``rows``, ``cols``, ``pes``, ``lanes``, ``macs``); bevir/target/cycles.py
 resolves them from the HWConfig, so no op knows the machine.
 """
 from __future__ import annotations
@@ -14,6 +14,10 @@ from dataclasses import dataclass, field
 
 #: the array units a mapping loop divides by ("macs": every lane of every PE)
 UNITS = ("rows", "cols", "pes", "lanes", "macs")
+
+#: ALU operations per result of a requantizing epilogue: add the bias (or zero point),
+#: multiply by the requantizing multiplier, round (shift or round to nearest), saturate
+REQUANTIZE_OPS = 4
 
 
 @dataclass(frozen=True)

@@ -281,7 +281,6 @@ class _FxProduct(Contraction):
     kept fine for a softmax)."""
 
     attrs = {**_OUT, **_WIDE}
-    epilogue_ops = 4    # cycle model: bias add, requantizing multiply, rounding shift, saturate
 
     def weight_axis(self, w: TensorType) -> int | None:
         """The axis of w along which it may be quantized per output channel."""

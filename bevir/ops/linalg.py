@@ -12,7 +12,7 @@ from ..ir.types import Layout, TensorType
 from ..ir.opdef import Bool, FixedLowering, Float, Int, Ints, OpDef, Piece, aligned_range
 from . import native
 from .common import ArrayCache, check_windows, float_operands, read_only, require
-from .cost import PEMapping, Work
+from .cost import REQUANTIZE_OPS, PEMapping, Work
 from .layout_rules import NATIVE
 from .onnx_export import onnx_as
 
@@ -547,10 +547,15 @@ class Contraction(OpDef):
     def macs(self, c):
         return c.out_types[0].numel * self.reduction(c, *c.in_types[:2])
 
-    #: cycle model: the class of its efficiency factor, ALU operations per result
-    #: (the epilogue: bias, requantization)
+    #: cycle model: the class of its efficiency factor
     op_class = "matmul"
-    epilogue_ops = 1
+
+    def epilogue_ops(self, c) -> int:
+        """ALU operations per result after the sum: a requantizing epilogue where the
+        result is narrower than the int32 accumulator (the INT8 and 16-bit products,
+        QLinear and fixed point alike), else the bias add."""
+        out = c.out_types[0].dtype
+        return REQUANTIZE_OPS if out.is_int and out.np.itemsize < 4 else 1
 
     def gemm_dims(self, c) -> tuple[int, int, int, int]:
         """(batch, M, N, K): results as batch x [M, N], each a K-long sum of products.
@@ -572,7 +577,7 @@ class Contraction(OpDef):
 
     def cycle_cost(self, c) -> Work:
         return Work(self.op_class, self.pe_mappings(c),
-                    alu_ops=self.epilogue_ops * c.out_types[0].numel,
+                    alu_ops=self.epilogue_ops(c) * c.out_types[0].numel,
                     tile_weight_bytes=self.tile_weight_bytes(c),
                     weight_bytes=c.in_types[1].nbytes)
 
@@ -654,13 +659,15 @@ class Convolution(Contraction):
         n, o, oh, ow = nchw_dims(c.out_types[0])
         _, cg, kh, kw = c.in_types[1].shape
         og = o // c.groups
-        pixels = ((oh, "rows"), (ow, "cols"))
-        return (PEMapping("pixels/in-channels", pixels + ((cg, "lanes"),), o * kh * kw, n),
+        # the images share the weights: their rows stack down the PE rows (a batch as an
+        # outer loop would leave rows idle where an image is shorter than the array)
+        pixels = ((n * oh, "rows"), (ow, "cols"))
+        return (PEMapping("pixels/in-channels", pixels + ((cg, "lanes"),), o * kh * kw),
                 PEMapping("pixels/out-channels", pixels + ((og, "lanes"),),
-                          c.groups * cg * kh * kw, n, (2,)),
+                          c.groups * cg * kh * kw, 1, (2,)),
                 # small images: pixels down the rows, a group's output channels across
-                PEMapping("pixels x out-channels", ((oh * ow, "rows"), (og, "cols"),
-                                                    (cg, "lanes")), c.groups * kh * kw, n,
+                PEMapping("pixels x out-channels", ((n * oh * ow, "rows"), (og, "cols"),
+                                                    (cg, "lanes")), c.groups * kh * kw, 1,
                           (1,)))
 
 

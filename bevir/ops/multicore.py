@@ -2,9 +2,11 @@
 of a tensor, the synchronisation of the cores, and the assembly of their pieces.
 
     %x.c1.0 = core_slice(%x) {axis=1, start=4, stop=8}      core 1's rows of %x
-    %y.c1 = fx_conv2d(%x.c1.0, %w, %b) {...}                 the same op on core 1's slice
-    %y.c0.done, ... = barrier(%y.c0, %y.c1, ...)             every core has its piece
-    %y = core_gather(%y.c0.done, ...) {axis=1}               the pieces, in core order
+    %y.c1 = fx_conv2d(%x.c1.0, %w.4_8, %b.4_8) {...}         the same op on core 1's slice
+    %y = core_gather(%y.c0, %y.c1, ...) {axis=1}             the pieces, in core order
+
+(``barrier`` makes every core wait for all; the partition pass writes none: the cores
+synchronise on the values they exchange.)
 
 For the golden model they are data movement (a slice, the identity, a concatenation), so
 a partitioned graph computes exactly what the graph did. The core a node runs on is its
@@ -73,6 +75,11 @@ class CoreSlice(OpDef):
     def compute(self, c, x):
         axis = norm_axis(c.axis, x.ndim)
         return np.ascontiguousarray(x[(slice(None),) * axis + (slice(c.start, c.stop),)])
+
+    def cost(self, node):
+        """It reads only its range of x."""
+        out = node.outputs[0].type.nbytes
+        return {"macs": 0, "bytes_read": out, "bytes_written": out}
 
 
 class CoreGather(OpDef):

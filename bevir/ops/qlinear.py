@@ -29,6 +29,7 @@ from .linalg import (CONV_ATTRS, F32_EXACT, NCHW_CHANNEL_LIMIT, Convolution, Mat
 from .nn import POOL_ATTRS, pool_infer, pool_out, spatial_axes, window_taps
 from .numerics import (conv_multiplier, fma32, lookup_table, mlas_logistic, requantize,
                        saturate_round)
+from .cost import per_element
 from .onnx_export import identity, integer_product, onnx_as, qdq
 
 F32, F64 = np.float32, np.float64
@@ -483,6 +484,8 @@ class QLinearAdd(_QBinary):
     name = "qlinear_add"
     onnx_export = qdq("add")
     nhwc = LayoutRule(check=_qlinear_add_ok)
+    #: cycle model: two multiply-adds (fma(V, rV, fma(S, rS, fixed))), round, saturate
+    cycle_cost = per_element(4)
 
     def formula(self, c, a, b, a_first):
         ta, tb, tc = c.in_types[0], c.in_types[1], c.out_types[0]
@@ -505,6 +508,9 @@ class QLinearMul(_QBinary):
     name = "qlinear_mul"
     onnx_export = qdq("mul")
     nhwc = ELEMENTWISE
+    #: cycle model: the zero points off (2), the product, times the scale, + zc, round,
+    #: saturate
+    cycle_cost = per_element(7)
 
     def formula(self, c, a, b, a_first):
         ta, tb, tc = c.in_types[0], c.in_types[1], c.out_types[0]

@@ -35,6 +35,16 @@ from .analysis import AnalysisManager
 
 _PASSES: dict[str, type[Pass]] = {}
 _OPTION_TYPES = {"int": int, "float": float, "bool": bool, "str": str}
+
+
+def _hw_config():
+    from ..target.hw import HWConfig
+    return HWConfig
+
+
+#: option types beyond the scalars: a class with ``from_option(text)`` and ``option_text()``
+#: (the text a pipeline prints back); such an option defaults to None (not given)
+_RICH_OPTION_TYPES = {"HWConfig | None": _hw_config}
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
 _BARE_VALUE = re.compile(r'[^,{}=\s"]+')
 
@@ -46,7 +56,8 @@ class Pass:
     Class attributes: ``name`` (the pipeline name; defining it registers the class),
     ``description`` (one line) and ``preserves`` (analysis classes that stay valid when the
     pass changes the graph; every other cached analysis is dropped). Dataclass fields are
-    the options: ``int``, ``float``, ``bool`` or ``str``, with defaults.
+    the options: ``int``, ``float``, ``bool`` or ``str``, with defaults, or ``HWConfig |
+    None = None`` (a hardware config: a preset, a vendor string or JSON in the text).
 
     Numerics, as :class:`~bevir.passes.instruments.VerifyNumerics` checks them against the
     golden interpreter: ``semantics_preserving`` (default True) says the graph computes
@@ -117,15 +128,32 @@ class Pass:
 
 
 def _option_type(cls: type, f: dataclasses.Field) -> type:
+    if f.type in _RICH_OPTION_TYPES:
+        if f.default is not None:
+            raise TypeError(f"pass {cls.__qualname__}: option '{f.name}' must default to None")
+        return _RICH_OPTION_TYPES[f.type]()
     t = _OPTION_TYPES.get(f.type, f.type) if isinstance(f.type, str) else f.type
     if t not in (int, float, bool, str):
         raise TypeError(f"pass {cls.__qualname__}: option '{f.name}' has type {f.type!r}; "
-                        "options are int, float, bool or str")
+                        "options are int, float, bool, str or HWConfig | None")
     return t
+
+
+def _rich(t: type) -> bool:
+    return hasattr(t, "from_option")
 
 
 def _check_option(p: Pass | type, key: str, t: type, value: Any) -> Any:
     name = getattr(p, "name", type(p).__name__)
+    if _rich(t):
+        if value is None or isinstance(value, t):
+            return value
+        if isinstance(value, str):             # a preset, a vendor string, JSON
+            try:
+                return t.from_option(value)
+            except BevirError as e:
+                raise PassError(f"pass '{name}': option '{key}': {e.message}") from None
+        raise PassError(f"pass '{name}': option '{key}' must be {t.__name__}, got {value!r}")
     ok = (isinstance(value, bool) if t is bool else
           isinstance(value, int) and not isinstance(value, bool) if t is int else
           isinstance(value, (int, float)) and not isinstance(value, bool) if t is float else
@@ -153,7 +181,7 @@ def _parse_option(cls: type[Pass], key: str, text: str) -> Any:
         elif t is float:
             value = float(text)
         else:
-            value = text
+            value = text          # rich types are read by _check_option
     except ValueError:
         raise PassError(f"pass '{cls.name}': option '{key}' must be {t.__name__}, "
                         f"got '{text}'") from None
@@ -161,6 +189,8 @@ def _parse_option(cls: type[Pass], key: str, text: str) -> Any:
 
 
 def _fmt_option(v: Any) -> str:
+    if hasattr(v, "option_text"):
+        v = v.option_text()
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, (int, float)):

@@ -37,9 +37,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import PassError, VerifyError
-from ..hw import HWConfig
 from ..ir.graph import Graph, Node, Value
 from ..ir.meta import register_meta_key
+from ..target.hw import HWConfig
+from ..target.schedule import core_of, held_tensors
 from .analysis import AnalysisManager, Liveness
 from .core import Pass
 
@@ -53,12 +54,28 @@ PLAN_VERSION = 1
 
 
 # ---- the timeline -----------------------------------------------------------------------
+@dataclass(frozen=True, order=True)
+class BufferKey:
+    """What a buffer holds: value ``value``, as loaded from DDR for the node at step
+    ``load`` (None: the value itself), or the stage buffer of streamed node ``stage``."""
+
+    value: str
+    load: int | None = None
+    stage: bool = False
+
+    def __str__(self) -> str:
+        if self.stage:
+            return f"the stage buffer of {self.value}"
+        return f"%{self.value}" + (f" (loaded for step {self.load})" if self.load is not None
+                                   else "")
+
+
 @dataclass(frozen=True)
 class Step:
     """One step of the timeline: the OCM buffers it touches, on its core."""
 
     core: int
-    keys: tuple[str, ...]
+    keys: tuple[BufferKey, ...]
     node: Node            # the node run (for a planned DMA: the node it serves)
     compute: bool         # False for a DMA
 
@@ -67,7 +84,7 @@ class Step:
 class Buffer:
     """One value on one core: ``size`` bytes (aligned) live in steps [start, end]."""
 
-    key: str
+    key: BufferKey
     core: int
     size: int
     start: int
@@ -81,23 +98,20 @@ def _align(n: int, align: int) -> int:
 
 
 def node_core(node: Node, cores: int, shared: bool) -> int:
-    """The core a node runs on (``node.meta["core"]``, default 0); 0 for a shared OCM."""
-    core = node.meta.get("core", 0)
-    if not isinstance(core, int) or not 0 <= core < cores:
-        raise PassError(f"node core {core!r} is not one of the {cores} cores",
-                        node=node.name, op=node.op, loc=node.loc)
-    return 0 if shared else core
+    """The core whose OCM a node uses: its core (``node.meta["core"]``), 0 for a shared
+    OCM."""
+    return 0 if shared else core_of(node, cores)
 
 
-def _distinct(values: Iterable[str]) -> tuple[str, ...]:
-    return tuple(dict.fromkeys(values))
+def _distinct(keys: Iterable[BufferKey]) -> tuple[BufferKey, ...]:
+    return tuple(dict.fromkeys(keys))
 
 
-def _buffers(steps: Sequence[Step], sizes: dict[str, int], static: Iterable[str],
-             pinned_in: Iterable[str], pinned_out: Iterable[str]) -> list[Buffer]:
+def _buffers(steps: Sequence[Step], sizes: dict[BufferKey, int], static: Iterable[BufferKey],
+             pinned_in: Iterable[BufferKey], pinned_out: Iterable[BufferKey]) -> list[Buffer]:
     """The buffers of a timeline, in order of first touch (the order ties break by)."""
     last = max(len(steps) - 1, 0)
-    bufs: dict[tuple[int, str], Buffer] = {}
+    bufs: dict[tuple[int, BufferKey], Buffer] = {}
     for t, s in enumerate(steps):
         for k in s.keys:
             b = bufs.get((s.core, k))
@@ -106,9 +120,6 @@ def _buffers(steps: Sequence[Step], sizes: dict[str, int], static: Iterable[str]
             else:
                 b.end = t
     static, pinned_in, pinned_out = set(static), list(pinned_in), list(pinned_out)
-    for k in pinned_in + pinned_out:          # a graph input or output no node touches
-        if not any(b.key == k for b in bufs.values()):
-            bufs[0, k] = Buffer(k, 0, sizes[k], 0, last)
     for b in bufs.values():
         if b.key in static:
             b.start, b.end, b.static = 0, last, True
@@ -124,23 +135,21 @@ def graph_timeline(graph: Graph, cores: int = 1, shared: bool = False, align: in
     """The buffers of ``graph`` as it stands: every value not marked ``mem="ddr"`` on
     each core that touches it, with its live range, and the stage buffer of each streamed
     node (the verifier's view)."""
-    ocm = lambda v: v is not None and v.meta.get("mem", "ocm") != "ddr"  # noqa: E731
+    ocm = lambda v: v.meta.get("mem", "ocm") != "ddr"  # noqa: E731
+    key = lambda v: BufferKey(v.name)  # noqa: E731
     stages = [n for n in graph.nodes if "stream" in n.meta]
     steps = [Step(node_core(n, cores, shared),
-                  _distinct([v.name for v in n.inputs if ocm(v)] +
-                            [v.name for v in n.outputs if ocm(v)] +
+                  _distinct([key(v) for v in held_tensors(n) if ocm(v)] +
                             [_stage_key(n)] * ("stream" in n.meta)), n, n.op != "dma_copy")
              for n in graph.nodes]
-    sizes = {v.name: _align(v.type.nbytes, align) for v in graph.values()}
+    sizes = {key(v): _align(v.type.nbytes, align) for v in graph.values()}
     sizes.update({_stage_key(n): n.meta["stream"]["size"] for n in stages})
-    return _buffers(steps, sizes, [v.name for v in graph.constants.values() if ocm(v)],
-                    [v.name for v in graph.inputs if ocm(v)],
-                    [v.name for v in graph.outputs.values() if ocm(v)])
+    return _buffers(steps, sizes, [key(v) for v in graph.constants.values() if ocm(v)],
+                    [key(v) for v in graph.inputs if ocm(v)],
+                    [key(v) for v in graph.outputs.values() if ocm(v)])
 
 
 # ---- the plan's timeline: node steps, some values in DDR, some loads prefetched ------------
-def _load_key(name: str, i: int) -> str:
-    return f"{name}@{i}"
 
 
 class _Timeline:
@@ -168,28 +177,31 @@ class _Timeline:
         self.touches: dict[str, dict[int, list[int]]] = {}   # value -> core -> node steps
         self.readers: dict[str, list[int]] = {}
         for i, n in enumerate(self.nodes):
+            held = held_tensors(n)
             for v in n.tensors():
                 self._see(v, align)
+            for v in held:
                 self.touches[v.name].setdefault(self.core[i], []).append(i)
+            held_ids = {id(v) for v in held}
             for v in n.distinct_inputs():
-                self.readers[v.name].append(i)
+                if id(v) in held_ids:
+                    self.readers[v.name].append(i)
         self.producer = {v.name: index[id(v.producer)] for v in self.values.values()
                          if v.producer is not None}
         self.static = {v.name for v in graph.constants.values()}
         self.pinned_in = {v.name for v in graph.inputs}
         self.pinned_out = {v.name for v in graph.outputs.values()}
         for v in list(graph.inputs) + list(graph.outputs.values()):
-            self._see(v, align)
-            if not self.touches[v.name]:                     # no node touches it
-                self.touches[v.name][0] = []
+            self._see(v, align)                 # held nowhere if no node holds it
         self.live = {c: np.zeros(len(self.nodes) or 1, dtype=np.int64)
                      for c in sorted({c for t in self.touches.values() for c in t} | {0})}
         for name in self.values:
             self._add(self.ocm_intervals(name), +1)
+        self.bound_in_ocm = {c: int(live.max()) for c, live in self.live.items()}
         self.stages = self._stages(ocm) if stream else {}
         for i, (stripes, size) in self.stages.items():
             self.live[self.core[i]][i] += size
-        self.streamed_values = {v.name for i in self.stages for v in self.nodes[i].tensors()}
+        self.streamed_values = {v.name for i in self.stages for v in held_tensors(self.nodes[i])}
         for name in self.values:
             if name in self.streamed_values:
                 self.to_ddr(name)
@@ -200,7 +212,7 @@ class _Timeline:
         computed on), each stripe at most a quarter of the OCM. Node -> (stripes, bytes)."""
         out = {}
         for i, n in enumerate(self.nodes):
-            working = sum(self.size[v.name] for v in n.tensors())
+            working = sum(self.size[v.name] for v in set(held_tensors(n)))
             if working > ocm:
                 stripes = -(-working // max(ocm // 4, 1))
                 out[i] = (stripes, 2 * _align(-(-working // stripes), self.align))
@@ -216,19 +228,19 @@ class _Timeline:
         out = []
         for c, steps in self.touches[name].items():
             if name in self.static:
-                out.append((c, 0, self.last, name, True))
+                out.append((c, 0, self.last, BufferKey(name), True))
                 continue
             start = 0 if name in self.pinned_in or not steps else steps[0]
             end = self.last if name in self.pinned_out or not steps else steps[-1]
-            out.append((c, start, end, name, False))
+            out.append((c, start, end, BufferKey(name), False))
         return out
 
     def ddr_intervals(self, name: str) -> list[tuple]:
-        out = [(self.core[i], i - ((name, i) in self.prefetch), i, _load_key(name, i), False)
+        out = [(self.core[i], i - ((name, i) in self.prefetch), i, BufferKey(name, load=i), False)
                for i in self.readers[name] if i not in self.stages]
         p = self.producer.get(name)
-        if p is not None and p not in self.stages:         # its result, until the store
-            out.append((self.core[p], p, p, name, False))
+        if p is not None and p not in self.stages:
+            out.append((self.core[p], p, p, BufferKey(name), False))   # its result, until stored
         return out
 
     def intervals(self, name: str) -> list[tuple]:
@@ -236,7 +248,7 @@ class _Timeline:
 
     def _add(self, intervals: list[tuple], sign: int) -> None:
         for c, start, end, key, _ in intervals:
-            self.live[c][start:end + 1] += sign * self.size[key.rsplit("@", 1)[0]]
+            self.live[c][start:end + 1] += sign * self.size[key.value]
 
     def fits(self, ocm: int) -> bool:
         return all(int(live.max()) <= ocm for live in self.live.values())
@@ -265,22 +277,24 @@ class _Timeline:
     def loads(self, i: int) -> list[str]:
         if i in self.stages:
             return []                           # the node streams its DDR operands itself
-        return [v.name for v in self.nodes[i].distinct_inputs() if v.name in self.ddr]
+        n = self.nodes[i]
+        held = {id(v) for v in held_tensors(n)}
+        return [v.name for v in n.distinct_inputs() if v.name in self.ddr and id(v) in held]
 
     def touched_at(self, i: int) -> set[str]:
-        return {v.name for v in self.nodes[i].tensors()}
+        return {v.name for v in held_tensors(self.nodes[i])}
 
     def buffers(self) -> list[Buffer]:
         """Every buffer (in order of first touch), for placement."""
-        out = [Buffer(key, c, self.size[key.rsplit("@", 1)[0]], start, end, static)
+        out = [Buffer(key, c, self.size[key.value], start, end, static)
                for name in self.values for c, start, end, key, static in self.intervals(name)]
         out += [Buffer(_stage_key(self.nodes[i]), self.core[i], size, i, i)
                 for i, (_, size) in self.stages.items()]
         return sorted(out, key=lambda b: (b.start, b.end))
 
 
-def _stage_key(node: Node) -> str:
-    return f"#stage:{node.name}"
+def _stage_key(node: Node) -> BufferKey:
+    return BufferKey(node.name, stage=True)
 
 
 # ---- bounds and placement -----------------------------------------------------------------
@@ -395,12 +409,12 @@ class PlanMemory(Pass):
     search_steps: int = 200           # placements the hill-climb may try per core
     double_buffer: bool = True        # issue loads one node early where the OCM allows
     stream: bool = True               # stream ops that do not fit the OCM through a stage
-    hw: str = ""                      # a hardware config: ocm, cores and shared from it
+    hw: HWConfig | None = None        # a hardware config: ocm, cores and shared from it
 
     def __post_init__(self):
         super().__post_init__()
-        if self.hw:
-            self._from_config(HWConfig.parse(self.hw))
+        if self.hw is not None:
+            self._from_config(self.hw)
 
     def _from_config(self, hw: HWConfig) -> None:
         """Take ocm, cores and shared from ``hw``; one given otherwise contradicts it."""
@@ -409,7 +423,7 @@ class PlanMemory(Pass):
                             ("shared", hw.ocm_shared)):
             if getattr(self, name) not in (fields[name], value):
                 raise PassError(f"pass 'plan-memory': {name}={getattr(self, name)} "
-                                f"contradicts hw={self.hw!r} ({name} {value})")
+                                f"contradicts hw={self.hw.option_text()!r} ({name} {value})")
             setattr(self, name, value)
 
     def run(self, graph: Graph, am: AnalysisManager) -> None:
@@ -492,10 +506,10 @@ class PlanMemory(Pass):
             if best is not None:
                 return best
         node = tl.nodes[t]
-        held = sorted(((tl.size[key.rsplit("@", 1)[0]], key) for name in tl.values
+        held = sorted(((tl.size[key.value], key) for name in tl.values
                        for c, start, end, key, _ in tl.intervals(name)
                        if c == core and start <= t <= end), key=lambda h: -h[0])
-        held = ", ".join(f"%{key.split('@')[0]} {size}" for size, key in held[:8])
+        held = ", ".join(f"%{key.value} {size}" for size, key in held[:8])
         if not placement:
             raise PassError(f"needs {int(live[t])} bytes of on-chip memory at once ({held}), "
                             f"more than the {self.ocm} bytes of core {core}, and none of them "
@@ -543,7 +557,7 @@ class PlanMemory(Pass):
                      figures: dict[int, dict]) -> None:
         nodes = list(graph.nodes)
         loads = [sched.loads(i) for i in range(len(nodes))]     # before stores rename uses
-        key_value: dict[str, Value] = {}
+        key_value: dict[BufferKey, Value] = {}
         ddr_value: dict[str, Value] = {}
         for v in list(graph.inputs) + list(graph.constants.values()):
             if v.name in sched.ddr:
@@ -573,7 +587,7 @@ class PlanMemory(Pass):
                     if (name, i + 1) in sched.prefetch:
                         self._load(graph, name, i + 1, nodes[i + 1], n, ddr_value, key_value)
         for v in graph.values():
-            key_value.setdefault(v.name, v)
+            key_value.setdefault(BufferKey(v.name), v)
         stage = {_stage_key(nodes[i]): (nodes[i], stripes) for i, (stripes, _) in sched.stages.items()}
         for b in bufs:
             if b.key in stage:
@@ -601,13 +615,13 @@ class PlanMemory(Pass):
         return d
 
     def _load(self, graph: Graph, name: str, i: int, user: Node, before: Node,
-              ddr_value: dict[str, Value], key_value: dict[str, Value]) -> None:
+              ddr_value: dict[str, Value], key_value: dict[BufferKey, Value]) -> None:
         src = ddr_value[name]
         d = self._dma(graph, src, "ddr", "ocm", user, before=before)
         for j, v in enumerate(user.inputs):
             if v is not None and v.name in (name, src.name):
                 user.set_input(j, d.output)
-        key_value[_load_key(name, i)] = d.output
+        key_value[BufferKey(name, load=i)] = d.output
 
     def _record(self, graph: Graph, sched: _Timeline, figures: dict[int, dict[str, int]]) -> None:
         ddr = list(sched.ddr)
@@ -617,12 +631,18 @@ class PlanMemory(Pass):
             "options": {"ocm": self.ocm, "cores": self.cores, "shared": self.shared,
                         "align": self.align, "seed": self.seed,
                         "search_steps": self.search_steps, "double_buffer": self.double_buffer,
-                        **({"hw": self.hw, "hw_hash": HWConfig.parse(self.hw).hash}
-                           if self.hw else {})},
+                        **({"hw": self.hw.option_text(), "hw_hash": self.hw.hash}
+                           if self.hw is not None else {})},
             "cores": [{"core": c, **figures[c]} for c in sorted(figures)],
             "ddr_values": ddr,
             "ddr_bytes": sum(sizes[n] for n in ddr),
             "prefetched_loads": len(sched.prefetch),
+            # before any spill: every value in OCM on each core holding it
+            "liveness_bound": max(sched.bound_in_ocm.values(), default=0),
+            "forced": [n for n in ddr if n in sched.streamed_values],
+            "forced_bytes": sum(sizes[n] for n in ddr if n in sched.streamed_values),
+            "spilled": [n for n in ddr if n not in sched.streamed_values],
+            "spilled_bytes": sum(sizes[n] for n in ddr if n not in sched.streamed_values),
         }
         bound = max(f["lower_bound"] for f in figures.values()) if figures else 0
         peak = max(f["peak"] for f in figures.values()) if figures else 0
@@ -646,6 +666,17 @@ class MemoryPlan:
     dma_ops: int
     dma_bytes: int
     prefetched_loads: int
+    #: the largest bytes live at once on a core with every value in OCM (before spilling)
+    liveness_bound: int
+    #: values in DDR because an op's operands and results exceed the OCM (streamed), and
+    #: values the plan chose to move there (spilled), with their bytes
+    forced: list[str]
+    forced_bytes: int
+    spilled: list[str]
+    spilled_bytes: int
+    #: bytes the plan's dma_copy ops load into OCM and store to DDR
+    reload_bytes: int
+    store_bytes: int
 
     def to_json(self) -> str:
         """The plan as JSON text, keys sorted: equal plans give equal bytes."""
@@ -665,8 +696,13 @@ class MemoryPlan:
             lines.append(f"  core {c['core']}: peak {c['peak']} / lower bound {c['lower_bound']}"
                          f" = {r:.3f} ({100 * c['peak'] / o['ocm']:.1f}% of OCM; "
                          f"{c['static_bytes']} bytes of resident constants)")
-        lines.append(f"  DDR: {len(self.ddr_values)} values, {self.ddr_bytes} bytes; "
-                     f"{self.dma_ops} dma_copy ops moving {self.dma_bytes} bytes, "
+        lines.append(f"  liveness bound before spilling: {self.liveness_bound:,} bytes "
+                     f"({self.liveness_bound / o['ocm']:.1f}x the OCM)")
+        lines.append(f"  DDR: {len(self.ddr_values)} values, {self.ddr_bytes:,} bytes: "
+                     f"{len(self.forced)} forced ({self.forced_bytes:,} bytes: streamed ops "
+                     f"larger than the OCM), {len(self.spilled)} spilled by choice "
+                     f"({self.spilled_bytes:,} bytes); {self.dma_ops} dma_copy ops reload "
+                     f"{self.reload_bytes:,} and store {self.store_bytes:,} bytes, "
                      f"{self.prefetched_loads} loads double-buffered")
         return "\n".join(lines)
 
@@ -686,13 +722,16 @@ def memory_plan(graph: Graph) -> MemoryPlan:
     bufs = []
     for b in graph_timeline(graph, o["cores"], o["shared"], o["align"]):
         placed = _placement(by_name[b.key], b.core)
-        bufs.append({"value": b.key, "core": b.core, "start": b.start, "end": b.end,
+        bufs.append({"value": b.key.value, "stage": b.key.stage, "core": b.core,
+                     "start": b.start, "end": b.end,
                      "static": b.static, "offset": placed["offset"] if placed else None,
                      "size": placed["size"] if placed else b.size})
     dmas = [n for n in graph.nodes if n.op == "dma_copy"]
+    moved = lambda dst: sum(n.output.type.nbytes for n in dmas if n.attrs["dst"] == dst)  # noqa: E731
     return MemoryPlan(o, meta["cores"], bufs, meta["ddr_values"], meta["ddr_bytes"], len(dmas),
-                      sum(n.output.type.nbytes for n in dmas),
-                      meta["prefetched_loads"])
+                      sum(n.output.type.nbytes for n in dmas), meta["prefetched_loads"],
+                      meta["liveness_bound"], meta["forced"], meta["forced_bytes"],
+                      meta["spilled"], meta["spilled_bytes"], moved("ocm"), moved("ddr"))
 
 
 def _placement(v: Value | Node, core: int) -> dict | None:
@@ -702,9 +741,9 @@ def _placement(v: Value | Node, core: int) -> dict | None:
     return next((p for p in v.meta.get("ocm", []) if p["core"] == core), None)
 
 
-def _placed(graph: Graph) -> dict[str, Value | Node]:
-    """The placed things by buffer key: values by name, streamed nodes by stage key."""
-    return {**{v.name: v for v in graph.values()},
+def _placed(graph: Graph) -> dict[BufferKey, Value | Node]:
+    """The placed things by buffer key: values, and streamed nodes by their stage."""
+    return {**{BufferKey(v.name): v for v in graph.values()},
             **{_stage_key(n): n for n in graph.nodes if "stream" in n.meta}}
 
 
@@ -715,9 +754,8 @@ def verify_memory_plan(graph: Graph) -> None:
     at a common step overlap. VerifyError naming the values otherwise."""
     o = _options(graph)
     for n in graph.nodes:
-        for v in list(n.inputs) + n.outputs:
-            if (v is not None and v.meta.get("mem") == "ddr" and n.op != "dma_copy"
-                    and "stream" not in n.meta):
+        for v in held_tensors(n):
+            if v.meta.get("mem") == "ddr" and n.op != "dma_copy" and "stream" not in n.meta:
                 raise VerifyError(f"%{v.name} is in DDR but read by a node that is neither a "
                                   "dma_copy nor streamed", node=n.name, op=n.op, loc=n.loc)
     by_name = _placed(graph)
@@ -725,10 +763,10 @@ def verify_memory_plan(graph: Graph) -> None:
     for b in graph_timeline(graph, o["cores"], o["shared"], o["align"]):
         p = _placement(by_name[b.key], b.core)
         if p is None:
-            raise VerifyError(f"%{b.key} is neither placed on core {b.core} nor in DDR")
+            raise VerifyError(f"{b.key} is neither placed on core {b.core} nor in DDR")
         if p["size"] < b.size or p["offset"] % o["align"] or p["offset"] < 0 \
                 or p["offset"] + p["size"] > o["ocm"]:
-            raise VerifyError(f"%{b.key} at [{p['offset']}, {p['offset'] + p['size']}) on core "
+            raise VerifyError(f"{b.key} at [{p['offset']}, {p['offset'] + p['size']}) on core "
                               f"{b.core} is not an aligned {b.size}-byte buffer within the "
                               f"{o['ocm']}-byte OCM")
         b.offset = p["offset"]
@@ -741,6 +779,6 @@ def verify_memory_plan(graph: Graph) -> None:
                 if j > i and a.size and c.size and a.offset < c.offset + c.size \
                         and c.offset < a.offset + a.size:
                     raise VerifyError(
-                        f"%{a.key} [{a.offset}, {a.offset + a.size}) and %{c.key} "
+                        f"{a.key} [{a.offset}, {a.offset + a.size}) and {c.key} "
                         f"[{c.offset}, {c.offset + c.size}) overlap on core {core} while both "
                         f"are live (steps {max(a.start, c.start)}..{min(a.end, c.end)})")

@@ -1,127 +1,55 @@
-"""partition{cores=N}: split the integer ops of a lowered graph across cores.
+"""partition{hw=...}: split the integer ops of a lowered graph across cores.
 
 Each op declares how it may be split (``OpDef.splits``: "rows", "batch", "channels",
 "columns", "queries"; ``split_axis`` / ``split_piece`` say which result axis and which
-operand ranges). For every node the pass models each candidate, one core (``none``) and
-each declared kind cut into balanced ranges, with a cost model: given a hardware config
-(``hw="QC-U 8MB 16MAC x4"``), :class:`HWCost`, the cycle model's own cycles of each piece
-on one core (bevir/sim/cycles.py); without one, :class:`SplitCost`, ``max(MACs /
-macs_per_cycle, bytes / bytes_per_cycle)``, a placeholder. Any :class:`CostModel` will do. A split costs its busiest core plus a barrier, counting what each piece reads
-(halo rows, replicated weights); the cheapest candidate wins, one core on a tie.
+operand ranges). For every node the pass weighs one core (``none``, core 0) against each
+declared kind cut into balanced ranges, costed by the cycle model of the hardware config
+(bevir/target/cycles.py) over the whole graph: a split pays for its busiest piece and for
+how each piece gets its operands from their producers' decisions (:class:`Route`) —
+nothing where the producer was split the same way, the halo rows read from the
+neighbouring cores, a gather and a slice otherwise — and its consumers pay for how they
+get its pieces. The decisions are improved node by node until no change lowers the sum
+(iterated conditional modes, from the cheapest decisions one node at a time); each entry
+of the plan gives its candidates' cycles in the final neighbourhood, the choice and why.
 
-A chosen split becomes explicit ops (bevir/ops/multicore.py): per core ``core_slice`` of
-the operands it cuts, the same op on them, then ``barrier`` and ``core_gather``, which takes
-the node's name. Every node's core is in ``node.meta["core"]``: the pieces' and their
-slices' their own, every other node (unsplit ops, gathers) core 0; barriers span all cores
-and carry none. The plan, per node every candidate with its cycles, the choice and why, is
-``graph.meta["partition"]`` (JSON); ``partition{cores=N, plan=FILE}`` replays a saved plan
-without searching. Results are bit-identical: the pieces compute the same integers.
+A chosen split becomes explicit ops (bevir/ops/multicore.py): per core the same op on the
+ranges it reads, a ``core_slice`` of an operand produced whole, ``core_gather`` where a
+piece needs rows of several producer pieces or a consumer the whole result. A constant's
+slices are cut at compile time, so each core loads only its share. Cores synchronise
+through the values they exchange (ready flags in the programs), not barriers. Every
+node's core is in ``node.meta["core"]``. The plan is ``graph.meta["partition"]`` (JSON);
+``partition{plan=FILE}`` replays a saved plan without searching. Results are
+bit-identical: the pieces compute the same integers.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
+import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
+
+import numpy as np
 
 from ..errors import BevirError, PassError, VerifyError
-from ..hw import HWConfig
 from ..ir.graph import Graph, Node, Value
 from ..ir.meta import register_meta_key
 from ..ir.opdef import Ctx, get_op
-from ..sim.cycles import cost_node
+from ..target.cycles import OpCost, dma_cycles, exposed_cycles, op_cost
+from ..target.hw import HWConfig
+from ..target.schedule import lowerable
 from .analysis import AnalysisManager
 from .core import Pass
 
 META_KEY = "partition"
 PLAN_FORMAT = "bevir-partition"
-PLAN_VERSION = 1
+PLAN_VERSION = 2
 
 _CORE_SLICE = get_op("core_slice")
 
 register_meta_key(META_KEY, dict, doc="the partition plan of a partitioned graph "
                   "(bevir.passes.partition)")
-
-
-class CostModel(Protocol):
-    """What the pass asks of a cost model (the cycle model can stand in)."""
-
-    def cycles(self, node: Node) -> int: ...
-
-    def piece_cycles(self, node: Node, piece: PieceSpec) -> int:
-        """The cycles of one core's ``piece`` of ``node``."""
-
-    def barrier(self, cores: int) -> int: ...
-
-    def describe(self) -> dict[str, Any]: ...
-
-
-@dataclass(frozen=True)
-class SplitCost:
-    """The modelled cycles of one node on one core: max(MACs / macs_per_cycle, bytes read
-    and written / bytes_per_cycle), from ``OpDef.cost``; a barrier costs barrier_cycles.
-    Defaults are placeholders (16x16 PEs x 16 MACs, 64 bytes a cycle), not measurements."""
-
-    macs_per_cycle: int = 4096
-    bytes_per_cycle: int = 64
-    barrier_cycles: int = 500
-
-    def cycles(self, node: Node) -> int:
-        cost = node.opdef.cost(node)
-        compute = -(-cost["macs"] // self.macs_per_cycle)
-        memory = -(-(cost["bytes_read"] + cost["bytes_written"]) // self.bytes_per_cycle)
-        return max(compute, memory)
-
-    def piece_cycles(self, node: Node, piece: PieceSpec) -> int:
-        return self.cycles(piece.node)
-
-    def barrier(self, cores: int) -> int:
-        return self.barrier_cycles
-
-    def describe(self) -> dict[str, Any]:
-        return {"model": "max(macs / macs_per_cycle, bytes / bytes_per_cycle) per piece; "
-                         "a split: its busiest core + barrier",
-                "macs_per_cycle": self.macs_per_cycle, "bytes_per_cycle": self.bytes_per_cycle,
-                "barrier_cycles": self.barrier_cycles}
-
-
-@dataclass(frozen=True)
-class HWCost:
-    """The cycle model's costs (bevir/sim/cycles.py ``cost_node``): a node's own cycles on
-    one core of ``hw`` (launch + max(compute, OCM, DDR) + exposed DMA latency, cheapest PE
-    mapping); a barrier costs ``hw.barrier_cycles``. ``graph_io``: ids of the graph's inputs
-    and outputs, which the model moves from and to DDR."""
-
-    hw: HWConfig
-    graph_io: frozenset[int] = frozenset()
-
-    @classmethod
-    def of(cls, graph: Graph, hw: HWConfig) -> HWCost:
-        return cls(hw, frozenset(id(v) for v in [*graph.inputs, *graph.outputs.values()]))
-
-    def cycles(self, node: Node) -> int:
-        return cost_node(node, self.hw, set(self.graph_io))["own"]
-
-    def piece_cycles(self, node: Node, piece: PieceSpec) -> int:
-        """As the model costs the piece in the partitioned graph: an operand the piece does
-        not cut is the node's own (a weight or graph input stays in DDR); a cut one comes
-        from a ``core_slice``."""
-        ranges = list(piece.ranges) + [None] * (len(node.inputs) - len(piece.ranges))
-        io = set(self.graph_io) | {
-            id(p) for p, v, r in zip(piece.node.inputs, node.inputs, ranges)
-            if r is None and v is not None and (v.is_const or id(v) in self.graph_io)}
-        return cost_node(piece.node, self.hw, io)["own"]
-
-    def barrier(self, cores: int) -> int:
-        return self.hw.barrier_cycles
-
-    def describe(self) -> dict[str, Any]:
-        return {"model": "the cycle model's own cycles per piece on one core (bevir/sim/"
-                         "cycles.py); a split: its busiest core + barrier",
-                "hw": self.hw.describe(), "hw_name": self.hw.name, "hw_hash": self.hw.hash,
-                "barrier_cycles": self.hw.barrier_cycles}
 
 
 def balanced(n: int, parts: int) -> list[int]:
@@ -168,11 +96,228 @@ def pieces_of(node: Node, kind: str, axis: int, sizes: list[int]) -> list[PieceS
             raise VerifyError(f"piece [{start}, {start + size}) of axis {axis} infers "
                               f"{', '.join(map(str, got))}, not {want}")
         detached.outputs = [Value("out", want, producer=detached)]
-        detached.meta["piece"] = {"of": node.output.name, "kind": kind, "index": len(specs),
-                                  "pieces": len(sizes)}
         specs.append(PieceSpec(piece.operands, attrs, detached))
         start += size
     return specs
+
+
+@dataclass
+class Decision:
+    """One way to run a node: on core 0 (``kind`` "none") or split by ``kind`` along
+    result ``axis`` into ``sizes``, core k computing range k."""
+
+    kind: str
+    axis: int | None = None
+    sizes: tuple[int, ...] = ()
+    pieces: list[PieceSpec] = field(default_factory=list, repr=False)
+
+    @property
+    def split(self) -> bool:
+        return self.kind != "none"
+
+    def ranges(self) -> list[tuple[int, int]]:
+        out, start = [], 0
+        for s in self.sizes:
+            out.append((start, start + s))
+            start += s
+        return out
+
+    def cores(self) -> range:
+        return range(len(self.sizes)) if self.split else range(1)
+
+
+NONE = Decision("none")
+
+
+# ---- how a core gets an operand ----------------------------------------------------------
+HOST = -1          # the producer of graph inputs and host results: they are in DDR
+
+
+@dataclass(frozen=True)
+class Part:
+    """Range [lo, hi) along the route's axis of the producer's piece made on ``core``, or
+    of its whole value (made on ``core``; HOST: written by the host); ``whole``: the range
+    is all of it."""
+
+    core: int
+    lo: int
+    hi: int
+    whole: bool
+
+
+@dataclass(frozen=True)
+class Route:
+    """How core ``core`` gets an operand range: a constant cut at compile time
+    (``const``), or ``parts``: each the producer's value or piece as it is (``whole``) or a
+    ``core_slice`` of it, joined by a ``core_gather`` when there are several.
+    ``via_gather``: the producer was split another way, so its pieces are gathered on core 0
+    first and the part is of that gather."""
+
+    core: int
+    nbytes: int
+    const: bool = False
+    axis: int | None = None
+    parts: tuple[Part, ...] = ()
+    via_gather: bool = False
+
+
+class Router:
+    """Routes operand ranges from the producers' decisions (see :class:`Route`)."""
+
+    def __init__(self, decisions: dict[int, Decision]):
+        self.decisions = decisions
+
+    def decision(self, v: Value) -> Decision:
+        return self.decisions.get(id(v.producer), NONE) if v.producer is not None else NONE
+
+    @staticmethod
+    def host_reads(v: Value) -> bool:
+        """Whether the host reads ``v``: a graph output, or an operand of a host node."""
+        return (any(o is v for o in v.producer.graph.outputs.values())
+                or any(not lowerable(u) for u, _ in v.uses))
+
+    @staticmethod
+    def home(v: Value) -> int:
+        """The core an unsplit value is made on: 0, or HOST for graph inputs and host
+        results."""
+        return 0 if v.producer is not None and lowerable(v.producer) else HOST
+
+    def route(self, v: Value, r: tuple[int, int, int] | None, core: int) -> Route:
+        """How ``core`` gets range ``r`` (axis, start, stop; None: all) of ``v``."""
+        t = v.type
+        if r is None:
+            axis, lo, hi = 0, 0, (t.shape[0] if t.rank else 1)
+            nbytes = t.nbytes
+        else:
+            axis, lo, hi = r
+            nbytes = t.nbytes // max(t.shape[axis], 1) * (hi - lo)
+        whole = r is None or (lo == 0 and hi == t.shape[axis])
+        if v.is_const:
+            return Route(core, nbytes, const=True)
+        d = self.decision(v)
+        if d.split and r is not None and axis == d.axis:
+            parts = tuple(Part(k, max(lo, a) - a, min(hi, b) - a, lo <= a and b <= hi)
+                          for k, (a, b) in enumerate(d.ranges()) if a < hi and lo < b)
+            return Route(core, nbytes, axis=axis, parts=parts)
+        src = 0 if d.split else self.home(v)
+        return Route(core, nbytes, axis=axis, parts=(Part(src, lo, hi, whole),),
+                     via_gather=d.split)
+
+
+# ---- costs -------------------------------------------------------------------------------
+class Coster:
+    """Cycles of decisions on ``hw`` from the cycle model's formulas: a piece's op cost
+    and DMAs, a route's waits for other cores' stores, its slices and joins."""
+
+    def __init__(self, hw: HWConfig):
+        self.hw = hw
+        self._ops: dict[tuple, OpCost] = {}
+
+    def op(self, node: Node) -> OpCost:
+        key = (node.op, tuple(sorted((k, repr(v)) for k, v in node.attrs.items())),
+               tuple(None if v is None else v.type for v in node.inputs),
+               tuple(v.type for v in node.outputs))
+        if key not in self._ops:
+            self._ops[key] = op_cost(node, self.hw)
+        return self._ops[key]
+
+    def step(self, busy: int, transfers: list[int]) -> int:
+        """A kernel step alone: launch + exposed + max(array time, its DMAs)."""
+        hw = self.hw
+        ddr = sum(dma_cycles(b, hw) for b in transfers)
+        body = max(busy, ddr) if hw.double_buffer else busy + ddr
+        return hw.launch_cycles + exposed_cycles(transfers, hw) + body
+
+    def copy(self, nbytes: int, remote: list[int]) -> int:
+        """A slice or gather kernel: its bytes through the array, ``remote`` ranges read
+        from DDR in place."""
+        return self.step(math.ceil(2 * nbytes / self.hw.ocm_bytes_per_cycle), remote)
+
+    def store(self, nbytes: int) -> int:
+        """A producer's store of what another core reads, and the flag's synchronisation."""
+        return dma_cycles(nbytes, self.hw) + self.hw.barrier_cycles
+
+    def route(self, route: Route, sizes: dict[int, int]) -> tuple[int, int, list[int]]:
+        """(cycles the core waits for other cores' stores and gathers, cycles of its own
+        slice and join kernels, bytes the step itself moves from DDR). ``sizes``: the
+        bytes each core made of the producer's result."""
+        if route.const:
+            return 0, 0, [route.nbytes]
+        wait = copies = 0
+        moved: list[int] = []
+        if route.via_gather:          # core 0 gathers the pieces, then this core reads it
+            remote = [b for k, b in sizes.items() if k != 0]
+            wait = max(map(self.store, remote), default=0) + self.copy(sum(sizes.values()),
+                                                                      remote)
+            sizes = {0: sum(sizes.values())}
+        span = sum(p.hi - p.lo for p in route.parts) or 1
+        for p in route.parts:
+            b = route.nbytes * (p.hi - p.lo) // span
+            if p.core != route.core:
+                if p.core != HOST:
+                    wait = max(wait, (wait if route.via_gather else 0)
+                               + self.store(sizes.get(p.core, b)))
+                if p.whole:
+                    moved.append(b)
+                else:
+                    copies += self.copy(b, [b])
+            elif not p.whole:
+                copies += self.copy(b, [])
+        if len(route.parts) > 1:
+            copies += self.copy(route.nbytes, [])
+        return wait, copies, moved
+
+
+def _sizes(router: Router, v: Value) -> dict[int, int]:
+    """The bytes of ``v`` each core makes."""
+    d = router.decision(v)
+    if not d.split:
+        return {router.home(v): v.type.nbytes}
+    return {k: s.node.output.type.nbytes for k, s in enumerate(d.pieces)}
+
+
+def node_cost(node: Node, d: Decision, router: Router, coster: Coster) -> int:
+    """The cycles of ``node`` run as ``d``, its operands routed from their producers'
+    current decisions: its busiest core's waits, slices and piece, the cores' DMAs sharing
+    the DDR bandwidth; where the host reads the result (a graph output), its store (after
+    gathering the pieces on core 0)."""
+    per_core = []
+    for k in d.cores():
+        spec = d.pieces[k] if d.split else None
+        ranges = list(spec.ranges) if spec else []
+        ranges += [None] * (len(node.inputs) - len(ranges))
+        wait = copies = 0
+        transfers: list[int] = []
+        for v, r in zip(node.inputs, ranges):
+            if v is not None:
+                w, c, moved = coster.route(router.route(v, r, k), _sizes(router, v))
+                wait, copies, transfers = max(wait, w), copies + c, transfers + moved
+        per_core.append((wait + copies, coster.op(spec.node if spec else node).terms.busy,
+                         transfers))
+    out = node.outputs[0]
+    if router.host_reads(out):
+        if d.split:            # core 0 gathers the pieces and stores the whole result
+            remote = [s.node.output.type.nbytes for s in d.pieces[1:]]
+            gather = (max(map(coster.store, remote), default=0)
+                      + coster.copy(out.type.nbytes, remote)
+                      + coster.step(0, [out.type.nbytes]))
+            times = _shared(per_core, coster.hw)
+            return max(times[0] + gather, *times[1:])
+        per_core[0][2].append(out.type.nbytes)
+    return max(_shared(per_core, coster.hw))
+
+
+def _shared(per_core: list[tuple[int, int, list[int]]], hw: HWConfig) -> list[int]:
+    """Each core's time when the cores' DMAs start together and share the bandwidth
+    equally: a core with ``w`` cycles of DMA alone is done with them after the sum over
+    the cores of min(their DMA cycles, ``w``)."""
+    ddr = [sum(dma_cycles(b, hw) for b in t) for _, _, t in per_core]
+    out = []
+    for (before, busy, transfers), w in zip(per_core, ddr):
+        shared = sum(min(x, w) for x in ddr)
+        body = max(busy, shared) if hw.double_buffer else busy + shared
+        out.append(before + hw.launch_cycles + exposed_cycles(transfers, hw) + body)
+    return out
 
 
 # ---- the search --------------------------------------------------------------------------
@@ -180,6 +325,8 @@ def unsplittable(node: Node, cores: int) -> str | None:
     """Why ``node`` is not considered for a split, or None."""
     if cores == 1:
         return "one core"
+    if not lowerable(node):
+        return "runs on the host"
     if not node.opdef.splits:
         return "op declares no split"
     if len(node.outputs) != 1:
@@ -190,92 +337,258 @@ def unsplittable(node: Node, cores: int) -> str | None:
     return None
 
 
-def candidate(node: Node, kind: str, cores: int, cost: CostModel, whole_read: int) -> dict:
-    """One split candidate: its axis, sizes, cycles per core and what it reads twice."""
-    try:
-        axis = node.opdef.split_axis(node.opdef.ctx(node), kind)
-        if axis is None:
-            return {"split": kind, "applies": False, "note": "no axis to split"}
-        sizes = balanced(node.output.type.shape[axis], cores)
-        if len(sizes) < 2:
-            return {"split": kind, "applies": False, "note": f"axis {axis} has one index"}
-        specs = pieces_of(node, kind, axis, sizes)
-    except (VerifyError, ValueError, IndexError) as e:
-        return {"split": kind, "applies": False,
-                "note": e.message if isinstance(e, BevirError) else str(e)}
-    per_core = [cost.piece_cycles(node, s) for s in specs]
-    read = sum(s.node.opdef.cost(s.node)["bytes_read"] for s in specs)
-    return {"split": kind, "applies": True, "axis": axis, "sizes": sizes, "per_core": per_core,
-            "cycles": max(per_core) + cost.barrier(len(sizes)),
-            "extra_bytes_read": read - whole_read}
+def candidates(node: Node, cores: int) -> tuple[list[Decision], list[dict]]:
+    """The decisions ``node`` may take (none first) and notes on the kinds that do not
+    apply."""
+    out, notes = [NONE], []
+    for kind in node.opdef.splits:
+        try:
+            axis = node.opdef.split_axis(node.opdef.ctx(node), kind)
+            if axis is None:
+                notes.append({"split": kind, "applies": False, "note": "no axis to split"})
+                continue
+            sizes = balanced(node.output.type.shape[axis], cores)
+            if len(sizes) < 2:
+                notes.append({"split": kind, "applies": False,
+                              "note": f"axis {axis} has one index"})
+                continue
+            out.append(Decision(kind, axis, tuple(sizes), pieces_of(node, kind, axis, sizes)))
+        except (VerifyError, ValueError, IndexError) as e:
+            notes.append({"split": kind, "applies": False,
+                          "note": e.message if isinstance(e, BevirError) else str(e)})
+    return out, notes
 
 
-def plan_node(node: Node, cores: int, cost: CostModel) -> dict:
-    """The plan entry of one node: every candidate, the cheapest, and why."""
-    whole = cost.cycles(node)
-    entry = {"node": node.name, "op": node.op, "loc": node.loc,
-             "candidates": [{"split": "none", "applies": True, "cycles": whole}]}
-    why = unsplittable(node, cores)
-    if why is not None:
-        return {**entry, "choice": "none", "reason": why}
-    read = node.opdef.cost(node)["bytes_read"]
-    entry["candidates"] += [candidate(node, k, cores, cost, read) for k in node.opdef.splits]
-    best = min((c for c in entry["candidates"] if c["applies"]), key=lambda c: c["cycles"])
-    splits = [c for c in entry["candidates"][1:] if c["applies"]]
-    if best["split"] != "none":
-        reason = (f"{best['split']} x{len(best['sizes'])}: {best['cycles']} cycles (busiest "
-                  f"core + barrier; {best['extra_bytes_read']:,} bytes more read: halos, "
-                  f"replicated operands) vs {whole} on one core")
-    elif splits:
-        alt = min(splits, key=lambda c: c["cycles"])
-        reason = f"no split is cheaper: best {alt['split']} {alt['cycles']} vs {whole} cycles"
-    else:
-        reason = "no declared split applies"
-    return {**entry, "choice": best["split"], "reason": reason}
+class Search:
+    """Iterated conditional modes (ICM) over the nodes' decisions: each node in turn takes
+    the decision that minimises its own cost plus its consumers', given everyone else's,
+    until a sweep changes nothing; the objective is the sum of the nodes' costs."""
+
+    def __init__(self, graph: Graph, hw: HWConfig, cores: int, sweeps: int = 4):
+        self.graph, self.cores, self.sweeps = graph, cores, sweeps
+        self.coster = Coster(hw)
+        self.options: dict[int, list[Decision]] = {}
+        self.notes: dict[int, list[dict]] = {}
+        self.why: dict[int, str] = {}
+        for n in graph.nodes:
+            why = unsplittable(n, cores)
+            if why is None:
+                self.options[id(n)], self.notes[id(n)] = candidates(n, cores)
+            else:
+                self.why[id(n)] = why
+        self.decisions: dict[int, Decision] = {}
+        self.router = Router(self.decisions)
+        self.users = {id(n): list(dict.fromkeys(u for v in n.outputs for u, _ in v.uses))
+                      for n in graph.nodes}
+
+    def cost(self, node: Node) -> int:
+        return node_cost(node, self.decisions.get(id(node), NONE), self.router, self.coster)
+
+    def local(self, node: Node, d: Decision) -> int:
+        """``node`` as ``d``, and its consumers as they are."""
+        old = self.decisions.get(id(node), NONE)
+        self.decisions[id(node)] = d
+        total = self.cost(node) + sum(self.cost(u) for u in self.users[id(node)])
+        self.decisions[id(node)] = old
+        return total
+
+    def run(self) -> None:
+        """ICM from two starts, every node on one core and every node decided greedily in
+        graph order (each the cheapest given its producers, its consumers at their best):
+        the cheaper end wins. (From one core alone, a chain whose ops pay only when split
+        together stays unsplit.)"""
+        ends = []
+        for start in (self._none, self._greedy):
+            self.decisions.clear()
+            start()
+            self._sweep()
+            ends.append((self.total(), dict(self.decisions)))
+        self.decisions.clear()
+        self.decisions.update(min(ends, key=lambda e: e[0])[1])        # one core on ties
+
+    def total(self) -> int:
+        return sum(self.cost(n) for n in self.graph.nodes)
+
+    def _none(self) -> None:
+        pass
+
+    def _greedy(self) -> None:
+        for n in self.graph.nodes:
+            opts = self.options.get(id(n))
+            if opts:
+                self.decisions[id(n)] = min(opts, key=lambda d: self._ahead(n, d))
+
+    def _ahead(self, node: Node, d: Decision) -> int:
+        """``node`` as ``d`` and each consumer at its best given that (one step ahead)."""
+        self.decisions[id(node)] = d
+        total = self.cost(node)
+        for u in self.users[id(node)]:
+            total += min(node_cost(u, o, self.router, self.coster)
+                         for o in self.options.get(id(u)) or [NONE])
+        del self.decisions[id(node)]
+        return total
+
+    def _sweep(self) -> None:
+        for _ in range(self.sweeps):
+            changed = False
+            for n in self.graph.nodes:
+                opts = self.options.get(id(n))
+                if not opts or len(opts) == 1:
+                    continue
+                best = min(opts, key=lambda d: self.local(n, d))       # none first on ties
+                changed |= best is not self.decisions.get(id(n), NONE)
+                self.decisions[id(n)] = best
+            if not changed:
+                break
+
+    def plan(self) -> dict:
+        ops = []
+        for n in self.graph.nodes:
+            entry = {"node": n.name, "op": n.op, "loc": n.loc}
+            if id(n) in self.why:
+                ops.append({**entry, "choice": "none", "reason": self.why[id(n)],
+                            "candidates": [{"split": "none", "applies": True,
+                                            "cycles": self.cost(n)}]})
+                continue
+            d = self.decisions.get(id(n), NONE)
+            found = {o.kind: {"split": o.kind, "applies": True, "cycles": self.local(n, o),
+                              **({"axis": o.axis, "sizes": list(o.sizes)} if o.split else {})}
+                     for o in self.options[id(n)]}
+            found.update((e["split"], e) for e in self.notes[id(n)])
+            cands = [found[k] for k in ("none", *n.opdef.splits)]      # declared order
+            ops.append({**entry, "choice": d.kind, "candidates": cands,
+                        "reason": _reason(d, cands)})
+        return {"format": PLAN_FORMAT, "version": PLAN_VERSION, "graph": self.graph.name,
+                "cores": self.cores, "ops": ops}
 
 
-def search(graph: Graph, cores: int, cost: CostModel) -> dict:
-    """The partition plan of ``graph`` for ``cores`` cores (nothing is changed)."""
-    return {"format": PLAN_FORMAT, "version": PLAN_VERSION, "graph": graph.name, "cores": cores,
-            "cost": cost.describe(), "ops": [plan_node(n, cores, cost) for n in graph.nodes]}
+def search(graph: Graph, hw: HWConfig | None = None, cores: int = 0) -> dict:
+    """The plan ``partition{hw, cores}`` would find for ``graph`` (nothing is changed)."""
+    hw = Partition(hw=hw, cores=cores).config()
+    s = Search(graph, hw, hw.cores)
+    s.run()
+    return {**s.plan(), "hw": hw.option_text(), "hw_hash": hw.hash}
+
+
+def _reason(d: Decision, cands: list[dict]) -> str:
+    cost = {c["split"]: c["cycles"] for c in cands if c["applies"]}
+    if d.split:
+        return (f"{d.kind} x{len(d.sizes)}: {cost[d.kind]:,} cycles with its consumers vs "
+                f"{cost['none']:,} on one core")
+    splits = {k: c for k, c in cost.items() if k != "none"}
+    if not splits:
+        return "no declared split applies"
+    alt = min(splits, key=splits.get)
+    return f"no split is cheaper: best {alt} {splits[alt]:,} vs {cost['none']:,} cycles"
 
 
 # ---- the rewrite -------------------------------------------------------------------------
-def split_node(graph: Graph, node: Node, kind: str, axis: int, sizes: list[int]) -> None:
-    """Replace ``node`` by its pieces on cores 0..len(sizes)-1, a barrier and a gather that
-    takes the node's result name."""
-    name = node.output.name
-    specs = pieces_of(node, kind, axis, sizes)
-    pieces = []
-    for core, spec in enumerate(specs):
-        inputs = list(node.inputs)
-        for i, r in enumerate(spec.ranges):
-            if r is not None and inputs[i] is not None:
-                s = graph.create_node("core_slice", [inputs[i]],
-                                      dict(zip(("axis", "start", "stop"), r)), loc=node.loc,
-                                      names=[f"{name}.c{core}.{i}"], before=node)
-                s.meta["core"] = core
-                inputs[i] = s.output
-        p = graph.create_node(node.op, inputs, spec.attrs, loc=node.loc,
-                              names=[f"{name}.c{core}"], before=node)
-        p.meta.update(node.meta)
-        p.meta["core"] = core
-        p.meta["piece"] = dict(spec.node.meta["piece"])
-        pieces.append(p.output)
-    done = graph.create_node("barrier", pieces, loc=node.loc, before=node,
-                             names=[f"{name}.c{k}.done" for k in range(len(pieces))])
-    gather = graph.create_node("core_gather", done.outputs, {"axis": axis}, loc=node.loc,
-                               names=[f"{name}.gathered"], before=node)
-    gather.meta["core"] = 0
-    if gather.output.type != node.output.type:
-        raise PassError(f"the gathered pieces are {gather.output.type}, not "
-                        f"{node.output.type}", node=node.name, op=node.op, loc=node.loc)
-    graph.replace_node(node, gather.outputs)
-    graph.rename(gather.output, name)
+class Splitter:
+    """Writes decisions into the graph: each split node's pieces, each operand as routed
+    (:class:`Router`), and a ``core_gather`` on core 0 of the pieces, which takes the
+    node's name, for the consumers that need the whole result (dropped when none does)."""
+
+    def __init__(self, graph: Graph, decisions: dict[int, Decision]):
+        self.graph, self.decisions = graph, decisions
+        self.split: dict[int, tuple[Decision, list[Value]]] = {}   # gather value -> pieces
+        self.gathers: list[Node] = []
+        self.const_slices: dict[tuple, Value] = {}
+
+    def run(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for node in list(self.graph.nodes):
+            d = self.decisions.get(id(node), NONE)
+            counts[d.kind] = counts.get(d.kind, 0) + 1
+            if not d.split:
+                node.meta["core"] = 0
+                continue
+            try:
+                self.pieces(node, d)
+            except VerifyError as e:
+                raise PassError(f"cannot split by '{d.kind}': {e.message}", node=node.name,
+                                op=node.op, loc=node.loc) from None
+        outputs = {id(v) for v in self.graph.outputs.values()}
+        for gather in self.gathers:
+            if not gather.output.uses and id(gather.output) not in outputs:
+                self.graph.erase(gather)
+        return counts
+
+    def pieces(self, node: Node, d: Decision) -> None:
+        name = node.output.name
+        outs = []
+        for core, spec in enumerate(d.pieces):
+            ranges = list(spec.ranges) + [None] * (len(node.inputs) - len(spec.ranges))
+            inputs = [None if v is None else
+                      self.operand(v, r, core, node, f"{name}.c{core}.{i}")
+                      for i, (v, r) in enumerate(zip(node.inputs, ranges))]
+            p = self.graph.create_node(node.op, inputs, spec.attrs, loc=node.loc,
+                                       names=[f"{name}.c{core}"], before=node)
+            p.meta.update(node.meta)
+            p.meta["core"] = core
+            p.meta["piece"] = {"of": name, "kind": d.kind, "index": core,
+                               "pieces": len(d.pieces)}
+            outs.append(p.output)
+        gather = self.graph.create_node("core_gather", outs, {"axis": d.axis}, loc=node.loc,
+                                        names=[f"{name}.gathered"], before=node)
+        gather.meta["core"] = 0
+        if gather.output.type != node.output.type:
+            raise PassError(f"the gathered pieces are {gather.output.type}, not "
+                            f"{node.output.type}", node=node.name, op=node.op, loc=node.loc)
+        self.graph.replace_node(node, gather.outputs)
+        self.graph.rename(gather.output, name)
+        self.split[id(gather.output)] = (d, outs)
+        self.gathers.append(gather)
+
+    def operand(self, v: Value, r, core: int, node: Node, name: str) -> Value:
+        """Core ``core``'s operand: range ``r`` of ``v`` (None: all), as routed."""
+        if v.is_const:
+            return v if r is None else self.const_slice(v, r)
+        if r is None:
+            return v
+        split = self.split.get(id(v))
+        if split is not None and r[0] == split[0].axis:
+            d, pieces = split
+            axis, lo, hi = r
+            parts = [self.slice(pieces[k], axis, max(lo, a) - a, min(hi, b) - a, core, node,
+                                f"{name}.p{k}")
+                     for k, (a, b) in enumerate(d.ranges()) if a < hi and lo < b]
+            return parts[0] if len(parts) == 1 else self.join(parts, axis, core, node, name)
+        return self.slice(v, *r, core, node, name)
+
+    def slice(self, v: Value, axis: int, lo: int, hi: int, core: int, node: Node,
+              name: str) -> Value:
+        if lo == 0 and hi == v.type.shape[axis]:
+            return v
+        s = self.graph.create_node("core_slice", [v], {"axis": axis, "start": lo, "stop": hi},
+                                   loc=node.loc, names=[self.graph.unique_name(name)],
+                                   before=node)
+        s.meta["core"] = core
+        return s.output
+
+    def join(self, parts: list[Value], axis: int, core: int, node: Node, name: str) -> Value:
+        g = self.graph.create_node("core_gather", parts, {"axis": axis}, loc=node.loc,
+                                   names=[self.graph.unique_name(name)], before=node)
+        g.meta["core"] = core
+        return g.output
+
+    def const_slice(self, v: Value, r) -> Value:
+        """A constant's range, cut at compile time (one constant per range)."""
+        axis, lo, hi = r
+        if lo == 0 and hi == v.type.shape[axis]:
+            return v
+        key = (v.name, axis, lo, hi)
+        if key not in self.const_slices:
+            t = _CORE_SLICE.infer(Ctx({"axis": axis, "start": lo, "stop": hi}), v.type)
+            data = np.ascontiguousarray(np.take(v.const, np.arange(lo, hi), axis=axis))
+            self.const_slices[key] = self.graph.add_const(
+                data, self.graph.unique_name(f"{v.name}.{lo}_{hi}"), t)
+        return self.const_slices[key]
 
 
-def check_plan(plan: Any, graph: Graph, cores: int, source: str) -> None:
-    """PassError unless ``plan`` is a plan of this graph's nodes, in order, for ``cores``."""
+# ---- plans -------------------------------------------------------------------------------
+def check_plan(plan: Any, graph: Graph, cores: int, source: str) -> dict[int, Decision]:
+    """The decisions of ``plan`` for this graph's nodes, in order, for ``cores``;
+    PassError where it does not fit."""
     def fail(message: str, node: Node | None = None):
         where = {} if node is None else dict(node=node.name, op=node.op, loc=node.loc)
         raise PassError(f"plan {source} does not fit the graph: {message}", **where)
@@ -289,6 +602,7 @@ def check_plan(plan: Any, graph: Graph, cores: int, source: str) -> None:
     if not isinstance(ops, list) or len(ops) != len(graph.nodes):
         fail(f"{len(ops) if isinstance(ops, list) else 'no'} op entries for "
              f"{len(graph.nodes)} nodes")
+    decisions = {}
     for i, (entry, node) in enumerate(zip(ops, graph.nodes)):
         if not isinstance(entry, dict) or (entry.get("node"), entry.get("op")) != (node.name, node.op):
             got = (entry.get("node"), entry.get("op")) if isinstance(entry, dict) else entry
@@ -301,13 +615,19 @@ def check_plan(plan: Any, graph: Graph, cores: int, source: str) -> None:
         chosen = next((c for c in entry.get("candidates", ()) if isinstance(c, dict)
                        and c.get("split") == choice), {})
         axis, sizes = chosen.get("axis"), chosen.get("sizes")
-        if axis != node.opdef.split_axis(node.opdef.ctx(node), choice):
-            fail(f"split '{choice}' cuts axis {axis!r}, the op's axis is "
-                 f"{node.opdef.split_axis(node.opdef.ctx(node), choice)!r}", node)
+        want = node.opdef.split_axis(node.opdef.ctx(node), choice)
+        if axis != want:
+            fail(f"split '{choice}' cuts axis {axis!r}, the op's axis is {want!r}", node)
         dim = node.output.type.shape[axis]
         if not (isinstance(sizes, list) and 2 <= len(sizes) <= cores
                 and all(isinstance(s, int) and s >= 1 for s in sizes) and sum(sizes) == dim):
             fail(f"sizes {sizes!r} do not cut axis {axis} ({dim}) into 2..{cores} pieces", node)
+        try:
+            decisions[id(node)] = Decision(choice, axis, tuple(sizes),
+                                           pieces_of(node, choice, axis, sizes))
+        except VerifyError as e:
+            fail(f"cannot split by '{choice}': {e.message}", node)
+    return decisions
 
 
 def read_plan(path: str) -> dict:
@@ -317,79 +637,8 @@ def read_plan(path: str) -> dict:
         raise PassError(f"cannot read partition plan {path}: {e}") from None
 
 
-def apply_plan(graph: Graph, plan: dict) -> dict[str, int]:
-    """Split the graph's nodes as ``plan`` (checked) says; counts per kind."""
-    counts: dict[str, int] = {}
-    for entry, node in list(zip(plan["ops"], graph.nodes)):
-        choice = entry["choice"]
-        counts[choice] = counts.get(choice, 0) + 1
-        if choice == "none":
-            node.meta["core"] = 0
-            continue
-        chosen = next(c for c in entry["candidates"] if c["split"] == choice)
-        try:
-            split_node(graph, node, choice, chosen["axis"], chosen["sizes"])
-        except VerifyError as e:
-            raise PassError(f"cannot split by '{choice}': {e.message}", node=node.name,
-                            op=node.op, loc=node.loc) from None
-    return counts
-
-
-class Partition(Pass):
-    """Split each integer op worth it across ``cores`` cores (see the module docstring);
-    ``plan``: a plan JSON file to replay instead of searching. ``hw``: a hardware config
-    (a preset or e.g. "QC-U 8MB 16MAC x4") whose cycle model gives the costs
-    (:class:`HWCost`); without it the options of :class:`SplitCost` do. ``cores``: 0 means
-    the config's cores, or 4 without one."""
-
-    name = "partition"
-    description = "split integer ops across cores by their declared splits and a cost model"
-
-    cores: int = 0
-    plan: str = ""
-    hw: str = ""
-    macs_per_cycle: int = 4096
-    bytes_per_cycle: int = 64
-    barrier_cycles: int = 500
-
-    def hw_config(self) -> HWConfig | None:
-        if not self.hw:
-            return None
-        placeholders = [f.name for f in dataclasses.fields(self) if f.name in
-                        ("macs_per_cycle", "bytes_per_cycle", "barrier_cycles")
-                        and getattr(self, f.name) != f.default]
-        if placeholders:
-            raise PassError(f"pass 'partition': {', '.join(placeholders)} configure the "
-                            f"placeholder cost; with hw={self.hw!r} the config does")
-        return HWConfig.parse(self.hw)
-
-    def core_count(self, hw: HWConfig | None) -> int:
-        if hw is not None and self.cores > hw.cores:
-            raise PassError(f"pass 'partition': {self.cores} cores, the config "
-                            f"{hw.describe()} has {hw.cores}")
-        return self.cores or (hw.cores if hw is not None else 4)
-
-    def cost_model(self, graph: Graph, hw: HWConfig | None) -> CostModel:
-        if hw is not None:
-            return HWCost.of(graph, hw)
-        return SplitCost(self.macs_per_cycle, self.bytes_per_cycle, self.barrier_cycles)
-
-    def run(self, graph: Graph, am: AnalysisManager) -> None:
-        if self.cores < 0 or self.macs_per_cycle < 1 or self.bytes_per_cycle < 1:
-            raise PassError(f"pass 'partition': cores {self.cores} must be >= 0 (0: the "
-                            "config's), macs_per_cycle and bytes_per_cycle >= 1")
-        if META_KEY in graph.meta:
-            raise PassError(f"graph @{graph.name} is partitioned already")
-        hw = self.hw_config()
-        cores = self.core_count(hw)
-        if self.plan:
-            plan = read_plan(self.plan)
-            check_plan(plan, graph, cores, self.plan)
-        else:
-            plan = search(graph, cores, self.cost_model(graph, hw))
-        for kind, n in apply_plan(graph, plan).items():
-            self.stat("unsplit" if kind == "none" else f"split-{kind}", n)
-        graph.meta[META_KEY] = plan
+def save_plan(plan: dict, path: str | Path) -> None:
+    Path(path).write_text(json.dumps(plan, indent=1) + "\n")
 
 
 def plan_of(graph: Graph) -> dict | None:
@@ -397,8 +646,48 @@ def plan_of(graph: Graph) -> dict | None:
     return graph.meta.get(META_KEY)
 
 
-def save_plan(plan: dict, path: str | Path) -> None:
-    Path(path).write_text(json.dumps(plan, indent=1) + "\n")
+#: the configuration a partition without ``hw`` costs with: QC-U, 4 cores
+DEFAULT_HW = "qc-u-4c"
+
+
+class Partition(Pass):
+    """Split each integer op worth it across the cores (see the module docstring).
+    ``hw``: the hardware config whose cycle model gives the costs (default QC-U x4);
+    ``cores``: 0 for the config's, else at most as many; ``plan``: a plan JSON file to
+    replay instead of searching; ``sweeps``: the search's passes over the graph."""
+
+    name = "partition"
+    description = "split integer ops across cores by their declared splits and the cycle model"
+
+    hw: HWConfig | None = None
+    cores: int = 0
+    plan: str = ""
+    sweeps: int = 4
+
+    def config(self) -> HWConfig:
+        hw = self.hw or HWConfig.preset(DEFAULT_HW)
+        if self.cores < 0 or (self.hw is not None and self.cores > hw.cores):
+            raise PassError(f"pass 'partition': cores={self.cores} must be 0 (the config's) "
+                            f"to {hw.cores} ({hw.option_text()})")
+        return hw.with_cores(self.cores) if self.cores else hw
+
+    def run(self, graph: Graph, am: AnalysisManager) -> None:
+        if META_KEY in graph.meta:
+            raise PassError(f"graph @{graph.name} is partitioned already")
+        if self.sweeps < 1:
+            raise PassError(f"pass 'partition': sweeps={self.sweeps} must be >= 1")
+        hw = self.config()
+        if self.plan:
+            plan = read_plan(self.plan)
+            decisions = check_plan(plan, graph, hw.cores, self.plan)
+        else:
+            found = Search(graph, hw, hw.cores, self.sweeps)
+            found.run()
+            plan, decisions = found.plan(), found.decisions
+        plan = {**plan, "hw": hw.option_text(), "hw_hash": hw.hash}
+        for kind, n in Splitter(graph, decisions).run().items():
+            self.stat("unsplit" if kind == "none" else f"split-{kind}", n)
+        graph.meta[META_KEY] = plan
 
 
 def format_plan(plan: dict) -> str:
@@ -406,30 +695,29 @@ def format_plan(plan: dict) -> str:
     choice, cycles, and every candidate), then the reason."""
     ops = plan["ops"]
     considered = [e for e in ops if len(e["candidates"]) > 1]
-    split = [e for e in ops if e["choice"] != "none"]
     kinds: dict[str, int] = {}
-    for e in split:
-        kinds[e["choice"]] = kinds.get(e["choice"], 0) + 1
-    cycles = lambda e, s: next(c["cycles"] for c in e["candidates"] if c["split"] == s)  # noqa: E731
-    before = sum(cycles(e, "none") for e in ops)
-    after = sum(cycles(e, e["choice"]) for e in ops)
+    for e in ops:
+        if e["choice"] != "none":
+            kinds[e["choice"]] = kinds.get(e["choice"], 0) + 1
     skipped: dict[str, int] = {}
     for e in ops:
         if len(e["candidates"]) == 1:
             skipped[e["reason"]] = skipped.get(e["reason"], 0) + 1
-    cost = plan["cost"]
-    lines = [f"partition of @{plan['graph']} for {plan['cores']} cores "
-             f"({', '.join(f'{k}={v}' for k, v in cost.items() if k != 'model')})",
-             f"  ops split: {len(split)} of {len(ops)} "
+    lines = [f"partition of @{plan['graph']} for {plan['cores']} cores ({plan.get('hw', '-')})",
+             f"  ops split: {sum(kinds.values())} of {len(ops)} "
              f"({', '.join(f'{k} {n}' for k, n in sorted(kinds.items())) or 'none'}); "
              f"considered {len(considered)}; not considered: "
-             + (", ".join(f"{n} {r}" for r, n in sorted(skipped.items())) or "none"),
-             f"  modelled cycles, op after op: {before:,} on one core -> {after:,} "
-             f"({before / max(after, 1):.2f}x)"]
+             + (", ".join(f"{n} {r}" for r, n in sorted(skipped.items())) or "none")]
+    if "modelled" in plan:
+        m = plan["modelled"]
+        lines.append(f"  modelled makespan (planned, the figure bevir sim reports): "
+                     f"{m['one_core']:,} cycles on one core -> {m['partitioned']:,} on "
+                     f"{plan['cores']} ({m['one_core'] / max(m['partitioned'], 1):.2f}x)"
+                     + ("" if m["kept"] else "; the split is not kept (not faster)"))
     for e in considered:
         cands = "  ".join(f"{c['split']} {c['cycles']}" if c["applies"] else f"{c['split']} -"
                           for c in e["candidates"])
         lines += [f"  {e['op']} {e['node']}" + (f"  ({e['loc']})" if e["loc"] else ""),
                   f"      -> {'none: ' * (e['choice'] == 'none')}{e['reason']}",
-                  f"      cycles: {cands}"]
+                  f"      cycles with its consumers: {cands}"]
     return "\n".join(lines)

@@ -235,15 +235,17 @@ def sqnr_evaluator(graph, inputs: Mapping, hw=None, cleanup: str = "cse,dce"
     attached (:func:`bevir.calibrate`): each config quantizes a clone, runs it on
     ``inputs`` and measures, against the float run, ``<output>_sqnr`` for each float
     output and ``sqnr`` (the lowest of them), in dB, and ``cycles`` (the GPNPU cycle
-    model on ``hw``, default :class:`~bevir.hw.HWConfig`, one core); the groups are ranked
-    by their worst local error (:func:`worst_groups`)."""
+    model on ``hw``, default :class:`~bevir.target.HWConfig`, of the graph planned as
+    ``bevir compile`` plans it); the groups are ranked by their worst local error
+    (:func:`worst_groups`)."""
     from ..errors import PassError
-    from ..hw import HWConfig
     from ..sim.compare import compare_graphs
-    from ..sim.cycles import model as cycle_model
+    from ..target.cycles import model as cycle_model
+    from ..target.hw import HWConfig
     from .calibrate import ranges_of
     from .manager import optimize
     from .quantize import quantize
+    from .target import plan_for_target
     if ranges_of(graph) is None:
         raise PassError("the precision search needs calibrated ranges: run "
                         "bevir.calibrate(graph, inputs) first")
@@ -258,6 +260,6 @@ def sqnr_evaluator(graph, inputs: Mapping, hw=None, cleanup: str = "cse,dce"
         report = compare_graphs(graph, q, inputs)     # one run of each; outputs included
         metrics = {f"{k}_sqnr": report[name].sqnr_db for k, name in outputs.items()}
         metrics["sqnr"] = min(metrics.values(), default=float("inf"))
-        metrics["cycles"] = float(cycle_model(q, hw).makespan)
+        metrics["cycles"] = float(cycle_model(plan_for_target(q, hw), hw).makespan)
         return Evaluation(metrics, worst_groups(report, config, producers.get))
     return evaluate

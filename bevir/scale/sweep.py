@@ -3,18 +3,16 @@
     points = bevir.scale.sweep(graph, HWConfig.preset("qc-u"), cores=[1, 2, 4, 8],
                                macs=[8, 16], workers=Workers(ray="local"))
 
-The points are those of the local sweep, in the same (grid) order: each task partitions
-and models the graph exactly as the local sweep does (the local sweep shares a partition
-between configs with the same core count; partitioning is deterministic, so it is the
-same partition).
+The points are those of the local sweep, in the same (grid) order: each task plans and
+models the graph exactly as the local sweep does (planning is deterministic).
 """
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
 from ..flows.sweep import SweepPoint, grid, model_point
-from ..hw import HWConfig
 from ..ir.graph import Graph
+from ..target.hw import HWConfig
 from .runner import GraphRef, Workers
 
 

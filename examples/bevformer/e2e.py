@@ -93,9 +93,10 @@ def build_graph(model: BEVFormer, inputs: dict, workdir: Path, decompose: bool =
 
 #: the INT8 flow after the INT8 backbone import: attention modules decomposed and fused, one
 #: calibration forward pass (between the two pipelines), the reference-flow QuantConfig,
-#: then the integer clean-up and the backbone bridge
+#: then the integer clean-up (the relus sunk below their dequantization become clamps of
+#: the QLinear ops that make them, bit for bit) and the backbone bridge
 INT8_PREPARE = "decompose,canonicalize,fuse,cse,dce"
-INT8_FINISH = "sink-dequantize,insert-bridges,cse,dce"
+INT8_FINISH = "sink-dequantize,fuse{enable=fuse-qlinear-clip},insert-bridges,cse,dce"
 #: the reference flow's validation: at least this many of the top 10 match by BEV IoU > 0.5
 REFERENCE_MIN_IOU_MATCH = 8
 #: ops that only convert between number formats: not what a worst layer is
@@ -353,8 +354,8 @@ def device_stage(q: bevir.Graph, feed: dict, int8_out: dict, config: BEVFormerCo
     per-core C programs (out/program), run, checked against the INT8 golden model
     element by element and detection by detection; its cycles modelled (out/cycles).
     Returns (figures, the program's outputs)."""
-    from bevir.hw import HWConfig
-    from bevir.sim.cycles import model as cycle_model
+    from bevir.flows.target import hw_config
+    from bevir.target.cycles import model as cycle_model
     prog = steps("device: compile", lambda: bevir.compile(q, out / "program", hw=hw,
                                                           progress=progress))
     dev = steps("device: run", lambda: prog.run(feed))
@@ -366,7 +367,7 @@ def device_stage(q: bevir.Graph, feed: dict, int8_out: dict, config: BEVFormerCo
     print(f"  differing elements: {differing} of "
           f"{ {k: int(dev[k].size) for k in OUTPUTS} }")
     print_comparison(cmp, "program", "INT8 golden")
-    profile = steps("cycle model", lambda: cycle_model(prog.graph, HWConfig.parse(hw)))
+    profile = steps("cycle model", lambda: cycle_model(prog.graph, hw_config(hw)))
     profile.write(out / "cycles")
     summary = profile.summary()
     print(f"  {summary['hw_string']}: makespan {summary['makespan_cycles']:,} cycles "
@@ -380,7 +381,8 @@ def device_stage(q: bevir.Graph, feed: dict, int8_out: dict, config: BEVFormerCo
     figures = {"hw": hw, "differing": differing, "comparison": cmp,
                "kernels": len(m["kernels"]), "program_dir": str(out / "program"),
                "cycles": {k: summary[k] for k in ("makespan_cycles", "cycles_per_core",
-                                                  "makespan_ms", "utilisation", "macs",
+                                                  "wait_cycles_per_core", "makespan_ms",
+                                                  "utilisation", "macs", "ddr_bytes",
                                                   "cycles_by_bound", "top_ops")}}
     return figures, dev
 
@@ -507,12 +509,11 @@ def precision_search(config: BEVFormerConfig, out: Path, seed: int, quant_config
     error; at most ``max_steps`` evaluations. Prints the path, writes ``out/quant_config.json``
     (the last config) and returns it."""
     import tempfile
-    from bevir.hw import HWConfig
+    from bevir.flows.target import hw_config, simulate
     from bevir.passes.precision import Evaluation, Target, best, search, worst_groups
     from bevir.sim.compare import layer_error
-    from bevir.sim.cycles import model as cycle_model
     goal = Target.parse(target)
-    hw = HWConfig.parse(DEFAULT_HW)
+    hw = hw_config(DEFAULT_HW, cores=1)
     model = build_model(config, seed, checkpoint, weights_preset)
     inputs = make_inputs(config, seed, with_prev_bev=True)
     out.mkdir(parents=True, exist_ok=True)
@@ -531,7 +532,7 @@ def precision_search(config: BEVFormerConfig, out: Path, seed: int, quant_config
             iou = min(compare_detections(det, det_float)["bev_iou_match"],
                       compare_detections(det_float, det)["bev_iou_match"])
             report = compare_graphs(reference, q, feed)
-            cycles = cycle_model(q, hw).makespan         # its cost: one core's modelled cycles
+            cycles = simulate(q, hw).makespan       # its cost: planned on one core, modelled
             return Evaluation({"top10_iou": iou, "cycles": float(cycles),
                                **{f"{k.split('_')[0]}_sqnr": layer_error(golden[k], got[k])[0]
                                   for k in OUTPUTS}},
@@ -582,8 +583,8 @@ def main(argv=None) -> int:
     out = args.out or Path("out") / f"bevformer_{args.config}"
     try:
         if hw and args.cores:
-            from bevir.hw import HWConfig
-            hw = HWConfig.parse(hw).model_copy(update={"cores": args.cores}).describe()
+            from bevir.flows.target import hw_config
+            hw = hw_config(hw, args.cores).option_text()
         quant_config = overridden(load_config(args.quant_config), args.override)
         if args.target:
             quant_config = precision_search(CONFIGS[args.config], out, args.seed, quant_config,

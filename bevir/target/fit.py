@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import BevirError
-from ..hw import HWConfig
+from .hw import HWConfig
 from ..ir.graph import Graph
 from .cycles import OpRecord, model
 
@@ -121,7 +121,8 @@ def class_sums(records: Sequence[OpRecord], measured: dict[str, tuple[float, flo
         y = (total - r.wait_cycles if own is None else own) - r.terms["launch"] \
             - r.terms["exposed"]
         s = sums[r.op_class]
-        if y > max(r.terms["ocm"], r.terms["ddr"]):     # compute bounds it
+        memory = max(r.terms["ocm"], r.terms["broadcast"], r.terms["ddr"] + r.terms["ddr_shared"])
+        if y > memory:                                  # compute bounds it
             s[0], s[1], s[2] = s[0] + work * y, s[1] + work * work, s[2] + 1
         else:
             s[3] += 1

@@ -8,21 +8,23 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-COLORS = {"compute": "tab:blue", "alu": "tab:orange", "ocm": "tab:green", "ddr": "tab:red",
-          "barrier": "tab:gray", "launch": "tab:purple", "view": "white"}
+COLORS = {"compute": "tab:blue", "alu": "tab:orange", "ocm": "tab:green",
+          "broadcast": "tab:olive", "ddr": "tab:red", "barrier": "tab:gray",
+          "launch": "tab:purple"}
 
 
 def timeline_plot(profile, path: Path) -> Path:
     """One row per core, one bar per op from its start, coloured by what bounds it."""
-    fig, ax = plt.subplots(figsize=(12, 1.2 + 0.6 * profile.hw.cores))
+    fig, ax = plt.subplots(figsize=(12, 1.8 + 0.6 * profile.hw.cores))
     for r in profile.records:
         if r.own_cycles:
             ax.barh(r.core, r.own_cycles, left=r.start, color=COLORS[r.bound], height=0.8)
     ax.set_yticks(range(profile.hw.cores), [f"core {i}" for i in range(profile.hw.cores)])
     ax.set_xlabel("cycles")
-    ax.set_title(f"{profile.hw.describe()}: makespan {profile.makespan:,} cycles")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for b, c in COLORS.items() if b != "view"]
-    ax.legend(handles, [b for b in COLORS if b != "view"], ncol=6, fontsize=7, loc="upper right")
+    ax.set_title(f"{profile.hw.label}: makespan {profile.makespan:,} cycles")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLORS.values()]
+    ax.legend(handles, list(COLORS), ncol=7, fontsize=7, loc="upper center",
+              bbox_to_anchor=(0.5, -0.25))         # below the axes: no core hidden
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
@@ -50,7 +52,7 @@ def roofline_plot(profile, path: Path) -> Path:
     ax.set_yscale("log")
     ax.set_xlabel("MACs per array byte")
     ax.set_ylabel("MACs per cycle (one core)")
-    ax.set_title(f"roofline: {hw.describe()}, utilisation {profile.utilisation:.1%}")
+    ax.set_title(f"roofline: {hw.label}, utilisation {profile.utilisation:.1%}")
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=90)

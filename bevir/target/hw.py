@@ -1,4 +1,4 @@
-"""The GPNPU hardware configuration: what the cycle model (bevir/sim/cycles.py) and the
+"""The GPNPU hardware configuration: what the cycle model (bevir/target/cycles.py) and the
 target passes read about the machine.
 
 ``HWConfig`` is a frozen pydantic model. It is built directly, from a named preset
@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from .errors import BevirError
+from ..errors import BevirError
 
 KB, MB, GB = 1 << 10, 1 << 20, 1 << 30
 
@@ -44,6 +44,8 @@ class HWConfig(BaseModel):
     ocm_bytes: int = Field(8 * MB, ge=KB)
     ocm_shared: bool = Field(False, description="one OCM for all cores (True) or one per core")
     ocm_bytes_per_cycle: float = Field(128.0, gt=0, description="OCM <-> PE array, per core")
+    broadcast_bytes_per_cycle: float = Field(
+        32.0, gt=0, description="OCM -> PE array weight broadcast bus, per core")
     ddr_bytes_per_cycle: float = Field(25.6, gt=0, description="DDR <-> OCM, all cores")
     ddr_latency_cycles: int = Field(500, ge=0)
     dma_burst_bytes: int = Field(128, ge=1)
@@ -107,9 +109,56 @@ class HWConfig(BaseModel):
         return hashlib.sha256(body.encode()).hexdigest()
 
     def describe(self) -> str:
-        """The vendor-style string (parse gives this config back, label aside)."""
+        """The vendor-style string of the fields it names (PE array, OCM, MACs, cores);
+        :meth:`option_text` gives a text that parses back to this whole config."""
         return (f"{self.pe_rows}x{self.pe_cols} {format_size(self.ocm_bytes)} "
                 f"{self.macs_per_pe}MAC x{self.cores}")
+
+    def with_cores(self, cores: int) -> HWConfig:
+        """The same machine with ``cores`` cores (validated); a label that names this
+        hardware names the new one (``QC-U 8MB 16MAC x4`` -> ``... x2``)."""
+        new = HWConfig(**{**self.model_dump(), "cores": cores})
+        for name in (re.sub(r"\s*\bx\s*\d+\s*$", "", self.name) + f" x{cores}",
+                     new.describe()):
+            named = new.model_copy(update={"name": name})
+            if named.option_text() == name:
+                return named
+        return new
+
+    def same_hardware(self, other: HWConfig) -> bool:
+        """Equal fields, label aside."""
+        return self.hash == other.hash
+
+    @property
+    def label(self) -> str:
+        """What to call this config where people read it: the user's string where it names
+        this hardware (e.g. "QC-U 8MB 16MAC x4"), else the vendor-style description."""
+        text = self.option_text()
+        return text if not text.startswith("{") else self.describe()
+
+    # ---- as a pass option -----------------------------------------------------------------
+    def option_text(self) -> str:
+        """The text of this config in a pass pipeline: the label when it parses back to
+        this hardware (a preset or a vendor string), else the canonical JSON."""
+        try:
+            if HWConfig.parse(self.name).same_hardware(self):
+                return self.name
+        except HWConfigError:
+            pass
+        return self.to_json()
+
+    @classmethod
+    def from_option(cls, text: str) -> HWConfig:
+        """A pass option's text: a preset, a vendor string or JSON of the fields."""
+        if text.lstrip().startswith("{"):
+            try:
+                fields = json.loads(text)
+            except ValueError as e:
+                raise HWConfigError(f"cannot read hardware config JSON: {e}") from None
+            if not isinstance(fields, dict):
+                raise HWConfigError("a hardware config in JSON is an object of fields")
+            return cls(**fields)
+        return cls.parse(text)
 
     # ---- construction -------------------------------------------------------------------
     @classmethod

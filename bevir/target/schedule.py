@@ -1,0 +1,361 @@
+"""The schedule of a lowered graph: where each value lives and what each core does, step
+by step. One plan for everyone: code generation (bevir/codegen/cprogram.py) emits it as C,
+the cycle model (bevir/target/cycles.py) costs it, so what the model charges is what the
+programs do.
+
+    sched = schedule_of(graph)            # partitioned and memory-planned, or not
+    for stage in sched.stages:            # host and device stages alternate
+        for core, steps in enumerate(stage.steps):
+            for step in steps: step.loads, step.args, step.stores, step.waits ...
+
+Memory. Each core has an OCM; all cores share DDR. A value the memory plan put in OCM
+(``value.meta["ocm"]``) lives at its planned offset on each core holding it; any other
+value lives in DDR, where kernels address it in place. A value also gets a DDR slot where
+it crosses a boundary: written by the host (graph inputs, constants, host results), read
+by the host (outputs, host operands) or read on a core other than its producer's. Its
+producer stores it there and publishes a ready flag; a reader on another core waits for
+the flag, then loads it into its own OCM once (or reads it in place). A constant or graph
+input held in OCM is loaded by each core that holds it, at its first use.
+
+Every DDR <-> OCM movement is explicit here: a step's ``loads`` and ``stores``, and its
+``args`` in DDR (a kernel reading or writing DDR in place: a ``dma_copy``, a streamed op,
+any op of an unplanned graph). :attr:`Step.ddr_bytes` is their sum.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from ..errors import BevirError
+from ..ir.graph import Graph, Node, Value
+
+ALIGN = 64
+
+
+class ScheduleError(BevirError):
+    """A graph cannot be scheduled as it stands (a core that does not exist, ...)."""
+
+
+# ---- which core, which side -------------------------------------------------------------
+def core_of(node: Node, cores: int | None = None) -> int:
+    """The core ``node`` runs on: ``node.meta["core"]`` (0 when absent), checked against
+    ``cores`` when given."""
+    core = node.meta.get("core", 0)
+    if not isinstance(core, int) or isinstance(core, bool) or core < 0 or (
+            cores is not None and core >= cores):
+        of = f"one of the {cores} cores" if cores is not None else "a core index"
+        raise ScheduleError(f"core {core!r} is not {of}", node=node.name, op=node.op,
+                            loc=node.loc)
+    return core
+
+
+def lowerable(node: Node) -> bool:
+    """Whether ``node`` runs on the device: it gives an integer result or reads a quantized
+    operand (fx_dequantize, the device's way out). Float ops (the geometry before the
+    network, the box decoding after it) run on the host."""
+    return (any(v.type.dtype.is_int for v in node.outputs)
+            or any(v is not None and v.type.quant is not None for v in node.inputs))
+
+
+def stages(graph: Graph) -> list[tuple[bool, list[Node]]]:
+    """The graph's nodes in stages that alternate between host (False) and device (True):
+    a node's stage is the latest of its producers', one later where it changes sides; a
+    device node's is also at least the previous device node's, so that the device runs its
+    nodes in graph order (the order the memory plan's liveness assumes). A quantized
+    network gives three: float pre-processing, the integer network, float post-processing."""
+    stage: dict[int, int] = {}
+    last_device = 1
+    for n in graph.nodes:
+        dev = lowerable(n)
+        s = last_device if dev else 0
+        for v in n.inputs:
+            if v is not None and v.producer is not None:
+                p = stage[id(v.producer)]
+                s = max(s, p if (p % 2 == 1) == dev else p + 1)
+        stage[id(n)] = s
+        if dev:
+            last_device = s
+    out: list[tuple[bool, list[Node]]] = [(k % 2 == 1, [])
+                                          for k in range(max(stage.values(), default=0) + 1)]
+    for n in graph.nodes:
+        out[stage[id(n)]][1].append(n)
+    return [(dev, nodes) for dev, nodes in out if nodes]
+
+
+def reads_in_place(node: Node, v: Value) -> bool:
+    """Whether ``node`` reads operand ``v`` where it lies in DDR instead of from its core's
+    OCM: a ranged op (``core_slice``, ``core_gather``) reading a value made on another
+    core, by the host, or a graph input or constant moves only the range it takes."""
+    if not node.opdef.in_place_ranges:
+        return False
+    p = v.producer
+    return p is None or not lowerable(p) or core_of(p) != core_of(node)
+
+
+def held_tensors(node: Node) -> list[Value]:
+    """The operands and results ``node`` holds in its core's OCM when they are planned
+    there: all but those it reads in place (:func:`reads_in_place`)."""
+    return [v for v in node.inputs if v is not None and not reads_in_place(node, v)] + \
+        list(node.outputs)
+
+
+def graph_cores(graph: Graph) -> int:
+    """The cores a graph is partitioned for (its plan's, else 1 + its highest core)."""
+    plan = graph.meta.get("partition")
+    if plan is not None:
+        return int(plan["cores"])
+    return 1 + max((core_of(n) for n in graph.nodes), default=0)
+
+
+# ---- where values live ------------------------------------------------------------------
+@dataclass(frozen=True)
+class Place:
+    """A buffer: ``mem`` ("ocm" of the step's core, or "ddr") at byte ``offset``."""
+
+    mem: str
+    offset: int
+
+
+@dataclass
+class MemoryMap:
+    """Where every value of the device stages lives: DDR slots, OCM offsets per core, and
+    the ready flags of values read on other cores."""
+
+    cores: int
+    ddr: dict[str, int] = field(default_factory=dict)              # value -> DDR offset
+    ocm: dict[tuple[str, int], int] = field(default_factory=dict)  # (value, core) -> offset
+    ocm_size: list[int] = field(default_factory=list)
+    flags: dict[str, int] = field(default_factory=dict)            # value -> flag index
+    ddr_size: int = 0
+
+    def place(self, v: Value, core: int) -> Place:
+        """Where ``core`` addresses ``v``: its OCM when it holds it there, else DDR."""
+        off = self.ocm.get((v.name, core))
+        return Place("ocm", off) if off is not None else Place("ddr", self.ddr[v.name])
+
+    def add_ddr(self, v: Value) -> None:
+        self.ddr[v.name] = self.ddr_size
+        self.ddr_size += -(-v.type.nbytes // ALIGN) * ALIGN
+
+
+# ---- what a core does -------------------------------------------------------------------
+@dataclass(frozen=True)
+class Transfer:
+    """One DMA between DDR and ``core``'s OCM: ``load`` (DDR -> OCM) or ``store``."""
+
+    value: str
+    core: int
+    kind: str                 # "load" | "store"
+    nbytes: int
+    ocm: int                  # offset in the core's OCM
+    ddr: int                  # offset in DDR
+
+
+@dataclass(frozen=True)
+class Arg:
+    """A kernel argument: a value, where the core addresses it, its bytes."""
+
+    value: str
+    place: Place
+    nbytes: int
+
+
+@dataclass
+class Step:
+    """What one core does for one node: wait for the flags of operands from other cores,
+    load what it holds in OCM but has not got yet, run the node's kernel on ``args``
+    (operands, then results), store what others read from DDR, publish flags. A barrier
+    step copies the core's pieces to the barrier's results and waits for every core."""
+
+    core: int
+    node: Node
+    waits: list[str] = field(default_factory=list)
+    loads: list[Transfer] = field(default_factory=list)
+    args: list[Arg] = field(default_factory=list)
+    stores: list[Transfer] = field(default_factory=list)
+    publishes: list[str] = field(default_factory=list)
+    copies: list[tuple[Arg, Arg]] = field(default_factory=list)   # barrier: (src, dst)
+
+    @property
+    def barrier(self) -> bool:
+        return self.node.op == "barrier"
+
+    @property
+    def kernel(self) -> bool:
+        """Whether the step calls the node's kernel (every device node but a barrier)."""
+        return not self.barrier
+
+    def ddr_args(self) -> list[Arg]:
+        """The buffers the step addresses in DDR in place (kernel arguments, copies)."""
+        args = self.args + [a for pair in self.copies for a in pair]
+        return [a for a in args if a.place.mem == "ddr"]
+
+    def transfers(self) -> list[int]:
+        """The bytes of each movement between DDR and OCM the step makes, in order:
+        loads, DDR arguments addressed in place, stores."""
+        return ([t.nbytes for t in self.loads] + [a.nbytes for a in self.ddr_args()]
+                + [t.nbytes for t in self.stores])
+
+    @property
+    def ddr_bytes(self) -> int:
+        return sum(self.transfers())
+
+
+@dataclass
+class Stage:
+    """A run of nodes on one side: on the device, each core's steps."""
+
+    device: bool
+    nodes: list[Node]
+    steps: list[list[Step]] = field(default_factory=list)     # per core (device stages)
+
+
+@dataclass
+class Schedule:
+    """The whole plan of a graph: its memory map and its stages."""
+
+    graph: Graph
+    cores: int
+    memory: MemoryMap
+    stages: list[Stage]
+
+    def steps(self, core: int | None = None) -> Iterator[Step]:
+        """Every device step (of ``core``), in program order."""
+        for stage in self.stages:
+            for k, steps in enumerate(stage.steps):
+                if core is None or k == core:
+                    yield from steps
+
+    @property
+    def host_nodes(self) -> list[Node]:
+        return [n for s in self.stages if not s.device for n in s.nodes]
+
+    def ddr_bytes(self, core: int | None = None) -> int:
+        """Bytes moved between DDR and OCM in one run (of ``core``)."""
+        return sum(s.ddr_bytes for s in self.steps(core))
+
+
+def producer_core(v: Value, device: set[int]) -> int | None:
+    """The core that produces ``v`` (a barrier's result: its operand's), None for the host
+    (graph inputs, constants, host nodes)."""
+    n = v.producer
+    if n is None or id(n) not in device:
+        return None
+    if n.op == "barrier":
+        return producer_core(n.inputs[n.outputs.index(v)], device)
+    return core_of(n)
+
+
+def memory_map(graph: Graph, device: set[int], cores: int) -> MemoryMap:
+    """DDR slots, OCM offsets (from the memory plan's ``meta["ocm"]``) and flags of the
+    values the device stages touch (see the module docstring)."""
+    mm = MemoryMap(cores, ocm_size=[0] * cores)
+    touched: dict[str, Value] = {}
+    readers: dict[str, set] = {}
+    for n in graph.nodes:
+        on_device = id(n) in device
+        if on_device:
+            for v in n.tensors():
+                touched[v.name] = v
+        for v in n.inputs:
+            if v is not None:
+                reader = ("host" if not on_device else None if n.op == "barrier"
+                          else core_of(n))
+                readers.setdefault(v.name, set()).add(reader)
+    for v in graph.outputs.values():
+        readers.setdefault(v.name, set()).add("host")
+    for v in touched.values():
+        for e in v.meta.get("ocm") or []:
+            if e["core"] < cores:
+                mm.ocm[(v.name, e["core"])] = e["offset"]
+                mm.ocm_size[e["core"]] = max(mm.ocm_size[e["core"]], e["offset"] + e["size"])
+    for v in touched.values():
+        p = producer_core(v, device)
+        others = readers.get(v.name, set()) - {p, None}
+        if p is None or (v.name, p) not in mm.ocm or others:
+            mm.add_ddr(v)
+        if p is not None and others - {"host"}:
+            mm.flags[v.name] = len(mm.flags)
+    return mm
+
+
+class _CorePlanner:
+    """One core's steps: each node's waits, loads, arguments, stores and flags."""
+
+    def __init__(self, core: int, memory: MemoryMap, device: set[int]):
+        self.core, self.memory, self.device = core, memory, device
+        self.on_chip: set[str] = set()        # values this core has loaded into its OCM
+        self.waited: set[str] = set()
+
+    def operand(self, v: Value, step: Step, nbytes: int) -> Arg:
+        """The operand where this core has it, after waiting for / loading it as needed;
+        ``nbytes``: the bytes the node reads of it."""
+        p = producer_core(v, self.device)
+        place = self.memory.place(v, self.core)
+        if p != self.core and v.name not in self.waited and v.name in self.memory.flags:
+            self.waited.add(v.name)
+            step.waits.append(v.name)
+        if place.mem == "ocm" and p != self.core and v.name not in self.on_chip:
+            self.on_chip.add(v.name)
+            step.loads.append(Transfer(v.name, self.core, "load", v.type.nbytes, place.offset,
+                                       self.memory.ddr[v.name]))
+        return Arg(v.name, place, nbytes)
+
+    def result(self, v: Value, step: Step) -> Arg:
+        """A result: stored to its DDR slot where it has one (and lives in OCM here), and
+        its flag published."""
+        place = self.memory.place(v, self.core)
+        if place.mem == "ocm" and v.name in self.memory.ddr:
+            step.stores.append(Transfer(v.name, self.core, "store", v.type.nbytes,
+                                        place.offset, self.memory.ddr[v.name]))
+        if v.name in self.memory.flags:
+            step.publishes.append(v.name)
+        return Arg(v.name, place, v.type.nbytes)
+
+    def step(self, n: Node) -> Step:
+        step = Step(self.core, n)
+        if n.op == "barrier":          # this core's pieces pass through, then all wait
+            for x, y in zip(n.inputs, n.outputs):
+                if producer_core(x, self.device) == self.core:
+                    step.copies.append((self.operand(x, step, x.type.nbytes),
+                                        self.result(y, step)))
+            return step
+        operands = [v for v in n.inputs if v is not None]
+        share = _read_share(n, operands)
+        step.args = [self.operand(v, step, share(v)) for v in operands] + \
+            [self.result(v, step) for v in n.outputs]
+        return step
+
+
+def _read_share(node: Node, operands: list[Value]):
+    """The bytes ``node`` reads of each operand: all of it, but for a ranged op only the
+    share its cost declares (a ``core_slice`` reads its range)."""
+    if not node.opdef.in_place_ranges:
+        return lambda v: v.type.nbytes
+    whole = sum(v.type.nbytes for v in operands)
+    read = node.opdef.cost(node)["bytes_read"]
+    return lambda v: v.type.nbytes * read // whole if whole else 0
+
+
+def schedule_of(graph: Graph, cores: int | None = None) -> Schedule:
+    """The schedule of ``graph`` as it stands (partitioned or not, memory-planned or not)
+    on ``cores`` cores (default: the graph's own, :func:`graph_cores`)."""
+    cores = graph_cores(graph) if cores is None else cores
+    parts = stages(graph)
+    device = {id(n) for dev, nodes in parts if dev for n in nodes}
+    for dev, nodes in parts:
+        for n in nodes if dev else ():
+            core_of(n, cores)
+    memory = memory_map(graph, device, cores)
+    planners = [_CorePlanner(k, memory, device) for k in range(cores)]
+    out = []
+    for dev, nodes in parts:
+        stage = Stage(dev, nodes)
+        if dev:
+            stage.steps = [[] for _ in range(cores)]
+            for n in nodes:
+                for p in planners:
+                    if n.op == "barrier" or core_of(n) == p.core:
+                        stage.steps[p.core].append(p.step(n))
+        out.append(stage)
+    return Schedule(graph, cores, memory, out)
