@@ -2,7 +2,9 @@
 rewrites and save/load; the calibrated ranges live there."""
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 
 import numpy as np
 import pytest
@@ -197,7 +199,9 @@ def test_save_load_round_trips_meta_exactly_and_leaves_the_text_alone(tmp_path):
     assert sorted(p.name for p in (tmp_path / "plain").iterdir()) == ["m.bevir", "m.safetensors"]
     _annotate(g)
     path = bevir.save(g, tmp_path / "m.bevir")
-    assert path.read_text() == plain_text and str(g) == str(_net())   # text: byte-identical
+    ir = lambda text: [l for l in text.splitlines() if not l.startswith("//")]  # noqa: E731
+    assert ir(path.read_text()) == ir(plain_text) and str(g) == str(_net())   # byte-identical IR
+    assert "// meta: none" in plain_text and "// meta: m.meta.json sha256:" in path.read_text()
     doc_path, arrays_path = meta_paths(path)
     assert doc_path.exists() and arrays_path.exists()
     assert json.loads(doc_path.read_text())["encoded"] == ["test.span"]
@@ -229,16 +233,24 @@ def test_load_refuses_meta_that_does_not_fit(tmp_path):
     doc = json.loads(doc_path.read_text())
     doc["nodes"][0][1] = "conv2d"
     doc_path.write_text(json.dumps(doc))
+    with pytest.raises(MetaError, match="m.meta.json: it is not the file .*m.bevir was saved "
+                                        "with \\(its sha256 differs"):
+        bevir.load(path)                    # an edited meta file is not the one saved
+
+    def edited(doc):                        # an edit the text's header is told of
+        text = json.dumps(doc)
+        doc_path.write_text(text)
+        header = f"// meta: {doc_path.name} sha256:{hashlib.sha256(text.encode()).hexdigest()}"
+        path.write_text(re.sub("// meta: .*", header, path.read_text()))
+        return path
     with pytest.raises(MetaError, match="node #1 \\(op 'conv2d'\\) does not fit"):
-        bevir.load(path)
+        bevir.load(edited(doc))
     doc["nodes"], doc["values"] = [], {"nope": {}}
-    doc_path.write_text(json.dumps(doc))
     with pytest.raises(MetaError, match="value %nope"):
-        bevir.load(path)
+        bevir.load(edited(doc))
     doc["values"], doc["graph"], doc["encoded"] = {}, {"test.unknown": [1]}, ["test.unknown"]
-    doc_path.write_text(json.dumps(doc))
     with pytest.raises(MetaError, match="'test.unknown' .* import the module that registers it"):
-        bevir.load(path)
+        bevir.load(edited(doc))
 
 
 def test_a_calibrated_graph_saved_and_loaded_is_still_calibrated(tmp_path):
