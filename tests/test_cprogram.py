@@ -248,3 +248,35 @@ def test_an_unchanged_graph_compiles_from_the_cache(rng, tmp_path, monkeypatch):
     assert_bit_exact(second.run(inputs), first.run(inputs))
     with pytest.raises(pytest.fail.Exception, match="built again"):
         compile(graph, tmp_path / "c", hw="QC-U 8MB 16MAC x4")
+
+
+def compile_in_a_new_process(model: Path, out: Path, cache: Path, hw: str,
+                             seed: int) -> dict:
+    """``compile`` of the saved ``model`` in a fresh process (hash seed ``seed``): its
+    time and how often it planned, lowered and built."""
+    import os
+    import subprocess
+    env = dict(os.environ, BEVIR_CACHE=str(cache), PYTHONHASHSEED=str(seed))
+    tool = Path(__file__).resolve().parents[1] / "tools" / "compile_counted.py"
+    done = subprocess.run([sys.executable, str(tool), str(model), str(out), hw],
+                          capture_output=True, text=True, env=env, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_second_process_compiles_from_the_cache_and_builds_nothing(rng, tmp_path):
+    """Kernel sources and programs are cached under keys that are the same in every
+    process (whatever the hash seed): a second process compiling the same graph plans,
+    lowers and builds nothing, and adds nothing to the cache."""
+    graph, inputs = GRAPHS["chain"](rng)
+    bevir.save(graph, tmp_path / "m.bevir")
+    cache = tmp_path / "cache"
+    hw = "QC-U 8MB 16MAC x2"
+    cold = compile_in_a_new_process(tmp_path / "m.bevir", tmp_path / "a", cache, hw, seed=1)
+    entries = sorted(p.relative_to(cache) for p in cache.rglob("*"))
+    warm = compile_in_a_new_process(tmp_path / "m.bevir", tmp_path / "b", cache, hw, seed=2)
+    print(f"compile of @chain for 2 cores: cold {cold['seconds']:.2f} s, "
+          f"a second process {warm['seconds']:.2f} s")
+    assert cold["built"]["_kernel_source"] > 0 and cold["built"]["build_shared"] == 2
+    assert warm["built"] == {}
+    assert sorted(p.relative_to(cache) for p in cache.rglob("*")) == entries
+    assert_bit_exact(CompiledProgram.load(tmp_path / "b").run(inputs), bevir.run(graph, inputs))

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import re
+import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -288,7 +290,8 @@ def _file_digest(path: str, mtime_ns: int) -> bytes:
 
 def op_code_key(opdef) -> str:
     """A digest of the code behind an op's kernels: the file defining the op and the code
-    of its lowering (so a user's op, or a lowering replaced at run time, builds afresh)."""
+    of its lowering (so a user's op, or a lowering replaced at run time, builds afresh).
+    The same in every process: nothing in it depends on addresses or hash seeds."""
     import inspect
     h = hashlib.sha256(code_version().encode())
     try:
@@ -296,10 +299,38 @@ def op_code_key(opdef) -> str:
         h.update(_file_digest(path, Path(path).stat().st_mtime_ns))
     except (TypeError, OSError):            # a class without a file: its lowering's code only
         pass
-    code = getattr(getattr(type(opdef), "tvm_lowering", None), "__code__", None)
-    if code is not None:
-        h.update(code.co_code + repr(code.co_consts).encode() + code.co_qualname.encode())
+    lowering = getattr(type(opdef), "tvm_lowering", None)
+    if lowering is not None:
+        h.update(stable_code(lowering))
     return h.hexdigest()[:20]
+
+
+_ADDRESS = re.compile(rb" at 0x[0-9a-fA-F]+")
+
+
+def stable_code(obj) -> bytes:
+    """A function's code (its bytecode, names and constants, nested code and the values
+    its closure holds) as bytes that are the same in every process: sets in sorted order,
+    no object addresses."""
+    if isinstance(obj, types.FunctionType):
+        cells = tuple(c.cell_contents for c in obj.__closure__ or () if _filled(c))
+        return b"fn" + stable_code(obj.__code__) + stable_code(cells)
+    if isinstance(obj, types.CodeType):
+        return b"|".join([b"code", obj.co_qualname.encode(), obj.co_code,
+                          repr(obj.co_names).encode(), stable_code(obj.co_consts)])
+    if isinstance(obj, (tuple, list)):
+        return b"(" + b",".join(stable_code(x) for x in obj) + b")"
+    if isinstance(obj, (set, frozenset)):
+        return b"{" + b",".join(sorted(stable_code(x) for x in obj)) + b"}"
+    return _ADDRESS.sub(b"", repr(obj).encode())
+
+
+def _filled(cell) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:                      # a cell not yet filled
+        return False
+    return True
 
 
 def source_key(node: Node) -> str:
