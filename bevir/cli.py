@@ -29,7 +29,7 @@ import argparse
 import errno
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -306,15 +306,20 @@ def _check_output_dir(path: str | None) -> None:
         raise CliError(f"cannot write {path}: no directory '{Path(path).resolve().parent}'")
 
 
-def write_results(results: dict, path: str | None) -> None:
-    """Print a line per result and write them to safetensors file ``path`` if given."""
+def write_results(results: dict, path: str | None,
+                  check: Callable[[], None] | None = None) -> None:
+    """Print a line per result and write them to safetensors file ``path`` if given, whole
+    or not at all; ``check()``, if given, runs between the two (a failed check leaves no
+    file)."""
     from safetensors import SafetensorError
-    from safetensors.numpy import save_file
+    from .fsutil import save_arrays
     for name, a in results.items():
         _out(f"{name}: {_describe(np.asarray(a))}")
+    if check is not None:
+        check()
     if path:
         try:
-            save_file({k: np.ascontiguousarray(v) for k, v in results.items()}, path)
+            save_arrays({k: np.ascontiguousarray(v) for k, v in results.items()}, path)
         except (SafetensorError, OSError) as e:
             raise CliError(f"cannot write {path}: {e}") from None
         _out(f"wrote {path}: {len(results)} tensors")
@@ -380,15 +385,8 @@ def cmd_exec(args) -> int:
         results = Program(graph, "llvm").run(inputs)
     else:
         results = program.run(inputs)
-    if args.counters:
-        import json
-        counts = program.counters()
-        Path(args.counters).write_text(json.dumps(counts, indent=1) + "\n")
-        _out(f"wrote {args.counters}: {counts['ddr_bytes']:,} bytes between DDR and OCM, "
-             f"{counts['transfers']:,} transfers, {counts['waits']:,} waits, "
-             f"{counts['kernel_calls']:,} kernel calls")
-    write_results(results, args.output)
-    if args.check:
+
+    def check() -> None:
         golden = run(graph, inputs)
         differing = sum(int(np.count_nonzero(results[k] != golden[k])) for k in golden)
         _out(f"check: {differing} differing elements against the golden model")
@@ -396,7 +394,16 @@ def cmd_exec(args) -> int:
             report = Program(graph, "llvm" if args.host else "c").check(inputs)
             where = report.mismatch or "every kernel agrees with its golden op"
             raise CodegenError(f"the generated program differs from the golden model; "
-                               f"first differing kernel: {where}")
+                               f"first differing kernel: {where}"
+                               + (f" ({args.output} not written)" if args.output else ""))
+    write_results(results, args.output, check if args.check else None)
+    if args.counters:
+        from .fsutil import write_json
+        counts = program.counters()
+        write_json(args.counters, counts)
+        _out(f"wrote {args.counters}: {counts['ddr_bytes']:,} bytes between DDR and OCM, "
+             f"{counts['transfers']:,} transfers, {counts['waits']:,} waits, "
+             f"{counts['kernel_calls']:,} kernel calls")
     return 0
 
 
@@ -404,18 +411,16 @@ def cmd_exec(args) -> int:
 def _hw(text: str):
     """A HWConfig from a preset, a vendor string or a .json file of its fields (as
     ``sim --fit`` writes)."""
-    import json
+    from .fsutil import read_json
     from .target.hw import HWConfig, HWConfigError
     if text.endswith(".json"):
-        try:
-            return HWConfig(**json.loads(Path(text).read_text()))
-        except ValueError as e:
-            raise HWConfigError(f"cannot read hardware config {text}: {e}") from None
+        return HWConfig(**read_json(text, HWConfigError))
     return HWConfig.from_option(text)
 
 
 def cmd_sim(args) -> int:
     import json
+    from .fsutil import write_json
     from .target.cycles import model
     graph = load_graph(args.model)
     hw, graph = planned(graph, args.hw, args.cores)
@@ -424,8 +429,8 @@ def cmd_sim(args) -> int:
         fit = fit_efficiency(graph, hw, load_measured(args.fit))
         hw = fit.hw
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "fit.json").write_text(json.dumps(fit.to_json(), indent=1))
-        (Path(args.out) / "hw.json").write_text(json.dumps(hw.model_dump(), indent=1))
+        write_json(Path(args.out) / "fit.json", fit.to_json())
+        write_json(Path(args.out) / "hw.json", hw.model_dump())
         _out(format_fit(fit))
         _out(json.dumps(hw.model_dump(), sort_keys=True))
     profile = model(graph, hw)

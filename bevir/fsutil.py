@@ -177,16 +177,20 @@ def _exchange(a: Path, b: Path) -> bool:
     raise OSError(err, os.strerror(err), str(b))
 
 
-def swap_in(built: Path, target: Path) -> None:
+def swap_in(built: Path, target: Path, replace: bool = True) -> None:
     """Put folder ``built`` in ``target``'s place: a reader sees the old folder or the new
-    one (where the system cannot exchange two names in one step, for a moment neither)."""
+    one (where the system cannot exchange two names in one step, for a moment neither).
+    Without ``replace``, a ``target`` that exists stays and ``built`` is removed."""
     try:
-        built.rename(target)                    # no target yet
+        built.rename(target)                    # no target yet (or an empty folder)
         fsync_path(target.parent)
         return
     except OSError as e:
         if e.errno not in (errno.EEXIST, errno.ENOTEMPTY):
             raise
+    if not replace:
+        shutil.rmtree(built, ignore_errors=True)
+        return
     if not _exchange(built, target):
         old = temporary_name(target)
         target.rename(old)
@@ -197,9 +201,10 @@ def swap_in(built: Path, target: Path) -> None:
 
 
 @contextlib.contextmanager
-def building_folder(target: str | os.PathLike) -> Iterator[Path]:
+def building_folder(target: str | os.PathLike, replace: bool = True) -> Iterator[Path]:
     """An empty folder beside ``target`` to build its new content in: swapped in for
-    ``target`` (:func:`swap_in`) when the block ends without error, removed otherwise."""
+    ``target`` (:func:`swap_in`; ``replace``: as there) when the block ends without error,
+    removed otherwise."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     remove_stale(target)
@@ -210,7 +215,7 @@ def building_folder(target: str | os.PathLike) -> Iterator[Path]:
         for p in tmp.rglob("*"):
             if p.is_file() and not p.is_symlink():
                 fsync_path(p)
-        swap_in(tmp, target)
+        swap_in(tmp, target, replace)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

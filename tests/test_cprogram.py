@@ -167,7 +167,8 @@ def test_cli_compiles_runs_and_checks(rng, tmp_path, capsys):
 
 def test_a_wrong_kernel_is_caught_and_named_by_exec_check(rng, tmp_path, capsys):
     """A program built from a deliberately broken lowering: exec --check reports the
-    difference and names the first kernel whose results differ from its golden op."""
+    difference and names the first kernel whose results differ from its golden op, and
+    writes no output file."""
     from safetensors.numpy import save_file
     from bevir.cli import main
     from bevir.ops.fixed_point import FxAdd
@@ -184,11 +185,12 @@ def test_a_wrong_kernel_is_caught_and_named_by_exec_check(rng, tmp_path, capsys)
     try:
         assert main(["compile", str(tmp_path / "m.bevir"), "-o", str(tmp_path / "prog")]) == 0
         assert main(["exec", str(tmp_path / "prog"), "--inputs", str(tmp_path / "in.safetensors"),
-                     "--check"]) == 1
+                     "--check", "-o", str(tmp_path / "out.safetensors")]) == 1
     finally:
         mp.undo()
     err = capsys.readouterr().err
     assert "first differing kernel: op 'fx_add'" in err and "from 'c/residual'" in err
+    assert "out.safetensors not written" in err and not (tmp_path / "out.safetensors").exists()
 
 
 def test_manifest_says_what_each_core_does(rng, tmp_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import shutil
 import signal
 import sys
 from collections.abc import Callable, Iterator
@@ -27,20 +28,23 @@ _CTX = multiprocessing.get_context("forkserver")
 _CTX.set_forkserver_preload(["numpy", "bevir", "bevir.codegen.cprogram"])
 
 
-def _visible(path) -> bool:
-    """Whether a write to ``path`` changes what readers see (not inside a temporary name)."""
-    return not any(p.startswith(".") and p.endswith(fsutil.TMP_SUFFIX)
-                   for p in Path(os.fsdecode(path)).parts)
+def _visible(path, root: Path) -> bool:
+    """Whether a write to ``path`` changes what readers of ``root`` see (a path under it,
+    not inside a temporary name)."""
+    path = Path(os.fsdecode(path))
+    return path.is_relative_to(root) and not any(
+        p.startswith(".") and p.endswith(fsutil.TMP_SUFFIX) for p in path.parts)
 
 
-def _killed_at(point: int, fn: Callable, args: tuple) -> None:
-    """In the child: ``fn(*args)``, killed just before its ``point``-th visible write."""
+def _killed_at(point: int, root: Path, fn: Callable, args: tuple) -> None:
+    """In the child: ``fn(*args)``, killed just before its ``point``-th visible write
+    under ``root``."""
     count = 0
 
     def counted(f, *paths):
         def write(*a, **k):
             nonlocal count
-            if any(_visible(a[i]) for i in paths if i < len(a)):
+            if any(_visible(a[i], root) for i in paths if i < len(a)):
                 count += 1
                 if count == point:
                     os.kill(os.getpid(), signal.SIGKILL)
@@ -53,11 +57,12 @@ def _killed_at(point: int, fn: Callable, args: tuple) -> None:
     fn(*args)
 
 
-def kill_trials(fn: Callable, *args, limit: int = 400) -> Iterator[int]:
-    """Run ``fn(*args)`` in a child killed before its 1st, 2nd, ... visible write; yield
-    after each (the caller checks the state on disk) until a child finishes unkilled."""
+def kill_trials(root: Path, fn: Callable, *args, limit: int = 400) -> Iterator[int]:
+    """Run ``fn(*args)`` in a child killed before its 1st, 2nd, ... visible write under
+    ``root``; yield after each (the caller checks the state on disk) until a child
+    finishes unkilled."""
     for point in range(1, limit):
-        child = _CTX.Process(target=_killed_at, args=(point, fn, args))
+        child = _CTX.Process(target=_killed_at, args=(point, root, fn, args))
         child.start()
         child.join(120)
         assert child.exitcode is not None, f"the writer hung (killed at write {point})"
@@ -103,7 +108,7 @@ def test_a_save_killed_at_any_write_leaves_the_old_graph_the_new_one_or_one_line
     states = {_state(a): "old", _state(b): "new"}
     seen = []
     bevir.save(a, path)
-    for _ in kill_trials(_save, b, path):
+    for _ in kill_trials(tmp_path, _save, b, path):
         try:
             seen.append(states[_state(bevir.load(path))])
         except bevir.BevirError as e:
@@ -111,3 +116,155 @@ def test_a_save_killed_at_any_write_leaves_the_old_graph_the_new_one_or_one_line
         bevir.save(a, path)                 # the next trial starts from the old graph again
     assert seen[0] == "old" and seen[-1] == "new" and len(seen) >= 4, seen
     assert all(s in ("old", "new") or "is not the file" in s for s in seen), seen
+
+
+# ---- compiled programs -------------------------------------------------------------------
+HW = "QC-U 8MB 16MAC x2"
+
+
+def _compile(graph_path: Path, out: Path, cache: Path) -> None:
+    os.environ["BEVIR_CACHE"] = str(cache)
+    from bevir.codegen.cprogram import compile
+    compile(bevir.load(graph_path), out, hw=HW)
+
+
+def _exec(prog: Path, inputs: Path, result: Path) -> None:
+    """In a child: the program's outputs to ``result``, or its error to ``result.err``."""
+    from safetensors.numpy import load_file, save_file
+    from bevir.codegen.cprogram import CompiledProgram
+    try:
+        save_file(CompiledProgram.load(prog).run(load_file(str(inputs))), str(result))
+    except bevir.BevirError as e:
+        result.with_suffix(".err").write_text(str(e))
+
+
+def exec_outcome(prog: Path, inputs: Path, goldens: dict[str, dict]) -> str:
+    """What exec of ``prog`` gives, in a child: the name of the golden outputs it matches,
+    or its one-line error; a crash, a hang or other outputs fail the test."""
+    from safetensors.numpy import load_file
+    result = prog.parent / "result.safetensors"
+    for p in (result, result.with_suffix(".err")):
+        p.unlink(missing_ok=True)
+    child = _CTX.Process(target=_exec, args=(prog, inputs, result))
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0, f"exec crashed or hung: exit code {child.exitcode}"
+    if result.with_suffix(".err").exists():
+        message = result.with_suffix(".err").read_text()
+        assert "\n" not in message
+        return message
+    got = load_file(str(result))
+    for name, golden in goldens.items():
+        if set(got) == set(golden) and all(np.array_equal(got[k], golden[k]) for k in got):
+            return name
+    raise AssertionError("exec gave outputs of neither program")
+
+
+def _small(frac: int):
+    """A graph of a few kernels (quick to build): a residual add and a relu."""
+    from test_partition import fx, ints
+    b = bevir.Builder("small")
+    x = b.input("x", fx((16, 32), 5))
+    w = b.const(ints(np.random.default_rng(0), (32,)), "w", fx((32,), 3))
+    b.output("y", b.fx_relu(b.fx_add(x, w, out_frac_bits=frac, loc="s/add"), loc="s/relu"))
+    return b.graph
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """Graphs a and b saved with inputs and golden outputs, and a cache holding the
+    kernels of both (but not their plans and programs)."""
+    from safetensors.numpy import save_file
+    d = tmp_path_factory.mktemp("built")
+    inputs = {"x": np.random.default_rng(3).integers(-128, 128, (16, 32)).astype(np.int8)}
+    save_file(inputs, str(d / "in.safetensors"))
+    goldens = {}
+    for name, frac, state in (("a", 4, "old"), ("b", 2, "new")):
+        bevir.save(_small(frac), d / f"{name}.bevir")
+        goldens[state] = bevir.run(_small(frac), inputs)
+        _compile(d / f"{name}.bevir", d / f"prog_{name}", d / "kernels")
+    for made in ("plans", "programs"):
+        shutil.rmtree(d / "kernels" / made)
+    return d, goldens
+
+
+@pytest.fixture
+def programs(tmp_path, built):
+    """In ``tmp_path``: a.bevir, b.bevir, in.safetensors, a's program in ``prog`` (built
+    with its own cache, cache_a); the golden outputs of a ("old") and b ("new")."""
+    d, goldens = built
+    for f in ("a.bevir", "a.safetensors", "b.bevir", "b.safetensors", "in.safetensors"):
+        shutil.copy(d / f, tmp_path / f)
+    shutil.copytree(d / "kernels", tmp_path / "cache_a")
+    _compile(tmp_path / "a.bevir", tmp_path / "prog", tmp_path / "cache_a")
+    return tmp_path / "prog", goldens
+
+
+def _compile_trials(tmp_path: Path, prog: Path, cache: Path, goldens: dict,
+                    restore: Callable[[], None]) -> list[str]:
+    """What exec of ``prog`` gives after each kill of b's compile (``restore`` runs
+    before each trial); a's program is put back after a trial that swapped b's in."""
+    seen = []
+    restore()
+    for _ in kill_trials(tmp_path, _compile, tmp_path / "b.bevir", prog, cache):
+        seen.append(exec_outcome(prog, tmp_path / "in.safetensors", goldens))
+        if seen[-1] == "new":
+            _compile(tmp_path / "a.bevir", prog, tmp_path / "cache_a")
+        restore()
+    assert seen[0] == "old" and seen[-1] == "new", seen
+    assert set(seen) <= {"old", "new"}, seen       # the folder is swapped whole: never none
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
+    return seen
+
+
+def test_a_compile_killed_between_any_two_writes_leaves_the_old_program_or_the_new(
+        tmp_path, programs, built):
+    """From the same start each time (b's kernels built, its plan and program not), b's
+    compile over a's program is killed before each of its writes in turn: the plan and the
+    program published in the cache, the folder swapped in."""
+    prog, goldens = programs
+    cache = tmp_path / "cache"
+
+    def restore():
+        shutil.rmtree(cache, ignore_errors=True)
+        shutil.copytree(built[0] / "kernels", cache)
+    assert len(_compile_trials(tmp_path, prog, cache, goldens, restore)) >= 4
+
+
+def test_compiles_killed_in_turn_with_a_cold_cache_finish_from_what_they_left(
+        tmp_path, programs):
+    """b's compile with a cold cache, killed before its 1st write, then again before its
+    2nd, ... (each run goes on from the cache entries the ones before left: kernel
+    sources, objects, plan, program); every kill leaves a's program or b's, and the last
+    run's program is b's."""
+    prog, goldens = programs
+    seen = _compile_trials(tmp_path, prog, tmp_path / "cache", goldens, lambda: None)
+    assert len(seen) >= 5
+
+
+# ---- concurrent writers --------------------------------------------------------------------
+def together(*calls: tuple) -> None:
+    """Run each (fn, *args) in its own child at the same time; each must finish."""
+    children = [_CTX.Process(target=fn, args=args) for fn, *args in calls]
+    for c in children:
+        c.start()
+    for c in children:
+        c.join(300)
+        assert c.exitcode == 0, f"a writer failed or hung: exit code {c.exitcode}"
+
+
+def test_two_compiles_into_one_cache_and_one_folder(tmp_path, programs):
+    """The same graph twice, then two graphs, compiled at the same time into one folder
+    with one cold cache: both finish, and the folder holds one whole program."""
+    prog, goldens = programs
+    cache, b = tmp_path / "cache", tmp_path / "b.bevir"
+    together((_compile, b, prog, cache), (_compile, b, prog, cache))
+    assert exec_outcome(prog, tmp_path / "in.safetensors", goldens) == "new"
+    shutil.rmtree(cache)
+    together((_compile, tmp_path / "a.bevir", prog, cache), (_compile, b, prog, cache))
+    assert exec_outcome(prog, tmp_path / "in.safetensors", goldens) in ("old", "new")
+    for g in ("a", "b"):                    # the cache serves each graph's program whole
+        _compile(tmp_path / f"{g}.bevir", tmp_path / f"prog_{g}", cache)
+        assert exec_outcome(tmp_path / f"prog_{g}", tmp_path / "in.safetensors",
+                            goldens) == {"a": "old", "b": "new"}[g]
+    assert not [p.name for p in tmp_path.rglob(".*")]       # no temporary left anywhere

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import CodegenError
+from ..fsutil import atomic_path, run_child, write_atomic
 from ..ops.common import ArrayCache
 from .lower import KernelDef, tvm_modules
 from .machine import cache_dir, host_target  # noqa: F401  (re-exported)
@@ -102,13 +103,15 @@ def build_host(kds: list[KernelDef], micro: bool = False) -> dict[str, HostKerne
     if not lib.exists():
         from .schedule import apply
         mod = tvm.IRModule({kd.name: apply(kd.func, kd.name) for kd in kds})
-        try:
-            ex = tvm.compile(mod, target=target)
-            tmp = lib.with_suffix(f".{os.getpid()}.tmp.so")
-            ex.export_library(str(tmp), addons=micro_objects() if micro else None)
-        except Exception as e:
-            raise CodegenError(f"llvm build failed: {type(e).__name__}: {e}") from e
-        tmp.replace(lib)
+        with atomic_path(lib) as tmp:
+            try:
+                ex = tvm.compile(mod, target=target)
+                ex.export_library(str(tmp.with_suffix(".so")),
+                                  addons=micro_objects() if micro else None)
+                tmp.with_suffix(".so").rename(tmp)
+            except Exception as e:
+                tmp.with_suffix(".so").unlink(missing_ok=True)
+                raise CodegenError(f"llvm build failed: {type(e).__name__}: {e}") from e
     module = tvm.runtime.load_module(str(lib))
     return {kd.name: HostKernel(kd, module[kd.name]) for kd in kds}
 
@@ -226,11 +229,10 @@ CFLAGS = ["-O2", "-std=gnu11", "-fPIC", "-ffp-contract=off", "-fno-fast-math", "
 
 def build_shared(sources: list[Path], out: Path) -> Path:
     """Compile C ``sources`` into the shared library ``out`` with the system C compiler."""
-    import subprocess
     cc = os.environ.get("CC", "cc")
     cmd = [cc, *CFLAGS, "-shared", *(f"-I{d}" for d in include_dirs()),
            *map(str, sources), "-o", str(out)]
-    done = subprocess.run(cmd, capture_output=True, text=True)
+    done = run_child(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         raise CodegenError(f"C build failed ({' '.join(cmd[:2])} ...): "
                            f"{done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}")
@@ -250,11 +252,10 @@ class CKernel:
         key = tir_hash(kd, "c")
         lib = cache_dir() / f"{kd.name}_{key}.so"
         if not lib.exists():
-            src = cache_dir() / f"{kd.name}_{key}.c"
-            src.write_text(c_kernel_source(kd, args) + RUNTIME_C)
-            tmp = lib.with_suffix(f".{os.getpid()}.tmp")
-            build_shared([src], tmp)
-            tmp.replace(lib)
+            src = write_atomic(cache_dir() / f"{kd.name}_{key}.c",
+                               c_kernel_source(kd, args) + RUNTIME_C)
+            with atomic_path(lib) as tmp:
+                build_shared([src], tmp)
         self._lib = ctypes.CDLL(str(lib))
         self._fn = getattr(self._lib, f"bevir_{kd.name}")
         self._fn.argtypes = [ctypes.POINTER(ctypes.c_void_p)]

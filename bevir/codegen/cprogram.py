@@ -30,6 +30,7 @@ import functools
 import hashlib
 import json
 import os
+import re
 import shutil
 import threading
 from collections.abc import Mapping
@@ -39,29 +40,83 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import CodegenError
+from ..fsutil import atomic_path, building_folder, read_json, run_child, sha256_file, write_atomic
 from ..ir.graph import Graph, Node, Value
 from ..progress import Progress
 from ..sim.interpreter import Interpreter
 from ..target.schedule import MemoryMap, Place, Step, graph_cores, schedule_of, stages
 from .build import CFLAGS, RUNTIME_C, build_shared, c_kernel_source, cache_dir, include_dirs
 from .lower import dtype_name, kernel_def, kernel_name, signature, source_key
+from .verify import check_layout, check_manifest, digest_source, open_libraries, read_checked
 
 RUNTIME_SYNC = r"""
 #include <sched.h>
+#include <setjmp.h>
+#include <time.h>
+/* a run's control block, shared by its cores: [0] set once a core failed, [1] the longest a
+   core may wait (ns); per core k: [2 + 2k] what it waits for (flag index + 1, -1: a
+   barrier), [3 + 2k] the barriers it has reached */
+static int64_t* bevir_ctl;
+static __thread int64_t bevir_self;
+static __thread int64_t* bevir_flags;
+static __thread jmp_buf* bevir_leave;
+void bevir_control(int64_t* ctl) { bevir_ctl = ctl; }
+static int64_t bevir_now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+/* one turn of a wait: leave the core's entry (bevir_run returns -1) once another core
+   failed, or -2 once this wait took longer than the limit */
+static void bevir_waiting(int64_t* since, int64_t* turns, int64_t what) {
+  if (++*turns % 1024 == 0) {
+    if (__atomic_load_n(&bevir_ctl[0], __ATOMIC_ACQUIRE)) longjmp(*bevir_leave, -1);
+    int64_t now = bevir_now();
+    if (*since == 0) {
+      *since = now;
+      bevir_ctl[2 + 2 * bevir_self] = what;
+    } else if (now - *since > bevir_ctl[1]) {
+      __atomic_store_n(&bevir_ctl[0], 1, __ATOMIC_RELEASE);
+      longjmp(*bevir_leave, -2);
+    }
+  }
+  sched_yield();
+}
 /* ready flags: a value's producer publishes the run's epoch once the value is in DDR */
 void bevir_publish(int64_t* flag, int64_t epoch) { __atomic_store_n(flag, epoch, __ATOMIC_RELEASE); }
 void bevir_wait(int64_t* flag, int64_t epoch) {
-  while (__atomic_load_n(flag, __ATOMIC_ACQUIRE) != epoch) sched_yield();
+  int64_t since = 0, turns = 0;
+  while (__atomic_load_n(flag, __ATOMIC_ACQUIRE) != epoch)
+    bevir_waiting(&since, &turns, flag - bevir_flags + 1);
+  bevir_ctl[2 + 2 * bevir_self] = 0;
 }
 /* a full barrier of n cores: bar[0] counts arrivals, bar[1] is the generation */
 void bevir_barrier(int64_t* bar, int64_t n) {
   int64_t gen = __atomic_load_n(&bar[1], __ATOMIC_ACQUIRE);
+  __atomic_add_fetch(&bevir_ctl[3 + 2 * bevir_self], 1, __ATOMIC_RELEASE);
   if (__atomic_add_fetch(&bar[0], 1, __ATOMIC_ACQ_REL) == n) {
     __atomic_store_n(&bar[0], 0, __ATOMIC_RELAXED);
     __atomic_store_n(&bar[1], gen + 1, __ATOMIC_RELEASE);
   } else {
-    while (__atomic_load_n(&bar[1], __ATOMIC_ACQUIRE) == gen) sched_yield();
+    int64_t since = 0, turns = 0;
+    while (__atomic_load_n(&bar[1], __ATOMIC_ACQUIRE) == gen) bevir_waiting(&since, &turns, -1);
   }
+  bevir_ctl[2 + 2 * bevir_self] = 0;
+}
+/* runs one core's entry: its result (the failed step + 1, or 0), -1 when it stopped
+   because another core failed, -2 when a wait took longer than the limit */
+typedef int (*bevir_entry)(uint8_t*, uint8_t*, int64_t*, int64_t, int64_t*, int64_t*);
+int bevir_run(bevir_entry entry, int64_t core, uint8_t* ddr, uint8_t* ocm, int64_t* flags,
+              int64_t epoch, int64_t* bar, int64_t* cnt) {
+  jmp_buf here;
+  bevir_self = core;
+  bevir_flags = flags;
+  int left = setjmp(here);
+  if (left) return left;
+  bevir_leave = &here;
+  int failed = entry(ddr, ocm, flags, epoch, bar, cnt);
+  if (failed) __atomic_store_n(&bevir_ctl[0], 1, __ATOMIC_RELEASE);
+  return failed;
 }
 """
 
@@ -179,14 +234,53 @@ def generate(graph: Graph, cores: int | None = None
     return sources, kernels, manifest
 
 
+#: the names in a compiled folder: a folder holding only these may be compiled over
+_PROGRAM_FILES = re.compile(r"manifest\.(json|c)|graph\.(bevir|safetensors|meta\.json|"
+                            r"meta\.safetensors)|runtime\.c|core\d+\.(c|so)|kernels")
+
+
+def check_target(out: Path) -> None:
+    """Refuse to compile into ``out`` where that would replace files that are not a
+    compiled program's (a compiled folder is swapped in whole)."""
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise CodegenError(f"cannot compile into {out}: not a folder")
+    other = sorted(p.name for p in out.iterdir() if not _PROGRAM_FILES.fullmatch(p.name)) \
+        if out.is_dir() else []
+    if other:
+        raise CodegenError(f"cannot compile into {out}: it holds files that are not a "
+                           f"compiled program's ({', '.join(other[:3])}"
+                           f"{', ...' if len(other) > 3 else ''}); compile into a new or "
+                           "empty folder, or over a compiled program")
+
+
+def install(built: Path, out: Path) -> CompiledProgram:
+    """The program compiled into folder ``built`` copied into ``out`` (swapped in whole),
+    loaded (and so checked)."""
+    check_target(out)
+    with building_folder(out) as tmp:
+        shutil.copytree(built, tmp, dirs_exist_ok=True)
+    return CompiledProgram.load(out)
+
+
 def write_program(graph: Graph, out: str | Path, progress: bool | None = None,
                   saved: Path | None = None) -> CompiledProgram:
     """Write and build the per-core programs of ``graph`` as it is (its cores are its
-    nodes' ``meta["core"]``; memory-planned or not) into folder ``out``. ``saved``: where
-    ``graph`` is saved already (as ``graph.bevir``), copied instead of saved again."""
-    from ..ir.serialize import constants_path, meta_paths, save
+    nodes' ``meta["core"]``; memory-planned or not) into folder ``out``, built beside it
+    and swapped in whole. ``saved``: where ``graph`` is saved already (as
+    ``graph.bevir``), copied instead of saved again."""
     out = Path(out)
-    (out / "kernels").mkdir(parents=True, exist_ok=True)
+    check_target(out)
+    with building_folder(out) as tmp:
+        manifest = _write(graph, tmp, progress, saved)
+    # the graph just saved, not read back
+    return CompiledProgram(out, graph, manifest)
+
+
+def _write(graph: Graph, out: Path, progress: bool | None, saved: Path | None) -> dict:
+    """:func:`write_program` into the empty folder ``out``; returns the manifest as
+    written (JSON types)."""
+    from ..ir.serialize import constants_path, meta_paths, save
+    (out / "kernels").mkdir()
     cores = graph_cores(graph)
     sources, kernels, manifest = generate(graph, cores)
     (out / "runtime.c").write_text(RUNTIME_C + RUNTIME_SYNC)
@@ -212,22 +306,26 @@ def write_program(graph: Graph, out: str | Path, progress: bool | None = None,
         objects = {name: built.result() for batch, built in batches for name, _ in batch}
         objects.update((f, built.result()) for f, built in programs.items())
     bar.close()
-    manifest_text = json.dumps(manifest, indent=1) + "\n"
-    (out / "manifest.json").write_text(manifest_text)
     if saved is None:
         save(graph, out / "graph.bevir")
     else:
         for src in (saved, constants_path(saved), *meta_paths(saved)):
-            dst = out / src.name
-            dst.unlink(missing_ok=True)
             if src.exists():
-                shutil.copyfile(src, dst)
+                shutil.copyfile(src, out / src.name)
+    # each library holds the digest of the manifest (the libraries' own digests aside)
+    manifest["files"] = {"graph.bevir": sha256_file(out / "graph.bevir")}
+    manifest = json.loads(json.dumps(manifest))
+    (out / "manifest.c").write_text(digest_source(manifest))
+    signed = _object(out / "manifest.c")
+    manifest["libraries"] = []
     for k in range(cores):
         used = sorted({objects[s["kernel"]] for s in manifest["programs"][k]["steps"]
                        if s["kernel"]})
-        build_shared([objects[f"core{k}.c"], objects["runtime.c"], *used], out / f"core{k}.so")
-    # the graph just saved, not read back; the manifest as written (JSON types)
-    return CompiledProgram(out, graph, json.loads(manifest_text))
+        lib = build_shared([objects[f"core{k}.c"], objects["runtime.c"], signed, *used],
+                           out / f"core{k}.so")
+        manifest["libraries"].append({"file": lib.name, "sha256": sha256_file(lib)})
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    return manifest
 
 
 def _kernel_source(name: str, node: Node) -> Path:
@@ -237,9 +335,7 @@ def _kernel_source(name: str, node: Node) -> Path:
     if not src.exists():
         io = [(v.type.shape, dtype_name(v.type)) for v in node.inputs if v is not None] + \
              [(v.type.shape, dtype_name(v.type)) for v in node.outputs]
-        tmp = src.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(c_kernel_source(kernel_def(node), io))
-        tmp.replace(src)
+        write_atomic(src, c_kernel_source(kernel_def(node), io))
     return src
 
 
@@ -250,19 +346,17 @@ KERNELS_PER_UNIT = 16
 def _object(src: Path, key_text: bytes | None = None, what: str | None = None) -> Path:
     """``src`` compiled to an object file, cached by the hash of ``key_text`` (default: its
     text) and the flags."""
-    import subprocess
     text = src.read_bytes() if key_text is None else key_text
     key = hashlib.sha256(text + " ".join(CFLAGS).encode()).hexdigest()[:20]
     obj = cache_dir() / f"{src.stem}_{key}.o"
     if not obj.exists():
-        tmp = obj.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp.o")
-        cmd = [os.environ.get("CC", "cc"), *CFLAGS, "-c", *(f"-I{d}" for d in include_dirs()),
-               str(src), "-o", str(tmp)]
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        if done.returncode != 0:
-            raise CodegenError(f"C build of {what or src.name} failed: "
-                               f"{done.stderr.strip()[-500:]}")
-        tmp.replace(obj)
+        with atomic_path(obj) as tmp:
+            cmd = [os.environ.get("CC", "cc"), *CFLAGS, "-c",
+                   *(f"-I{d}" for d in include_dirs()), str(src), "-o", str(tmp)]
+            done = run_child(cmd, capture_output=True, text=True)
+            if done.returncode != 0:
+                raise CodegenError(f"C build of {what or src.name} failed: "
+                                   f"{done.stderr.strip()[-500:]}")
     return obj
 
 
@@ -272,28 +366,40 @@ def _objects(srcs: list[Path]) -> Path:
     texts = b"".join(src.read_bytes() for src in srcs)
     unit = cache_dir() / f"kernels_{hashlib.sha256(texts).hexdigest()[:20]}.c"
     if not unit.exists():
-        tmp = unit.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-        tmp.write_text("".join(f'#include "{src.resolve()}"\n' for src in srcs))
-        tmp.replace(unit)
+        write_atomic(unit, "".join(f'#include "{src.resolve()}"\n' for src in srcs))
     return _object(unit, texts, f"{len(srcs)} kernels from {srcs[0].name}")
 
 
+#: the longest one core waits for another (a flag, a barrier) before the run fails, in
+#: seconds; $BEVIR_WAIT_SECONDS overrides
+WAIT_SECONDS = 300.0
+
+
 class CompiledProgram:
-    """A compiled folder (see :func:`compile`): the per-core libraries and the graph."""
+    """A compiled folder (see :func:`compile`): the per-core libraries and the graph,
+    checked before anything is loaded (:mod:`bevir.codegen.verify`).
+
+    ``wait_seconds``: the longest one core waits for another before the run fails with an
+    error naming them (default :data:`WAIT_SECONDS`, or ``$BEVIR_WAIT_SECONDS``)."""
 
     def __init__(self, out: Path, graph: Graph | None, manifest: dict):
         """``graph``: the compiled graph, or None to read ``out/graph.bevir`` when needed."""
-        self.out, self.manifest = out, manifest
+        self.out, self.manifest = out, check_manifest(manifest, out)
         if graph is not None:
             self.graph = graph
         self.cores = manifest["cores"]
-        self.libs = [ctypes.CDLL(str(out / f"core{k}.so")) for k in range(self.cores)]
+        self.libs = open_libraries(out, manifest)
         self._epoch = 0
+        self.wait_seconds = float(os.environ.get("BEVIR_WAIT_SECONDS") or WAIT_SECONDS)
 
     @functools.cached_property
     def graph(self) -> Graph:
         from ..ir.serialize import load
-        return load(self.out / "graph.bevir")
+        path = self.out / "graph.bevir"
+        read_checked(path, self.manifest["files"]["graph.bevir"])
+        graph = load(path)
+        check_layout(self.manifest, graph, self.out)
+        return graph
 
     @functools.cached_property
     def _stages(self) -> list:
@@ -316,10 +422,7 @@ class CompiledProgram:
     def load(cls, out: str | Path) -> CompiledProgram:
         """The program compiled into folder ``out`` (its graph read when first needed)."""
         out = Path(out)
-        manifest = json.loads((out / "manifest.json").read_text())
-        if manifest.get("format") != "bevir-program":
-            raise CodegenError(f"{out}: not a bevir program (manifest.json)")
-        return cls(out, None, manifest)
+        return cls(out, None, read_json(out / "manifest.json", CodegenError, kind=None))
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The graph's outputs: host stages on the golden model, device stages on the
@@ -366,26 +469,55 @@ class CompiledProgram:
         return outs
 
     def _launch(self, stage: int, ddr, ocm, flags, bar) -> None:
-        errors = [0] * self.cores
+        """Run device stage ``stage``, one thread per core; every core's failure (a kernel,
+        a wait past ``wait_seconds``, an exception) in one CodegenError."""
+        ctl = np.zeros(2 + 2 * self.cores, np.int64)     # see RUNTIME_SYNC
+        ctl[1] = int(self.wait_seconds * 1e9)
+        codes: list[int | BaseException] = [0] * self.cores
+        pointer = lambda a: ctypes.c_void_p(a.ctypes.data)  # noqa: E731
 
         def work(k):
-            fn = getattr(self.libs[k], f"bevir_core{k}_stage{stage}")
-            fn.restype = ctypes.c_int
-            errors[k] = fn(ctypes.c_void_p(ddr.ctypes.data), ctypes.c_void_p(ocm[k].ctypes.data),
-                           ctypes.c_void_p(flags.ctypes.data), ctypes.c_int64(self._epoch),
-                           ctypes.c_void_p(bar.ctypes.data),
-                           ctypes.c_void_p(self._counts[k].ctypes.data))
+            try:
+                lib = self.libs[k]
+                entry = ctypes.cast(getattr(lib, f"bevir_core{k}_stage{stage}"), ctypes.c_void_p)
+                codes[k] = lib.bevir_run(entry, ctypes.c_int64(k), pointer(ddr), pointer(ocm[k]),
+                                         pointer(flags), ctypes.c_int64(self._epoch),
+                                         pointer(bar), pointer(self._counts[k]))
+            except BaseException as e:       # noqa: BLE001  (reported with the others)
+                codes[k] = e
+                ctl[0] = 1                      # the other cores stop waiting
+        for lib in self.libs:
+            lib.bevir_control(pointer(ctl))
+            lib.bevir_run.restype = ctypes.c_int
         threads = [threading.Thread(target=work, args=(k,)) for k in range(self.cores)]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
-        for k, e in enumerate(errors):
-            if e:
-                step = self.manifest["programs"][k]["steps"][e - 1]
-                raise CodegenError(f"kernel {step['kernel']} failed on core {k}", op=step["op"],
-                                   node=step["node"], loc=step["loc"])
+        failures = [self._failure(k, code, ctl) for k, code in enumerate(codes)
+                    if isinstance(code, BaseException) or code > 0 or code == -2]
+        if failures:
+            raise CodegenError(f"device stage {stage} failed: " + "; ".join(failures))
 
+    def _failure(self, k: int, code: int | BaseException, ctl: np.ndarray) -> str:
+        """What went wrong on core ``k``: ``code`` as :func:`bevir_run` returned it."""
+        if isinstance(code, BaseException):
+            return f"core {k}: {type(code).__name__}: {code}"
+        steps = self.manifest["programs"][k]["steps"]
+        if code > 0:
+            step = steps[code - 1] if code <= len(steps) else {}
+            return (f"core {k}: kernel {step.get('kernel')} failed (op '{step.get('op')}' "
+                    f"node {step.get('node')} from '{step.get('loc')}')")
+        waited, reached = int(ctl[2 + 2 * k]), ctl[3::2]
+        if waited > 0:
+            name = next((v for v, i in self.manifest["flags"].items() if i == waited - 1), "?")
+            p = self._values.get(name)
+            producer = p.producer.meta.get("core", 0) if p is not None and p.producer else "?"
+            return (f"core {k} waited {self.wait_seconds:g} s for value %{name} from core "
+                    f"{producer}, which never stored it")
+        late = [j for j in range(self.cores) if reached[j] < reached[k]]
+        return (f"core {k} waited {self.wait_seconds:g} s at barrier {int(reached[k])} for "
+                f"core(s) {late or '?'}, which never reached it")
 
     def counters(self) -> dict:
         """What the programs counted in the last run: per core, per step (node, op, source

@@ -13,6 +13,8 @@ import os
 import shutil
 from pathlib import Path
 
+from ..errors import CodegenError
+from ..fsutil import building_folder
 from ..ir.graph import Graph
 from ..passes.target import plan_for_target, plan_key
 from ..target.cycles import Profile, model
@@ -54,24 +56,31 @@ def compile(graph: Graph, out: str | Path, hw: str | HWConfig | None = None,
     (``$BEVIR_CACHE/programs``) by the plan's key, the code of the ops' lowerings and the C
     compiler and flags, and copied from there."""
     from ..codegen.build import CFLAGS
-    from ..codegen.cprogram import CompiledProgram, write_program
-    from ..codegen.lower import op_code_key
+    from ..codegen.cprogram import check_target, install, write_program
+    from ..codegen.lower import code_digest, op_code_key
     from ..ops.native import cache_dir
     out = Path(out)
+    check_target(out)
     config = hw_config(hw, cores) if hw is not None or cores else None
     ops = sorted({n.op: n.opdef for n in graph.nodes}.items())
     key = plan_key(graph, config) if config is not None else plan_key(graph, HWConfig())
     built = cache_dir().parent / "programs" / _digest(
-        key, str(config is not None), *(f"{name}:{op_code_key(opdef)}" for name, opdef in ops),
+        key, str(config is not None), code_digest("codegen"),
+        *(f"{name}:{op_code_key(opdef)}" for name, opdef in ops),
         " ".join(CFLAGS), os.environ.get("CC", "cc"))
-    if (built / "manifest.json").exists():     # built before: the same files, no work
-        shutil.copytree(built, out, dirs_exist_ok=True)
-        return CompiledProgram.load(out)
-    if config is not None:
-        graph = plan_for_target(graph, config)
-    program = write_program(graph, out, progress)
-    _publish(lambda tmp: shutil.copytree(out, tmp, dirs_exist_ok=True), built)
-    return program
+
+    def build(folder: Path) -> None:
+        write_program(graph if config is None else plan_for_target(graph, config), folder,
+                      progress)
+    for attempt in range(2):
+        if not (built / "manifest.json").exists():      # else built before: no work
+            _publish(build, built)
+        try:
+            return install(built, out)
+        except CodegenError:
+            if attempt:
+                raise
+            shutil.rmtree(built, ignore_errors=True)    # a damaged cache entry: build again
 
 
 def _digest(*parts: str) -> str:
@@ -79,12 +88,7 @@ def _digest(*parts: str) -> str:
 
 
 def _publish(fill, cached: Path) -> None:
-    """Make the cache folder ``cached`` with ``fill(folder)``, whole or not at all."""
-    tmp = cached.with_name(f"{cached.name}.{os.getpid()}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    fill(tmp)
-    try:
-        tmp.rename(cached)                      # a racing writer's copy wins
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
+    """Make the cache folder ``cached`` with ``fill(folder)``, whole or not at all (where
+    another process made it first, its folder stays)."""
+    with building_folder(cached, replace=False) as tmp:
+        fill(tmp)

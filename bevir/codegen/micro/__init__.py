@@ -18,12 +18,12 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
-import subprocess
 from pathlib import Path
 
 import numpy as np
 
 from ...errors import CodegenError
+from ...fsutil import atomic_path, run_child
 
 SOURCES = sorted(Path(__file__).parent.glob("*.c"))
 
@@ -67,14 +67,13 @@ def objects() -> list[str]:
     out = cache_dir() / f"micro_{h.hexdigest()[:16]}.o"
     if not out.exists():
         cc = os.environ.get("CC", "cc")
-        tmp = out.with_suffix(f".{os.getpid()}.tmp.o")
         srcs = "".join(f'#include "{s}"\n' for s in SOURCES)
-        done = subprocess.run([cc, *CFLAGS, "-x", "c", "-c", "-", "-o", str(tmp)], input=srcs,
-                              capture_output=True, text=True)
-        if done.returncode != 0:
-            raise CodegenError(f"micro-kernel build failed ({cc}): "
-                               f"{(done.stderr.strip().splitlines() or [done.returncode])[-1]}")
-        tmp.replace(out)
+        with atomic_path(out) as tmp:
+            done = run_child([cc, *CFLAGS, "-x", "c", "-c", "-", "-o", str(tmp)], input=srcs,
+                             capture_output=True, text=True)
+            if done.returncode != 0:
+                raise CodegenError(f"micro-kernel build failed ({cc}): "
+                                   f"{(done.stderr.strip().splitlines() or [done.returncode])[-1]}")
     return [str(out)]
 
 

@@ -18,7 +18,6 @@ import hashlib
 import os
 import shlex
 import subprocess
-import tempfile
 import threading
 import warnings
 from collections.abc import Callable, Sequence
@@ -26,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ...fsutil import atomic_path, run_child
 from ..common import check_windows
 
 SOURCE = Path(__file__).with_name("kernels.c")
@@ -61,7 +61,7 @@ class _Unavailable(Exception):
 
 def _run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT, **kw)
+        done = run_child(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT, **kw)
     except (OSError, subprocess.TimeoutExpired) as e:
         raise _Unavailable(f"{cmd[0]}: {e}") from None
     if done.returncode != 0:
@@ -80,13 +80,8 @@ def _build() -> ctypes.CDLL:
     try:
         lib = cache_dir() / f"golden_native_{key}.so"
         if not lib.exists():
-            fd, tmp = tempfile.mkstemp(dir=lib.parent, prefix=lib.stem, suffix=".tmp")
-            os.close(fd)
-            try:
-                _run([*cc, *FLAGS, str(SOURCE), "-o", tmp])
-                os.replace(tmp, lib)
-            finally:
-                Path(tmp).unlink(missing_ok=True)
+            with atomic_path(lib) as tmp:
+                _run([*cc, *FLAGS, str(SOURCE), "-o", str(tmp)])
         return ctypes.CDLL(str(lib))
     except OSError as e:
         raise _Unavailable(str(e)) from None
