@@ -268,3 +268,41 @@ def test_two_compiles_into_one_cache_and_one_folder(tmp_path, programs):
         assert exec_outcome(tmp_path / f"prog_{g}", tmp_path / "in.safetensors",
                             goldens) == {"a": "old", "b": "new"}[g]
     assert not [p.name for p in tmp_path.rglob(".*")]       # no temporary left anywhere
+
+
+def _compile_with(cc: Path, *args) -> None:
+    os.environ["CC"] = str(cc)
+    _compile(*args)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"   # not a zombie
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_the_c_compiler_dies_with_bevir(tmp_path, programs):
+    """A compile killed while its C compiler runs: the compiler is killed too, instead of
+    going on writing."""
+    import time
+    started = tmp_path / "cc.pid"
+    cc = tmp_path / "slow-cc"
+    cc.write_text(f"#!/bin/sh\necho $$ >> {started}\nexec sleep 60\n")
+    cc.chmod(0o755)
+    child = _CTX.Process(target=_compile_with, args=(cc, tmp_path / "b.bevir",
+                                                     tmp_path / "prog", tmp_path / "cache"))
+    child.start()
+    deadline = time.monotonic() + 60
+    while not started.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pids = [int(p) for p in started.read_text().split()]
+    assert pids and all(_alive(p) for p in pids)
+    os.kill(child.pid, signal.SIGKILL)
+    child.join()
+    deadline = time.monotonic() + 5
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_alive(p) for p in pids), "the C compiler outlived bevir"
