@@ -305,4 +305,7 @@ def test_the_c_compiler_dies_with_bevir(tmp_path, programs):
     deadline = time.monotonic() + 5
     while any(_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not any(_alive(p) for p in pids), "the C compiler outlived bevir"
+    survivors = [p for p in pids if _alive(p)]
+    for p in survivors:                     # not left behind when the test fails
+        os.kill(p, signal.SIGKILL)
+    assert not survivors, "the C compiler outlived bevir"
