@@ -139,7 +139,8 @@ def read_json(path: str | os.PathLike, error: type[BevirError], kind: type | Non
         raise error(f"cannot read {path}: {e.strerror or e}") from None
     doc = loads_json(data, str(path), error)
     if kind is not None and not isinstance(doc, kind):
-        raise error(f"{path}: expected a JSON {kind.__name__}, got {type(doc).__name__}")
+        what = {dict: "object", list: "array"}.get(kind, kind.__name__)
+        raise error(f"{path}: expected a JSON {what}, got {type(doc).__name__}")
     return doc
 
 

@@ -363,6 +363,12 @@ def test_save_load_round_trip_is_exact(tmp_path, rng):
     assert Ranges.load(tmp_path / "plain.json") == plain
 
 
+def _edit(path: Path, change) -> None:
+    doc = json.loads(path.read_text())
+    change(doc)
+    path.write_text(json.dumps(doc))
+
+
 @pytest.mark.parametrize("corrupt, message", [
     (lambda p: p.write_text("{not json"), "not JSON"),
     (lambda p: p.write_text("[1, 2]"), "expected a JSON object"),
@@ -370,8 +376,16 @@ def test_save_load_round_trip_is_exact(tmp_path, rng):
     (lambda p: p.write_text(p.read_text().replace('"version": 1', '"version": 9')), "version 9"),
     (lambda p: p.write_text(p.read_text().replace('"min"', '"minimum"')), "malformed"),
     (lambda p: p.with_suffix(".safetensors").unlink(), "array file is missing"),
-    (lambda p: p.with_suffix(".safetensors").write_bytes(b"\x00" * 12), "cannot read arrays"),
+    (lambda p: p.with_suffix(".safetensors").write_bytes(b"\x00" * 12),
+     "array file is not the one the ranges were saved with \\(its sha256 differs"),
     (lambda p: p.unlink(), r"cannot read \S+r\.json: No such file"),
+    (lambda p: _edit(p, lambda d: d["values"][0].update(range=[2.0, -2.0])),
+     "range \\[2.0, -2.0\\] of value '\\S+': low above high"),
+    (lambda p: _edit(p, lambda d: d["values"][0].update(range=[float("nan"), 1.0])),
+     "low above high"),
+    (lambda p: _edit(p, lambda d: d["method"].update(symmetric="yes")),
+     "symmetric must be a boolean, got 'yes'"),
+    (lambda p: p.write_text("[" * 100_000 + "]" * 100_000), "JSON nested too deeply"),
 ])
 def test_corrupt_ranges_files_raise(tmp_path, corrupt, message, rng):
     path = bevir.calibrate(small_graph(), samples(rng, 1), per_channel=True).save(

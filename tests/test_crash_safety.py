@@ -4,6 +4,7 @@ appended), and after each kill the reader finds the old state, the new state, or
 with one line; never a mix of the two, a wrong result or a hang."""
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import shutil
@@ -309,3 +310,67 @@ def test_the_c_compiler_dies_with_bevir(tmp_path, programs):
     for p in survivors:                     # not left behind when the test fails
         os.kill(p, signal.SIGKILL)
     assert not survivors, "the C compiler outlived bevir"
+
+
+# ---- evaluations -----------------------------------------------------------------------------
+@pytest.fixture
+def evaluation(tmp_path):
+    """Graphs a (reference) and b (candidate) saved, 10 frames, and the rows of an
+    evaluation that was not interrupted."""
+    from bevir.scale import FrameWriter, evaluate
+    a, b = _graphs()
+    for name, g in (("a", a), ("b", b)):
+        bevir.save(g, tmp_path / f"{name}.bevir")
+    rng = np.random.default_rng(5)
+    with FrameWriter(tmp_path / "frames", frames_per_shard=4) as w:
+        for _ in range(10):
+            w.add({"x": rng.integers(-128, 128, (1, 12, 8, 4)).astype(np.int8)})
+    whole = evaluate(a, b, tmp_path / "frames", tmp_path / "whole", plot=False)
+    return tmp_path, whole.rows
+
+
+def _evaluate(folder: Path, out: Path, messages: Path | None = None) -> None:
+    """Evaluate b against a over the frames into ``out`` (in a child: a BevirError is
+    written to ``messages``)."""
+    from bevir.scale import evaluate
+    try:
+        evaluate(bevir.load(folder / "a.bevir"), bevir.load(folder / "b.bevir"),
+                 folder / "frames", out, plot=False)
+    except bevir.BevirError as e:
+        if messages is None:
+            raise
+        with open(messages, "a") as f:
+            f.write(str(e) + "\n")
+
+
+def test_an_evaluation_killed_at_any_write_resumes_to_the_same_rows(evaluation):
+    """Killed before each of its writes in turn (run.json, each chunk's rows, the summary),
+    then resumed: the same rows as a run that was never stopped."""
+    from bevir.scale import evaluate
+    folder, rows = evaluation
+    out = folder / "e"
+    resumed = []
+    for _ in kill_trials(folder, _evaluate, folder, out):
+        ev = evaluate(bevir.load(folder / "a.bevir"), bevir.load(folder / "b.bevir"),
+                      folder / "frames", out, plot=False)
+        resumed.append(len((out / "frames.jsonl").read_text().splitlines()))
+        assert ev.rows == rows
+        shutil.rmtree(out)
+    assert len(resumed) >= 4 and all(n == 10 for n in resumed), resumed
+
+
+def test_two_evaluations_into_one_folder(evaluation):
+    """Two evaluations at once into one folder: one runs, the other is refused in one line
+    (or runs after it, resuming every row); the rows are whole, once each, and the same as
+    an uninterrupted run's."""
+    from bevir.scale import evaluate
+    folder, rows = evaluation
+    out, messages = folder / "e", folder / "messages"
+    together((_evaluate, folder, out, messages), (_evaluate, folder, out, messages))
+    refused = messages.read_text().splitlines() if messages.exists() else []
+    assert len(refused) <= 1 and all("is in use by another process" in m for m in refused)
+    lines = (out / "frames.jsonl").read_text().splitlines()
+    assert sorted(json.loads(line)["frame"] for line in lines) == list(range(10))
+    again = evaluate(bevir.load(folder / "a.bevir"), bevir.load(folder / "b.bevir"),
+                     folder / "frames", out, plot=False)
+    assert again.rows == rows

@@ -101,6 +101,9 @@ def test_save_and_load_round_trip(tmp_path):
     ({"rules": [{"name": "a"}, {"name": "a"}]}, "repeated: a"),
     ({"calibration": "average"}, "calibration"),
     ({"percentile": 120}, "percentile"),
+    ({"default": {"name": "d", "exclude": "yes"}}, r"default\.exclude: Input should be a valid boolean"),
+    ({"rules": [{"name": "a", "exclude": 1}]}, r"rules\.0\.exclude: Input should be a valid boolean"),
+    ({"percentile": "99"}, "percentile: Input should be a valid number"),
 ])
 def test_bad_configs_raise_config_error_naming_the_field(data, match):
     with pytest.raises(ConfigError, match=match):
@@ -109,8 +112,11 @@ def test_bad_configs_raise_config_error_naming_the_field(data, match):
 
 def test_bad_files_and_presets(tmp_path):
     (tmp_path / "bad.json").write_text("{rules")
-    with pytest.raises(ConfigError, match="cannot read a JSON config"):
+    with pytest.raises(ConfigError, match="bad.json: not JSON"):
         QuantConfig.load(tmp_path / "bad.json")
+    (tmp_path / "deep.json").write_text('{"rules": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    with pytest.raises(ConfigError, match="deep.json: JSON nested too deeply"):
+        QuantConfig.load(tmp_path / "deep.json")
     (tmp_path / "list.json").write_text(json.dumps([1]))
     with pytest.raises(ConfigError, match="expected a JSON object"):
         QuantConfig.load(tmp_path / "list.json")

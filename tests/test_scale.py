@@ -13,8 +13,8 @@ import pytest
 import bevir
 from bevir import Builder, TensorType
 from bevir.cli import main
-from bevir.scale import (Frames, FrameSetError, FrameWriter, Plugins, ScaleError, Workers,
-                         calibrate, evaluate)
+from bevir.scale import (FrameIndexError, Frames, FrameSetError, FrameWriter, Plugins,
+                         ScaleError, Workers, calibrate, evaluate)
 
 ray = pytest.importorskip("ray")
 
@@ -136,6 +136,62 @@ def test_frame_set_errors_say_what_is_wrong(tmp_path):
         Frames(tmp_path / "f")
 
 
+def _edit_index(folder: Path, change) -> Path:
+    doc = json.loads((folder / "frames.json").read_text())
+    change(doc)
+    (folder / "frames.json").write_text(json.dumps(doc))
+    return folder
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda d: d["shards"][1].update(first=7), "holds frames 7 to 11; the shards before it "
+                                               "end at 4"),
+    (lambda d: d["shards"][1].update(first=-5), "malformed index .*-5 is not a count"),
+    (lambda d: d["shards"][1].update(first=5.0), "malformed index .*5.0 is not a count"),
+    (lambda d: d["shards"][1].update(first=True), "malformed index .*True is not a count"),
+    (lambda d: d["shards"][0].update(frames=0), "holds frames 0 to -1"),
+    (lambda d: d.update(frames=13), "its shards hold 12 frames, not 13"),
+    (lambda d: d["shards"].pop(), "its shards hold 10 frames, not 12"),
+    (lambda d: d["shards"][0].update(file="../x"), "not a plain file name"),
+    (lambda d: d.update(inputs={"x": {"shape": [1, "3"], "dtype": "float32"}}),
+     "malformed index"),
+    (lambda d: d.pop("shards"), "malformed index \\(KeyError"),
+])
+def test_a_damaged_index_is_one_line_never_a_wrong_frame(tmp_path, change, message):
+    write_frames(tmp_path / "f")
+    with pytest.raises(FrameSetError, match=message) as e:
+        Frames(_edit_index(tmp_path / "f", change))
+    assert "\n" not in str(e.value)
+
+
+def test_shards_are_checked_against_the_index(tmp_path):
+    """A shard of another frame set, or one whose frame count the index misstates, is
+    refused when read; frame indices out of range are FrameSetErrors (and IndexErrors)."""
+    frames = write_frames(tmp_path / "f")
+    other = write_frames(tmp_path / "g", per_shard=5)
+    with pytest.raises(FrameIndexError, match="frame 12 out of range"):
+        frames[12]
+    with pytest.raises(IndexError):
+        frames[-13]
+    with pytest.raises(FrameSetError, match="frame indices are integers, got str"):
+        frames["1"]
+    (tmp_path / "f" / "shard-00001.safetensors").write_bytes(
+        (tmp_path / "g" / "shard-00002.safetensors").read_bytes())
+    with pytest.raises(FrameSetError, match="shard-00001.safetensors: not the shard the "
+                                            "index names"):
+        Frames(tmp_path / "f")[5]
+    assert Frames(tmp_path / "f")[0]["x"].tobytes() == other[0]["x"].tobytes()
+
+    def misstated(d):               # no digests (an older frame set), counts moved
+        for s in d["shards"]:
+            s.pop("sha256")
+        d["shards"][0]["frames"], d["shards"][1]["first"] = 4, 4
+        d["shards"][1]["frames"] = 6
+    with pytest.raises(FrameSetError, match="holds \\{'x': 5\\} frames per input; the index "
+                                            "says 4"):
+        Frames(_edit_index(tmp_path / "g", misstated))[0]
+
+
 def test_a_ray_dataset_reads_a_frame_set(tmp_path, local_ray):
     pytest.importorskip("pyarrow")
     frames = write_frames(tmp_path / "f", n=6, per_shard=4)
@@ -210,10 +266,34 @@ def test_evaluation_resumes_and_refuses_other_models(tmp_path):
     again = evaluate(g, cand, frames, tmp_path / "e", plot=False)
     assert len(again.rows) == 12 and again.rows[2]["sqnr_y"] == -1.0
     assert again.rows[3:6] == first.rows[3:6]                      # a cut line is redone
-    with pytest.raises(ScaleError, match="other models or frames"):
+    rows = [json.loads(line) for line in results.read_text().splitlines()]   # and dropped,
+    assert sorted(r["frame"] for r in rows) == list(range(12))    # not joined to the next
+    with pytest.raises(ScaleError, match="other models, frames or program"):
         evaluate(g, noisy(g, seed=2), frames, tmp_path / "e", plot=False)
     fresh = evaluate(g, noisy(g, seed=2), frames, tmp_path / "e", restart=True, plot=False)
     assert len(fresh.rows) == 12 and fresh.rows[2]["sqnr_y"] != -1.0
+
+
+def test_a_frame_set_regenerated_in_place_is_another_job(tmp_path):
+    """The results belong to the frame set's content, not its folder: regenerated with
+    other frames, it is refused (one line) instead of resumed; with the same frames, it
+    resumes and recomputes nothing."""
+    import shutil
+    g, cand = small_graph(), noisy(small_graph())
+    evaluate(g, cand, write_frames(tmp_path / "f"), tmp_path / "e", plot=False)
+    results = (tmp_path / "e" / "frames.jsonl").read_text()
+    shutil.rmtree(tmp_path / "f")
+    write_frames(tmp_path / "f")                            # the same frames again
+    evaluate(g, cand, Frames(tmp_path / "f"), tmp_path / "e", plot=False)
+    assert (tmp_path / "e" / "frames.jsonl").read_text() == results
+    shutil.rmtree(tmp_path / "f")
+    with FrameWriter(tmp_path / "f") as w:                  # other frames, same shapes
+        for _ in range(12):
+            w.add({"x": np.ones((1, 3, 8, 8), np.float32)})
+    with pytest.raises(ScaleError, match="holds results of other models, frames or program"):
+        evaluate(g, cand, Frames(tmp_path / "f"), tmp_path / "e", plot=False)
+    with pytest.raises(FrameIndexError, match="frame 12 out of range"):
+        evaluate(g, cand, Frames(tmp_path / "f"), tmp_path / "x", indices=[0, 12], plot=False)
 
 
 # ---- sweep and the CLI --------------------------------------------------------------------
@@ -304,3 +384,8 @@ def test_evaluation_runs_the_generated_program_too(tmp_path, local_ray):
                   program=tmp_path / "prog", plot=False)
     assert len(ev.done) == 6 and all(r["program_differing"] == 0 for r in ev.done)
     assert all(r["sqnr_f"] == float("inf") for r in ev.done)
+    # a program recompiled in place (another graph) is another job, not resumed
+    compile(chain(np.random.default_rng(1))[0], tmp_path / "prog", hw="QC-U 8MB 16MAC x2")
+    with pytest.raises(ScaleError, match="holds results of other models, frames or program"):
+        evaluate(graph, graph, Frames(tmp_path / "f"), tmp_path / "e", workers=local_ray,
+                 program=tmp_path / "prog", plot=False)

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import CodegenError
+from ..fsutil import write_atomic
 from ..ir.graph import Graph, Value
 from ..ir.opdef import get_op
 from ..ir.types import AffineQuant, FixedPointQuant, Layout
@@ -187,7 +188,7 @@ def to_onnx(graph: Graph, path: str | Path | None = None, opset: int = OPSET):
     model.ir_version = 10
     onnx.checker.check_model(model)
     if path is not None:
-        onnx.save(model, str(path))
+        write_atomic(path, model.SerializeToString())
     return model
 
 

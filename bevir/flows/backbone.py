@@ -46,6 +46,7 @@ import onnx
 from onnx import numpy_helper
 
 from ..errors import BevirError
+from ..fsutil import write_json
 from ..frontends.onnx import load_model
 from ..ir.graph import Graph
 from ..passes.calibrate import (TRANGES_FORMAT, TRANGES_VERSION, Progress, Ranges, TensorRange,
@@ -717,8 +718,7 @@ def write_tranges(path: str | Path, table: Mapping[str, tuple[float, float]]) ->
     """Write a ``bevir-tranges`` file (see :meth:`Ranges.from_tranges`)."""
     doc = {"format": TRANGES_FORMAT, "version": TRANGES_VERSION,
            "ranges": {k: [float(lo), float(hi)] for k, (lo, hi) in table.items()}}
-    Path(path).write_text(json.dumps(doc, indent=1) + "\n")
-    return Path(path)
+    return write_json(path, doc)
 
 
 # ---- checking -----------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import fnmatch
-import json
+import hashlib
 import math
 import warnings
 import weakref
@@ -43,6 +43,7 @@ from typing import Any, Union
 import numpy as np
 
 from ..errors import BevirError, PassError
+from ..fsutil import read_json, save_arrays, write_json
 from ..ir.graph import Graph, Node, Value
 from ..ir.meta import register_meta_key
 from ..ir.serialize import check_document
@@ -354,6 +355,12 @@ def _same(a: Any, b: Any, array: bool) -> bool:
 
 
 # ---- statistics -> range ------------------------------------------------------------------
+#: RangeMethod's fields: (name, the types it takes, how an error says it)
+_METHOD_FIELDS = (("name", (str,), "a string"), ("symmetric", (bool, np.bool_), "a boolean"),
+                  ("bits", (int, np.integer), "an integer"),
+                  ("percentile", (int, float, np.integer, np.floating), "a number"))
+
+
 @dataclass(frozen=True)
 class RangeMethod:
     """How a measured value's range is chosen from its statistics.
@@ -377,6 +384,10 @@ class RangeMethod:
     bits: int = 8
 
     def __post_init__(self):
+        for field, kinds, what in _METHOD_FIELDS:     # strictly: "yes" is no boolean
+            v = getattr(self, field)
+            if not isinstance(v, kinds) or (isinstance(v, bool) and bool not in kinds):
+                raise CalibrationError(f"range method: {field} must be {what}, got {v!r}")
         if self.name not in METHODS:
             raise CalibrationError(f"unknown calibration method '{self.name}'; methods: "
                                    f"{', '.join(METHODS)}")
@@ -658,10 +669,9 @@ class Ranges:
             raise CalibrationError(f"{path}: ranges are JSON; use another suffix than .safetensors")
         doc = {"format": FORMAT, "version": VERSION, "method": dataclasses.asdict(self.method),
                "arrays": companion.name if arrays else None, "values": values}
-        path.write_text(json.dumps(doc, indent=1) + "\n")
-        if arrays:
-            from safetensors.numpy import save_file
-            save_file(arrays, str(companion))
+        if arrays:                      # first: the JSON, written last, names its sha256
+            doc["arrays_sha256"] = save_arrays(arrays, companion)
+        write_json(path, doc)
         return path
 
     @classmethod
@@ -676,7 +686,8 @@ class Ranges:
                                    f"{doc.get('format')!r}, expected '{FORMAT}' or '{TRANGES_FORMAT}')")
         check_document(doc, path, FORMAT, VERSION, CalibrationError)
         with _reading(path):
-            arrays = _read_arrays(path.with_name(doc["arrays"])) if doc["arrays"] else {}
+            arrays = _read_arrays(path.with_name(doc["arrays"]), sha256=doc.get("arrays_sha256")) \
+                if doc["arrays"] else {}
             ranges = cls(method=RangeMethod(**doc["method"]))
             for i, d in enumerate(doc["values"]):
                 ranges.add(_entry_from_json(i, d, arrays))
@@ -808,24 +819,23 @@ class _reading:
 
 
 def _read_json(path: Path) -> dict:
-    try:
-        doc = json.loads(path.read_text())
-    except OSError as e:
-        raise CalibrationError(f"cannot read {path}: {e.strerror or e}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CalibrationError(f"{path}: not JSON: {e}") from None
-    if not isinstance(doc, dict):
-        raise CalibrationError(f"{path}: expected a JSON object, got {type(doc).__name__}")
-    return doc
+    return read_json(path, CalibrationError)
 
 
-def _read_arrays(path: Path, what: str = "the ranges' array file") -> dict[str, np.ndarray]:
+def _read_arrays(path: Path, what: str = "the ranges' array file",
+                 sha256: str | None = None) -> dict[str, np.ndarray]:
+    """The arrays of safetensors file ``path`` (``sha256``: the digest it must have)."""
     from safetensors import SafetensorError
-    from safetensors.numpy import load_file
+    from safetensors.numpy import load
     if not path.exists():
         raise CalibrationError(f"{path}: {what} is missing")
     try:
-        return load_file(str(path))
+        data = path.read_bytes()
+        if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
+            raise CalibrationError(f"{path}: {what} is not the one the ranges were saved with "
+                                   "(its sha256 differs; a save was interrupted, or a file "
+                                   "was replaced)")
+        return load(data)
     except (SafetensorError, OSError, ValueError) as e:
         raise CalibrationError(f"{path}: cannot read arrays: {e}") from None
 
@@ -853,7 +863,9 @@ def _entry_json(i: int, e: TensorRange, arrays: dict[str, np.ndarray]) -> dict:
 
 def _entry_from_json(i: int, d: dict, arrays: Mapping[str, np.ndarray]) -> TensorRange:
     hist = d.get("histogram")
-    lo, hi = d["range"]
+    lo, hi = (float(x) for x in d["range"])
+    if not lo <= hi:                        # also a NaN
+        raise ValueError(f"range [{lo!r}, {hi!r}] of value '{d['name']}': low above high")
     e = TensorRange(ValueKey(str(d["name"]), str(d["loc"]), int(d["index"])),
                     float(d["min"]), float(d["max"]), float(lo), float(hi), str(d["op"]),
                     str(d["source"]), None if d["shape"] is None else tuple(int(s) for s in d["shape"]),

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import numpy as np
 from safetensors import SafetensorError
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import load_file
 
 from ..errors import BevirError, PassError, VerifyError
+from ..fsutil import save_arrays, write_atomic
 from ..ir.graph import Graph
 from ..ir.printer import print_graph
 from ..ir.serialize import constants_path, save
@@ -79,7 +80,7 @@ class DumpIR(Instrument):
     def _write(self, name: str, header: str, graph: Graph) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
         path = self.dir / name
-        path.write_text(f"// {header}\n" + print_graph(graph, constants="elide"))
+        write_atomic(path, f"// {header}\n" + print_graph(graph, constants="elide"))
         self.written.append(path)
 
     def before_pipeline(self, graph: Graph) -> None:
@@ -176,9 +177,9 @@ class Reproducer(Instrument):
             text = print_graph(graph_before, constants="inline")
         else:
             text = print_graph(graph_before, constants="external")
-            save_file({k: np.ascontiguousarray(v.const)
-                       for k, v in graph_before.constants.items()}, str(sidecar))
-        self.path.write_text(reproducer_text(pass_, text, error))
+            save_arrays({k: np.ascontiguousarray(v.const)
+                         for k, v in graph_before.constants.items()}, sidecar)
+        write_atomic(self.path, reproducer_text(pass_, text, error))
         self.written = self.path
 
 
@@ -447,10 +448,10 @@ class VerifyNumerics(Instrument):
         save(self._before, path / "graph.bevir")
         for name, arrays in (("inputs", self.probe), ("expected", self._reference),
                              ("actual", actual)):
-            save_file({k: np.ascontiguousarray(v) for k, v in arrays.items()},
-                      str(path / f"{name}.safetensors"))
-        (path / "pipeline.txt").write_text(f"{pass_}\n")
-        (path / "rewrite.txt").write_text(
+            save_arrays({k: np.ascontiguousarray(v) for k, v in arrays.items()},
+                        path / f"{name}.safetensors")
+        write_atomic(path / "pipeline.txt", f"{pass_}\n")
+        write_atomic(path / "rewrite.txt", 
             f"{message}\n\nreplay: bevir opt {path / 'graph.bevir'} -p '{pass_}' "
             f"--verify-numerics --probe-inputs {path / 'inputs.safetensors'}\n")
         self.reproducer = path

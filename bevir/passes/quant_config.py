@@ -10,13 +10,13 @@ decides its scheme, else ``default`` does. The reference flow's strategy is the 
     print(plan.table())
     cfg = cfg.override("decoder-attention", weights="per_channel")
 
-Configs are pydantic models: they validate on creation (unknown fields, bad choices and
-empty groups are :class:`ConfigError` naming the field) and load from / save to JSON.
+Configs are pydantic models: they validate on creation (unknown fields, bad choices,
+empty groups and values of the wrong JSON type, such as ``"yes"`` for a boolean, are
+:class:`ConfigError` naming the field) and load from / save to JSON.
 """
 from __future__ import annotations
 
 import fnmatch
-import json
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,9 +24,10 @@ from pathlib import Path
 from typing import Literal
 
 import pydantic
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from ..errors import BevirError
+from ..fsutil import read_json, write_atomic
 from ..ir.graph import Graph, Node
 
 #: the ops whose weights a rule quantizes (a constant operand 1), in the float graph
@@ -56,7 +57,7 @@ class Rule(BaseModel):
     where: tuple[str, ...] = ("*",)
     weights: Literal["per_tensor", "per_channel"] = "per_tensor"
     activations: Literal["fixed", "fixed16", "affine"] = "fixed"
-    exclude: bool = False
+    exclude: StrictBool = False
 
     def selects(self, node: Node) -> bool:
         """Whether this rule selects ``node`` (its op kind and provenance)."""
@@ -80,7 +81,7 @@ class QuantConfig(BaseModel):
     default: Rule = Rule(name="default")
     sources: tuple[str, ...] = ()
     calibration: Literal["minmax", "percentile", "mse", "entropy"] = "minmax"
-    percentile: float = Field(99.99, gt=0, le=100)
+    percentile: float = Field(99.99, gt=0, le=100, strict=True)
 
     @classmethod
     def build(cls, data: dict) -> QuantConfig:
@@ -98,19 +99,11 @@ class QuantConfig(BaseModel):
     @classmethod
     def load(cls, path: str | Path) -> QuantConfig:
         """Read a JSON config file."""
-        path = Path(path)
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ConfigError(f"{path}: cannot read a JSON config: {e}") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path}: expected a JSON object, got {type(data).__name__}")
-        return cls.build(data)
+        return cls.build(read_json(path, ConfigError))
 
     def save(self, path: str | Path) -> Path:
-        """Write the config as JSON (what :meth:`load` reads)."""
-        Path(path).write_text(self.model_dump_json(indent=1) + "\n")
-        return Path(path)
+        """Write the config as JSON (what :meth:`load` reads), whole or not at all."""
+        return write_atomic(path, self.model_dump_json(indent=1) + "\n")
 
     @classmethod
     def preset(cls, name: str) -> QuantConfig:

@@ -12,10 +12,11 @@ in Ray's workers, statistics merge exactly, per-frame results are kept per frame
 docs/scale.md.
 """
 from .calibrate import FrameFailure, FrameFeed, calibrate
-from .frames import Frames, FrameSetError, FrameWriter
+from .frames import FrameIndexError, Frames, FrameSetError, FrameWriter
 from .evaluate import Evaluation, evaluate
 from .runner import GraphRef, Plugins, ScaleError, Workers
 from .sweep import sweep
 
-__all__ = ["Evaluation", "FrameFailure", "FrameFeed", "FrameSetError", "FrameWriter", "Frames",
-           "GraphRef", "Plugins", "ScaleError", "Workers", "calibrate", "evaluate", "sweep"]
+__all__ = ["Evaluation", "FrameFailure", "FrameFeed", "FrameIndexError", "FrameSetError",
+           "FrameWriter", "Frames", "GraphRef", "Plugins", "ScaleError", "Workers", "calibrate",
+           "evaluate", "sweep"]

@@ -42,7 +42,8 @@ class FrameFeed(Feed):
     def __init__(self, frames: Frames, workers: Workers | None = None,
                  indices: Sequence[int] | None = None, progress: bool | None = None):
         self.frames, self.workers = frames, workers or Workers()
-        self.indices = list(range(len(frames))) if indices is None else list(indices)
+        self.indices = list(range(len(frames))) if indices is None else \
+            [frames.index_of(i) for i in indices]
         self.progress = progress
         self.failures: list[FrameFailure] = []
 

@@ -13,9 +13,11 @@ versa. With ``program`` (a folder from ``bevir compile``), the generated program
 and its differing elements against the candidate's golden outputs are counted.
 
 Results go to ``out/frames.jsonl`` (one line per frame, written as chunks finish) under
-``out/run.json`` (which models and frames they belong to): a run that stops, or a worker
-that fails, loses only unfinished chunks, and running again resumes. ``out/summary.json``
-and ``out/iou_matches.png`` hold the aggregate.
+``out/run.json`` (the contents of the models, the frame set and the program they belong
+to, by sha256): a run that stops, or a worker that fails, loses only unfinished chunks
+(a line cut short is dropped), and running again resumes; a frame set regenerated or a
+program recompiled in the same place is another job. One evaluation writes to a folder
+at a time. ``out/summary.json`` and ``out/iou_matches.png`` hold the aggregate.
 """
 from __future__ import annotations
 
@@ -29,6 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from ..fsutil import (append_lines, loads_json, locked, read_json, read_lines, save_figure,
+                      sha256_file, write_json)
 from ..ir.graph import Graph
 from ..progress import Progress
 from ..sim.compare import dequantize, layer_error
@@ -39,6 +43,8 @@ from .frames import Frames
 from .runner import GraphRef, ScaleError, Workers, describe
 
 RESULTS, RUN, SUMMARY, PLOT = "frames.jsonl", "run.json", "summary.json", "iou_matches.png"
+#: held while an evaluation writes to its folder: a second one there is refused
+LOCK = ".lock"
 #: the reference flow's check: at least this many of the top 10 matched, both ways
 PASS_MATCHES = 8
 
@@ -52,6 +58,7 @@ class Job:
     frames: Frames
     head: DetectionHead | None
     program: str | None
+    program_digest: str | None = None
     top: int = 10
 
 
@@ -70,19 +77,32 @@ def _frame_metrics(job: Job, i: int) -> dict[str, Any]:
         b = h.decode(real[h.cls], real[h.bbox])
         m.update(compare_both_ways(a, b, top=job.top))
     if job.program is not None:
-        out = _program(job.program).run(frame)
+        out = _program(job.program, job.program_digest).run(frame)
         m["program_differing"] = sum(int(np.count_nonzero(out[k] != got[k])) for k in got)
     return m
 
 
-_PROGRAMS: dict[str, Any] = {}
+#: the programs this process has loaded, by folder and digest
+_PROGRAMS: dict[tuple[str, str | None], Any] = {}
 
 
-def _program(path: str):
-    if path not in _PROGRAMS:
+def _program(path: str, digest: str | None):
+    """The program in folder ``path``, which must still be the one of ``digest``."""
+    if (path, digest) not in _PROGRAMS:
         from ..codegen.cprogram import CompiledProgram
-        _PROGRAMS[path] = CompiledProgram.load(path)
-    return _PROGRAMS[path]
+        if program_digest(path) != digest:
+            raise ScaleError(f"the program in {path} changed while it was evaluated")
+        _PROGRAMS[path, digest] = CompiledProgram.load(path)
+    return _PROGRAMS[path, digest]
+
+
+def program_digest(path: str | Path) -> str:
+    """sha256 of a compiled folder's manifest, which names its graph and libraries by
+    sha256: the program's content."""
+    try:
+        return sha256_file(Path(path) / "manifest.json")
+    except OSError as e:
+        raise ScaleError(f"{path} is not a compiled program: {e.strerror or e}") from None
 
 
 def _evaluate_chunk(job: Job, indices: list[int]) -> list[dict[str, Any]]:
@@ -212,10 +232,9 @@ class Evaluation:
         right.set(xlabel="SQNR (dB)", ylabel="frames", title="output SQNR per frame")
         right.legend(fontsize=8)
         fig.tight_layout()
-        path = Path(path)
-        fig.savefig(path, dpi=110)
+        save_figure(fig, path, dpi=110)
         plt.close(fig)
-        return path
+        return Path(path)
 
 
 def _num(x: Any) -> float | None:
@@ -251,59 +270,62 @@ def evaluate(reference: Graph, candidate: Graph, frames: Frames | str, out: str 
     frames = Frames(frames) if isinstance(frames, (str, os.PathLike)) else frames
     if head is None and "detections" in frames.meta:
         head = DetectionHead.from_json(frames.meta["detections"])
-    job = Job(GraphRef(reference), GraphRef(candidate), frames, head,
-              None if program is None else str(Path(program).resolve()))
+    folder = None if program is None else str(Path(program).resolve())
+    job = Job(GraphRef(reference), GraphRef(candidate), frames, head, folder,
+              None if folder is None else program_digest(folder))
     out = Path(out)
-    rows = _resume(out, job, restart)
-    indices = list(range(len(frames))) if indices is None else list(indices)
-    todo = [i for i in indices if i not in rows]
-    workers = workers or Workers()
-    with open(out / RESULTS, "a") as f, \
-            Progress(len(indices), "evaluate", progress, unit="frames") as bar:
-        bar.update(len(indices) - len(todo))
-        for _, chunk_rows in workers.map(_evaluate_chunk, job, workers.chunks(todo, 8)):
-            for r in chunk_rows:
-                rows[r["frame"]] = r
-                f.write(json.dumps(r) + "\n")
-            f.flush()
-            bar.update(len(chunk_rows))
-    ev = Evaluation([rows[i] for i in indices], out)
-    (out / SUMMARY).write_text(json.dumps(ev.summary(), indent=1) + "\n")
-    if plot:
-        ev.plot(out / PLOT)
+    out.mkdir(parents=True, exist_ok=True)
+    with locked(out / LOCK, f"evaluation folder {out}", ScaleError):
+        rows = _resume(out, job, restart)
+        indices = list(range(len(frames))) if indices is None else \
+            [frames.index_of(i) for i in indices]
+        todo = [i for i in indices if i not in rows]
+        workers = workers or Workers()
+        with Progress(len(indices), "evaluate", progress, unit="frames") as bar:
+            bar.update(len(indices) - len(todo))
+            for _, chunk_rows in workers.map(_evaluate_chunk, job, workers.chunks(todo, 8)):
+                rows.update((r["frame"], r) for r in chunk_rows)
+                append_lines(out / RESULTS, [json.dumps(r) for r in chunk_rows])
+                bar.update(len(chunk_rows))
+        ev = Evaluation([rows[i] for i in indices], out)
+        write_json(out / SUMMARY, ev.summary())
+        if plot:
+            ev.plot(out / PLOT)
     return ev
 
 
 def _fingerprint(job: Job) -> dict[str, Any]:
+    """What the results in a folder belong to: the contents of the models, the frame set
+    and the program (not their paths), the head."""
     return {"reference": job.reference.digest, "candidate": job.candidate.digest,
-            "frames": str(job.frames.path.resolve()), "count": len(job.frames),
-            "head": None if job.head is None else job.head.to_json(), "program": job.program}
+            "frames": job.frames.digest, "count": len(job.frames),
+            "head": None if job.head is None else job.head.to_json(),
+            "program": job.program_digest}
 
 
 def _resume(out: Path, job: Job, restart: bool) -> dict[int, dict[str, Any]]:
     """The rows of frames that ran in an earlier run of the same job (none if
-    ``restart``); writes ``run.json`` for this one."""
-    out.mkdir(parents=True, exist_ok=True)
+    ``restart``); writes ``run.json`` for this one. A last line cut short by a run that
+    stopped is dropped (its frame runs again)."""
     run, results = out / RUN, out / RESULTS
     mine = _fingerprint(job)
     if restart or not run.exists():
-        results.unlink(missing_ok=True)
-        run.write_text(json.dumps(mine, indent=1) + "\n")
+        results.unlink(missing_ok=True)         # first: never new run.json, old rows
+        write_json(run, mine)
         return {}
     try:
-        theirs = json.loads(run.read_text())
-    except json.JSONDecodeError:
+        theirs = read_json(run, ScaleError)
+    except ScaleError:
         theirs = None
     if theirs != mine:
-        raise ScaleError(f"{out} holds results of other models or frames ({RUN} differs); "
-                         "evaluate into another folder, or restart")
+        raise ScaleError(f"{out} holds results of other models, frames or program ({RUN} "
+                         "differs); evaluate into another folder, or restart")
     rows: dict[int, dict[str, Any]] = {}
-    if results.exists():
-        for line in results.read_text().splitlines():
-            try:
-                r = json.loads(line)
-            except json.JSONDecodeError:        # a line cut short when a run stopped
-                continue
-            if isinstance(r, dict) and "error" not in r and isinstance(r.get("frame"), int):
-                rows[r["frame"]] = r
+    for line in read_lines(results):
+        try:
+            r = loads_json(line, str(results), ScaleError)
+        except ScaleError:                      # a damaged line: its frame runs again
+            continue
+        if isinstance(r, dict) and "error" not in r and isinstance(r.get("frame"), int):
+            rows[r["frame"]] = r
     return rows

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
-import json
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
@@ -29,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..fsutil import save_figure, write_json
 from ..ir.graph import Graph, Node, Value
 from ..ir.types import AffineQuant, FixedPointQuant, TensorType
 from ..ir.opdef import get_op
@@ -147,7 +147,7 @@ class ErrorReport:
                 "layers": [clean(asdict(e)) for e in self.layers]}
 
     def save_json(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_json(), indent=1))
+        write_json(path, self.to_json())
 
     def plot(self, path: str | Path, title: str = "per-layer SQNR", label_worst: int = 5) -> None:
         """SQNR per value in graph order, the worst few labelled by layer (PNG or PDF)."""
@@ -169,7 +169,7 @@ class ErrorReport:
         ax.set(xlabel="value (graph order)", ylabel="SQNR (dB)", title=title)
         ax.grid(alpha=0.3)
         fig.tight_layout()
-        fig.savefig(path, dpi=120)
+        save_figure(fig, path, dpi=120)
         plt.close(fig)
 
 
