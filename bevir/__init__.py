@@ -2,9 +2,9 @@
 
 The top level holds what a compiler engineer reaches for first: the IR (``Graph``,
 ``Builder``, ``TensorType``..., ``verify``, ``parse`` / ``print_graph``, ``save`` /
-``load``, ``compose``), ``OpDef`` to define ops, the golden model (``run``,
-``Interpreter``), code generation (``compile``: per-core C programs through TVM;
-``to_onnx``: ONNX, quantized ops as QDQ), passes (``Pass``, ``PassManager``, ``optimize``,
+``load``, ``compose``, ``limits``: the per-tensor size caps), ``OpDef`` to define ops, the
+golden model (``run``, ``Interpreter``), code generation (``compile``: per-core C programs
+through TVM; ``to_onnx``: ONNX, quantized ops as QDQ), passes (``Pass``, ``PassManager``, ``optimize``,
 ``calibrate``, ``quantize``) and the frontends (``from_onnx``, ``from_torch``, ``CustomOp``). End-to-end
 steps live in ``bevir.flows`` (e.g. ``bevir.flows.quantize_backbone``).
 """
@@ -12,6 +12,7 @@ from .errors import (AttrError, BevirError, InterpreterError, ParseError, PassEr
                      UnsupportedError, VerifyError)
 from .ir import (AffineQuant, Builder, DType, FixedPointQuant, Graph, Layout, Node,  # noqa: F401
                  TensorType, Value, compose, load, parse, print_graph, save, verify)
+from .ir.limits import limits  # noqa: F401
 from . import ops  # noqa: F401  (registers the ops)
 from .ir.opdef import OpDef  # noqa: F401
 from .sim import Interpreter, run  # noqa: F401
@@ -27,8 +28,8 @@ __all__ = ["AffineQuant", "AttrError", "BevirError", "Builder", "CustomOp", "DTy
            "FixedPointQuant", "Graph", "Interpreter", "InterpreterError", "Layout", "Node",
            "OpDef", "ParseError", "Pass", "PassError", "PassManager", "TensorType",
            "UnsupportedError", "Value", "VerifyError", "calibrate", "compile", "compose",
-           "flows", "from_onnx", "from_torch", "load", "optimize", "parse", "print_graph",
-           "quantize", "run", "save", "to_onnx", "verify"]
+           "flows", "from_onnx", "from_torch", "limits", "load", "optimize", "parse",
+           "print_graph", "quantize", "run", "save", "to_onnx", "verify"]
 
 
 def __getattr__(name: str):

@@ -61,6 +61,10 @@ def test_shared_ocm_is_split_between_cores():
     (lambda: HWConfig(efficiency={"conv": 1.5}), "conv"),
     (lambda: HWConfig(efficiency={"warp": 0.5}), "warp"),
     (lambda: HWConfig(colour="red"), "colour"),
+    (lambda: HWConfig.parse("QC-U 8MB 16MAC x2 x3"), "sets cores twice (again by 'x3')"),
+    (lambda: HWConfig.parse("QC-U 8MB 16MAC 4MB"), "sets ocm_bytes twice"),
+    (lambda: HWConfig.parse("QC-U 16x16 32x32"), "sets pe_cols, pe_rows twice"),
+    (lambda: HWConfig.parse("x4 shared shared"), "sets ocm_shared twice"),
 ])
 def test_errors_are_one_line_bevir_errors(make, words):
     with pytest.raises(HWConfigError) as e:

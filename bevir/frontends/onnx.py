@@ -33,7 +33,7 @@ from onnx import numpy_helper
 
 from ..errors import BevirError, InterpreterError, UnsupportedError
 from ..ir.graph import Graph, Node, Value
-from ..ir.parser import tensor_too_big
+from ..ir.limits import fold_bytes, nbytes, tensor_too_big
 from ..ir.types import DType, TensorType
 from ..ops import get_op
 
@@ -363,7 +363,9 @@ class _Importer:
         opdef = get_op(op)
         if opdef.pure and all(v is None or v.is_const for v in inputs) \
                 and not (self.keep_dequantize and op == "dequantize"):
-            return self._fold(opdef, inputs, attrs, c)
+            folded = self._fold(opdef, inputs, attrs, c)
+            if folded is not None:
+                return folded
         node = self.graph.create_node(op, inputs, attrs, loc=c.loc)
         # rename the auto-named results to fresh, reservation-free names
         for i, v in enumerate(node.outputs):
@@ -371,12 +373,14 @@ class _Importer:
             self.graph.rename(v, name)
         return list(node.outputs)
 
-    def _fold(self, opdef, inputs, attrs, c: NodeCtx) -> list[Value]:
+    def _fold(self, opdef, inputs, attrs, c: NodeCtx) -> list[Value] | None:
+        """The results of a node whose inputs are constants, as constants; None where they
+        are larger than the folding limit (the node stays)."""
         attrs = opdef.check_attrs(attrs, where=dict(op=opdef.name, loc=c.loc))
         node = Node(opdef.name, inputs, attrs, c.loc)
         types = opdef.infer_node(node)
-        for t in types:
-            _check_numel(c, t.numel, f"constant-folded {opdef.name}", t.dtype.np.itemsize)
+        if sum(t.nbytes for t in types) > fold_bytes():
+            return None
         node.outputs = [Value("folded", t) for t in types]
         try:
             arrays = opdef.run(node, [None if v is None else v.const for v in inputs])
@@ -511,6 +515,8 @@ class _Importer:
         model = onnx.helper.make_model(
             onnx.helper.make_graph([one], "fold", [], outs, initializer=inits),
             opset_imports=list(self.model.opset_import), ir_version=self.model.ir_version)
+        _check_folded(None, _predicted_bytes(model), f"folding '{node.op_type}'",
+                      op=node.op_type, node=loc)
         try:
             arrays = ReferenceEvaluator(model).run(None, {})
         except Exception as e:   # noqa: BLE001  (the evaluator's own errors, e.g. no kernel)
@@ -536,6 +542,23 @@ class _Importer:
                 self.graph.erase_const(v)
 
 
+def _predicted_bytes(model: onnx.ModelProto) -> int:
+    """The bytes of a one-node model's outputs by ONNX shape inference (0 where it cannot
+    tell: the evaluator then runs unchecked)."""
+    try:
+        outputs = onnx.shape_inference.infer_shapes(model, data_prop=True).graph.output
+    except Exception:   # noqa: BLE001  (inference's own errors: the evaluator reports them)
+        return 0
+    total = 0
+    for vi in outputs:
+        t = vi.type.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") else -1 for d in t.shape.dim]
+        if not t.HasField("shape") or min(dims, default=0) < 0 or t.elem_type not in _ONNX_DTYPES:
+            return 0
+        total += nbytes(dims, _ONNX_DTYPES[t.elem_type].np.itemsize)
+    return total
+
+
 def _default_opset(model: onnx.ModelProto) -> int:
     versions = [o.version for o in model.opset_import if o.domain in _DEFAULT_DOMAINS]
     if not versions:
@@ -554,11 +577,13 @@ def _dtype_name(onnx_type: int) -> str:
     return str(onnx_type)
 
 
-def _check_numel(c: NodeCtx, numel: int, what: str, itemsize: int = 8) -> None:
-    """Refuse a folded result too large for this machine before it is allocated."""
-    too_big = tensor_too_big([numel], itemsize)
-    if too_big:
-        raise c.unsupported(f"{what}: {too_big}")
+def _check_folded(c: NodeCtx | None, n_bytes: int, what: str, **where) -> None:
+    """Refuse a constant that folding would make above the folding limit, before it is
+    allocated (an op without a bevir node cannot stay a node)."""
+    if n_bytes > fold_bytes():
+        message = (f"{what}: a constant of {n_bytes:,} bytes, above the folding limit "
+                   f"({fold_bytes():,} bytes; $BEVIR_MAX_FOLD_BYTES or bevir.limits raise it)")
+        raise c.unsupported(message) if c is not None else UnsupportedError(message, **where)
 
 
 def _value_type(vi: onnx.ValueInfoProto) -> TensorType:
@@ -1619,9 +1644,8 @@ def _constant_of_shape(c: NodeCtx):
         raise c.unsupported("attribute 'value' must have one element")
     if min(shape, default=0) < 0:
         raise c.unsupported(f"negative dimension in shape {shape}")
-    too_big = tensor_too_big(shape, value.dtype.itemsize)
-    if too_big:
-        raise c.unsupported(f"output: {too_big}")
+    if nbytes(shape, value.dtype.itemsize) > fold_bytes():     # too large to fold: a node
+        return c.emit("expand", [c.constant(value.reshape(()))], {"shape": shape})
     return c.constant(np.full(shape, value.reshape(-1)[0], value.dtype))
 
 
@@ -1639,7 +1663,7 @@ def _range(c: NodeCtx):
     if d == 0:
         raise c.unsupported("delta of 0")
     n = max(int(math.ceil((l - s) / d)), 0)
-    _check_numel(c, n, "output")
+    _check_folded(c, n * np.dtype(stash).itemsize, "output")
     return c.constant((s + np.arange(n) * d).astype(stash).astype(dtype))
 
 

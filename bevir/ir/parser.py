@@ -5,16 +5,15 @@ Errors raise :class:`bevir.ParseError` with the 1-based line and column.
 from __future__ import annotations
 
 import json
-import math
-import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from ..errors import BevirError, ParseError
 from .graph import Graph, Value
+from .limits import tensor_too_big
 from .types import AffineQuant, DType, FixedPointQuant, Layout, TensorType
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -24,26 +23,8 @@ _NUMBER = re.compile(r"[-+]?(?:inf|nan|(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)")
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
 _WS = re.compile(r"(?:\s|//[^\n]*)*")
 _DIMS = re.compile(r"((?:\d+x)*)([a-z][a-z0-9]*)")
-
-
-def memory_limit() -> int:
-    """The most bytes one tensor may need: this machine's physical memory (a declared shape
-    beyond it is refused before anything is allocated)."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):   # no sysconf: assume 1 TiB
-        return 1 << 40
-
-
-def tensor_too_big(shape: Sequence[int], itemsize: int) -> str | None:
-    """Why a tensor of ``shape`` with ``itemsize``-byte elements cannot be allocated here
-    (None when it can)."""
-    need = math.prod(int(d) for d in shape) * itemsize
-    limit = memory_limit()
-    if need > limit:
-        return (f"shape {list(shape)} needs {need:,} bytes, more than this machine's memory "
-                f"({limit:,} bytes)")
-    return None
+#: the deepest an attribute value's lists may nest
+MAX_NESTING = 32
 
 
 class _Reader:
@@ -161,9 +142,11 @@ class _Reader:
         return key, self.attr_value()
 
     # ---- attributes and payloads -------------------------------------------------------
-    def attr_value(self) -> Any:
+    def attr_value(self, depth: int = 0) -> Any:
         if self.accept("["):
-            return self.comma_list(self.attr_value, "]")
+            if depth == MAX_NESTING:
+                raise self.error(f"attribute value nested deeper than {MAX_NESTING} lists")
+            return self.comma_list(lambda: self.attr_value(depth + 1), "]")
         if self.peek('"'):
             return self.string()
         if self.peek("dense<"):

@@ -20,6 +20,7 @@ import numpy as np
 
 from ..errors import BevirError, PassError
 from ..ir.graph import Graph, Node, Value
+from ..ir.limits import fold_bytes
 from ..ops import get_op
 from .analysis import AnalysisManager
 from .core import Pass
@@ -45,7 +46,7 @@ class Canonicalize(Pass):
     name = "canonicalize"
     description = "fold constants, remove no-ops, fold reshape/transpose chains"
 
-    fold_limit: int = 1 << 22     # largest folded result, in elements
+    fold_limit: int = 1 << 22     # largest folded result, in elements (and bevir.limits' bytes)
     max_iterations: int = 10
 
     _rewrite = "canonicalize"     # what the budget is told (not an option)
@@ -89,7 +90,8 @@ class Canonicalize(Pass):
         opdef = node.opdef
         if not opdef.pure or any(v is not None and not v.is_const for v in node.inputs):
             return False
-        if sum(v.type.numel for v in node.outputs) > self.fold_limit:
+        if sum(v.type.numel for v in node.outputs) > self.fold_limit \
+                or sum(v.type.nbytes for v in node.outputs) > fold_bytes():
             return False
         where = dict(node=node.name, op=node.op, loc=node.loc)
         try:

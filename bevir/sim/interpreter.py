@@ -20,6 +20,7 @@ import numpy as np
 
 from ..errors import BevirError, InterpreterError
 from ..ir.graph import Graph, Node, Value
+from ..ir.limits import tensor_bytes, tensor_too_big
 from ..ir.types import DType
 from ..ir.opdef import OpDef, get_op
 
@@ -67,7 +68,7 @@ class Interpreter:
         self.kernels: dict[str, Kernel] = dict(kernels or {})
         self.node_kernels: dict[str, Kernel] = dict(node_kernels or {})
         self.on_node_start, self.on_node_end = on_node_start, on_node_end
-        self._steps, self._values = _graph_facts(graph)
+        self._steps, self._values, self._largest = _graph_facts(graph)
         self._arrays: dict[int, np.ndarray] = {}
         self._overrides: dict[Node, Kernel] = {}
 
@@ -122,6 +123,8 @@ class Interpreter:
         keep = {id(v) for v in g.outputs.values()} | {id(self._value(n)) for n in wanted}
         given = self._bind(inputs, initial_env, env)
         plan = None if given is None else self._plan(env, given, None if keep_all else keep)
+        if self._largest > tensor_bytes():
+            self._refuse_large(plan)
         self._overrides = self._resolve_kernels()
         start, end = self.on_node_start, self.on_node_end
         # the golden kernels called straight from the op (no override, no run_node subclass)
@@ -172,6 +175,16 @@ class Interpreter:
                 raise InterpreterError(f"input %{v.name} has shape {list(a.shape)}, "
                                        f"expected {list(v.type.shape)}")
             env[id(v)] = _bind_input(v.name, a, v.type.dtype)
+
+    def _refuse_large(self, plan) -> None:
+        """An error naming the first node that would run whose result is larger than the
+        per-tensor limit (raised before anything runs)."""
+        for node, *_ in self._steps:
+            for v in node.outputs:
+                too_big = tensor_too_big(v.type.shape, v.type.dtype.np.itemsize)
+                if too_big and (plan is None or node in plan):
+                    raise InterpreterError(f"result %{v.name}: {too_big}", node=node.name,
+                                           op=node.op, loc=node.loc)
 
     @staticmethod
     def _check(node: Node, results: list[np.ndarray]) -> None:
@@ -287,16 +300,18 @@ Step = tuple[Node, OpDef | None, tuple[int | None, ...], tuple[int, ...], tuple[
 _FACTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _graph_facts(graph: Graph) -> tuple[list[Step], dict[str, Value]]:
+def _graph_facts(graph: Graph) -> tuple[list[Step], dict[str, Value], int]:
+    """The graph's steps, its values by name and its largest result in bytes."""
     hit = _FACTS.get(graph)
     if hit is None or hit[0] != graph.version:
         last_use = Interpreter._last_uses(graph)
         steps = [(n, _opdef(n), tuple(None if v is None else id(v) for v in n.inputs),
                   tuple(id(v) for v in n.outputs), tuple(id(v) for v in last_use.get(i, ())))
                  for i, n in enumerate(graph.nodes)]
-        hit = (graph.version, steps, {v.name: v for v in graph.values()})
+        largest = max((v.type.nbytes for n in graph.nodes for v in n.outputs), default=0)
+        hit = (graph.version, steps, {v.name: v for v in graph.values()}, largest)
         _FACTS[graph] = hit
-    return hit[1], hit[2]
+    return hit[1], hit[2], hit[3]
 
 
 def _opdef(node: Node) -> OpDef | None:

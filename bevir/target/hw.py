@@ -187,7 +187,12 @@ class HWConfig(BaseModel):
             if i == 0 and token.lower() in FAMILIES:
                 base = FAMILIES[token.lower()]
                 continue
-            fields.update(_read_token(token, text))
+            read = _read_token(token, text)
+            again = sorted(set(read) & set(fields))
+            if again:
+                raise HWConfigError(f"hardware config {text!r} sets {', '.join(again)} twice "
+                                    f"(again by '{token}')")
+            fields.update(read)
         return cls.preset(base, name=" ".join(text.split()), **fields)
 
 
