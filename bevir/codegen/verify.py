@@ -10,7 +10,7 @@ trusts it.
   the manifest records at compile time; it is read once, checked, and loaded from a private
   copy, so what runs is what was checked (:func:`open_libraries`). Each library holds the
   sha256 of the manifest it was built with (:func:`manifest_digest`): a manifest edited
-  after compile does not match.
+  after compile does not match, and its libraries are not loaded.
 - ``graph.bevir`` must have the sha256 the manifest records, and its buffers the sizes
   and offsets the plan gave them (:func:`check_layout`).
 
@@ -219,15 +219,21 @@ def open_libraries(out: Path, manifest: Mapping[str, Any]) -> list[ctypes.CDLL]:
         for lib in manifest["libraries"]:
             path = out / lib["file"]
             copy = Path(private) / lib["file"]
-            copy.write_bytes(read_checked(path, lib["sha256"]))
+            data = read_checked(path, lib["sha256"])
+            if want.encode() not in data:           # not built with this manifest: not loaded
+                raise _edited(out, path)
+            copy.write_bytes(data)
             try:
                 dll = ctypes.CDLL(str(copy))
                 held = (ctypes.c_char * 65).in_dll(dll, DIGEST_SYMBOL).value.decode()
             except (OSError, ValueError) as e:
                 raise CodegenError(f"cannot load {path}: {e}") from None
             if held != want:
-                raise CodegenError(f"{out / 'manifest.json'} is not the manifest {path} was "
-                                   "built with (edited after compile?); compile the program "
-                                   "again")
+                raise _edited(out, path)
             libs.append(dll)
     return libs
+
+
+def _edited(out: Path, library: Path) -> CodegenError:
+    return CodegenError(f"{out / 'manifest.json'} is not the manifest {library} was built "
+                        "with (edited after compile?); compile the program again")

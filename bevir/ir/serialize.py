@@ -150,7 +150,7 @@ def load(path: str | os.PathLike) -> Graph:
     if meta is not None:
         try:
             apply_meta_document(graph, _read_meta(doc_path, arrays_path, path, meta))
-        except (KeyError, TypeError, ValueError) as e:
+        except (KeyError, TypeError, ValueError, OverflowError) as e:
             raise MetaError(f"{doc_path}: malformed meta: {type(e).__name__}: {e}") from None
     return graph
 

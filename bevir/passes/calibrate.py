@@ -813,7 +813,8 @@ class _reading:
         return None
 
     def __exit__(self, typ, exc, tb) -> bool:
-        if exc is not None and isinstance(exc, (KeyError, TypeError, ValueError, AttributeError)):
+        if exc is not None and isinstance(exc, (KeyError, TypeError, ValueError, AttributeError,
+                                                OverflowError)):
             raise CalibrationError(f"{self.path}: malformed ranges file: {typ.__name__}: {exc}") from exc
         return False
 
