@@ -41,6 +41,9 @@ def fsync_path(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
+    except OSError as e:
+        if e.errno not in (errno.EINVAL, errno.ENOTSUP):   # a file system that cannot
+            raise
     finally:
         os.close(fd)
 
@@ -57,6 +60,8 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """A temporary path to write ``path``'s new content to (for writers that take a path):
     renamed over ``path`` when the block ends without error, removed otherwise."""
     path = Path(path)
+    if not path.parent.is_dir():            # say so with the name given, not the temporary
+        raise FileNotFoundError(errno.ENOENT, "No such directory", str(path.parent))
     tmp = temporary_name(path)
     try:
         yield tmp

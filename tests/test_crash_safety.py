@@ -374,3 +374,75 @@ def test_two_evaluations_into_one_folder(evaluation):
     again = evaluate(bevir.load(folder / "a.bevir"), bevir.load(folder / "b.bevir"),
                      folder / "frames", out, plot=False)
     assert again.rows == rows
+
+
+# ---- the other writers: ranges, frame sets, configs ------------------------------------------
+def _ranges(scale: float):
+    from bevir.passes.calibrate import Ranges, TensorRange
+    entry = TensorRange.given("x", -scale, scale, channel_min=np.full(3, -scale),
+                              channel_max=np.full(3, scale), axis=1)
+    return Ranges([entry, TensorRange.given("y", 0.0, 2 * scale)])
+
+
+def _save_ranges(scale: float, path: Path) -> None:
+    _ranges(scale).save(path)
+
+
+def _load_ranges(path: Path):
+    from bevir.passes.calibrate import Ranges
+    r = Ranges.load(path)
+    return [(e.name, e.lo, e.hi, None if e.channel_min is None else e.channel_min.tobytes())
+            for e in r]
+
+
+def _save_config(exclude: bool, path: Path) -> None:
+    from bevir.passes.quant_config import QuantConfig
+    QuantConfig.preset("reference-flow").override("other", exclude=exclude).save(path)
+
+
+def _load_config(path: Path):
+    from bevir.passes.quant_config import QuantConfig
+    return QuantConfig.load(path).group("other").exclude
+
+
+def _write_frames(value: float | None, path: Path) -> None:
+    """A frame set of 5 frames in 3 shards (None: none; a frame set is written into a
+    folder without one)."""
+    from bevir.scale import FrameWriter
+    shutil.rmtree(path, ignore_errors=True)
+    if value is not None:
+        with FrameWriter(path, frames_per_shard=2) as w:
+            for i in range(5):
+                w.add({"x": np.full(3, value + i, np.float32)})
+
+
+def _read_frames(path: Path):
+    from bevir.scale import Frames
+    return [f["x"].tobytes() for f in Frames(path)]
+
+
+@pytest.mark.parametrize("write, read, old, new, name", [
+    (_save_ranges, _load_ranges, 1.0, 2.0, "r.json"),
+    (_save_config, _load_config, False, True, "q.json"),
+    (_write_frames, _read_frames, None, 10.0, "frames"),
+])
+def test_other_writers_killed_at_any_write_leave_old_new_or_one_line(tmp_path, write, read,
+                                                                     old, new, name):
+    """Ranges (arrays, then the JSON naming their sha256), a config, a frame set (shards,
+    then the index): killed before each write, read back as before, as after, or refused
+    in one line (a frame set half written: "not a frame set")."""
+    path = tmp_path / name
+    write(new, path)
+    states = {repr(read(path)): "new"}
+    write(old, path)                                   # the trials start from the old
+    if old is not None:
+        states[repr(read(path))] = "old"
+    seen = []
+    for _ in kill_trials(tmp_path, write, new, path):
+        try:
+            seen.append(states[repr(read(path))])
+        except bevir.BevirError as e:
+            seen.append(one_line(e))
+        write(old, path)
+    assert len(seen) >= 2 and seen[-1] == "new", seen
+    assert "old" in seen or old is None, seen

@@ -190,6 +190,10 @@ def test_shards_are_checked_against_the_index(tmp_path):
     with pytest.raises(FrameSetError, match="holds \\{'x': 5\\} frames per input; the index "
                                             "says 4"):
         Frames(_edit_index(tmp_path / "g", misstated))[0]
+    more = lambda d: d["inputs"].update(y=d["inputs"]["x"])      # noqa: E731
+    with pytest.raises(FrameSetError, match="holds inputs \\['x'\\]; the index says "
+                                            "\\['x', 'y'\\]"):
+        Frames(_edit_index(write_frames(tmp_path / "h").path, more))[0]
 
 
 def test_a_ray_dataset_reads_a_frame_set(tmp_path, local_ray):

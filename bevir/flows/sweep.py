@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..fsutil import save_figure, write_atomic
 from ..ir.graph import Graph
 from ..target.hw import HWConfig, format_size
 from .target import simulate
@@ -100,7 +101,7 @@ def write(points: Sequence[SweepPoint], out_dir: str | Path, plot: bool = True) 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "sweep.json"
-    path.write_text(json.dumps({"points": [p.to_json() for p in points]}, indent=1))
+    write_atomic(path, json.dumps({"points": [p.to_json() for p in points]}, indent=1))
     return [path] + ([sweep_plot(points, out / "sweep.png")] if plot else [])
 
 
@@ -120,6 +121,6 @@ def sweep_plot(points: Sequence[SweepPoint], path: Path) -> Path:
     ax2.set_ylim(0, max([100 * p.utilisation for p in points] + [1]) * 1.15)
     ax.set_title("design-space sweep")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    save_figure(fig, path, dpi=100)
     plt.close(fig)
     return path

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import BevirError, PassError, VerifyError
+from ..fsutil import write_atomic
 from ..ir.graph import Graph, Node, Value
 from ..ir.meta import register_meta_key
 from ..ir.opdef import Ctx, get_op
@@ -633,12 +634,12 @@ def check_plan(plan: Any, graph: Graph, cores: int, source: str) -> dict[int, De
 def read_plan(path: str) -> dict:
     try:
         return json.loads(Path(path).read_text())
-    except (OSError, ValueError) as e:
-        raise PassError(f"cannot read partition plan {path}: {e}") from None
+    except (OSError, ValueError, RecursionError) as e:
+        raise PassError(f"cannot read partition plan {path}: {e or 'nested too deeply'}") from None
 
 
 def save_plan(plan: dict, path: str | Path) -> None:
-    Path(path).write_text(json.dumps(plan, indent=1) + "\n")
+    write_atomic(path, json.dumps(plan, indent=1) + "\n")
 
 
 def plan_of(graph: Graph) -> dict | None:

@@ -223,12 +223,15 @@ class Frames(Sequence):
                                             "sha256 differs: replaced or damaged)")
                     self._checked.add(k)
                 shard = safe_open(str(path), framework="numpy")
-                held = {key: shard.get_slice(key).get_shape()[0] for key in self.inputs}
+                held = {key: shard.get_slice(key).get_shape()[0] for key in shard.keys()}
             except FrameSetError:
                 raise
             except Exception as e:          # missing or damaged file: say which
                 raise FrameSetError(f"{path}: cannot read shard ({type(e).__name__}: "
                                     f"{e})") from None
+            if sorted(held) != sorted(self.inputs):
+                raise FrameSetError(f"{path}: holds inputs {sorted(held)}; the index says "
+                                    f"{sorted(self.inputs)}")
             if set(held.values()) != {frames}:
                 raise FrameSetError(f"{path}: holds {held} frames per input; the index "
                                     f"says {frames}")

@@ -34,6 +34,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ..fsutil import write_atomic
 from ..ir.graph import Graph, Node
 from ..ops.cost import PEMapping, Work, work_of
 from .hw import HWConfig
@@ -275,10 +276,10 @@ class Profile:
         written = []
         for i in range(self.hw.cores):
             p = out / f"profile_core{i}.json"
-            p.write_text(json.dumps([r.to_json() for r in self.core_records(i)], indent=1))
+            write_atomic(p, json.dumps([r.to_json() for r in self.core_records(i)], indent=1))
             written.append(p)
         p = out / "summary.json"
-        p.write_text(json.dumps(self.summary(), indent=1))
+        write_atomic(p, json.dumps(self.summary(), indent=1))
         written.append(p)
         if plots:
             from .plots import roofline_plot, timeline_plot

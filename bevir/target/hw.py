@@ -42,7 +42,8 @@ class HWConfig(BaseModel):
     regfile_bytes_per_pe: int = Field(4 * KB, ge=64)
     clock_ghz: float = Field(1.0, gt=0, le=10)
     ocm_bytes: int = Field(8 * MB, ge=KB)
-    ocm_shared: bool = Field(False, description="one OCM for all cores (True) or one per core")
+    ocm_shared: bool = Field(False, strict=True,
+                             description="one OCM for all cores (True) or one per core")
     ocm_bytes_per_cycle: float = Field(128.0, gt=0, description="OCM <-> PE array, per core")
     broadcast_bytes_per_cycle: float = Field(
         32.0, gt=0, description="OCM -> PE array weight broadcast bus, per core")
@@ -50,7 +51,8 @@ class HWConfig(BaseModel):
     ddr_latency_cycles: int = Field(500, ge=0)
     dma_burst_bytes: int = Field(128, ge=1)
     dma_setup_cycles: int = Field(32, ge=0, description="per DMA transfer (one tensor)")
-    double_buffer: bool = Field(True, description="DMA overlaps compute except the first burst")
+    double_buffer: bool = Field(True, strict=True,
+                                description="DMA overlaps compute except the first burst")
     barrier_cycles: int = Field(200, ge=0)
     launch_cycles: int = Field(100, ge=0, description="per op: program preamble, set-up")
     efficiency: dict[str, float] = Field(default_factory=dict,

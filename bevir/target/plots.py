@@ -8,6 +8,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from ..fsutil import save_figure  # noqa: E402
+
 COLORS = {"compute": "tab:blue", "alu": "tab:orange", "ocm": "tab:green",
           "broadcast": "tab:olive", "ddr": "tab:red", "barrier": "tab:gray",
           "launch": "tab:purple"}
@@ -26,7 +28,7 @@ def timeline_plot(profile, path: Path) -> Path:
     ax.legend(handles, list(COLORS), ncol=7, fontsize=7, loc="upper center",
               bbox_to_anchor=(0.5, -0.25))         # below the axes: no core hidden
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    save_figure(fig, path, dpi=90)
     plt.close(fig)
     return path
 
@@ -55,6 +57,6 @@ def roofline_plot(profile, path: Path) -> Path:
     ax.set_title(f"roofline: {hw.label}, utilisation {profile.utilisation:.1%}")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    save_figure(fig, path, dpi=90)
     plt.close(fig)
     return path
