@@ -446,3 +446,40 @@ def test_other_writers_killed_at_any_write_leave_old_new_or_one_line(tmp_path, w
         write(old, path)
     assert len(seen) >= 2 and seen[-1] == "new", seen
     assert "old" in seen or old is None, seen
+
+
+# ---- writes that fail (an exception, not a kill) -------------------------------------------
+def test_a_save_whose_nth_rename_fails_leaves_old_new_or_one_line_and_no_temporaries(
+        tmp_path, monkeypatch):
+    """os.replace raising at each of a save's renames in turn (a full disk, a permission):
+    the error reaches the caller, the graph loads as before, after or not at all (one
+    line), and no temporary file is left beside it."""
+    a, b = _graphs()
+    path = tmp_path / "m.bevir"
+    states = {_state(a): "old", _state(b): "new"}
+    replace, seen = os.replace, []
+    for n in range(1, 10):
+        bevir.save(a, path)
+        calls = 0
+
+        def failing(src, dst):
+            nonlocal calls
+            calls += 1
+            if calls == n:
+                raise OSError(28, "No space left on device", str(dst))
+            return replace(src, dst)
+        monkeypatch.setattr(os, "replace", failing)
+        try:
+            bevir.save(b, path)
+            failed = False
+        except OSError:
+            failed = True
+        monkeypatch.setattr(os, "replace", replace)
+        try:
+            seen.append(states[_state(bevir.load(path))])
+        except bevir.BevirError as e:
+            seen.append(one_line(e))
+        assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
+        if not failed:
+            break
+    assert seen[0] == "old" and seen[-1] == "new" and len(seen) >= 3, seen
