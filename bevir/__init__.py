@@ -4,9 +4,10 @@ The top level holds what a compiler engineer reaches for first: the IR (``Graph`
 ``Builder``, ``TensorType``..., ``verify``, ``parse`` / ``print_graph``, ``save`` /
 ``load``, ``compose``, ``limits``: the per-tensor size caps), ``OpDef`` to define ops, the
 golden model (``run``, ``Interpreter``), code generation (``compile``: per-core C programs
-through TVM; ``to_onnx``: ONNX, quantized ops as QDQ), passes (``Pass``, ``PassManager``, ``optimize``,
-``calibrate``, ``quantize``) and the frontends (``from_onnx``, ``from_torch``, ``CustomOp``). End-to-end
-steps live in ``bevir.flows`` (e.g. ``bevir.flows.quantize_backbone``).
+through TVM; ``to_onnx``: ONNX, quantized ops as QDQ), passes (``Pass``, ``PassManager``,
+``optimize``, ``calibrate``, ``quantize``) and the frontends (``from_onnx``, ``from_torch``,
+``CustomOp``). End-to-end steps live in ``bevir.flows`` (e.g.
+``bevir.flows.quantize_backbone``).
 """
 from .errors import (AttrError, BevirError, InterpreterError, ParseError, PassError,  # noqa: F401
                      UnsupportedError, VerifyError)

@@ -96,7 +96,8 @@ def _graphs():
 
 def _state(graph) -> tuple:
     doc, arrays = meta_document(graph)
-    return graph_digest(graph), repr(doc), tuple(sorted((k, v.tobytes()) for k, v in arrays.items()))
+    return (graph_digest(graph), repr(doc),
+            tuple(sorted((k, v.tobytes()) for k, v in arrays.items())))
 
 
 def _save(graph, path) -> None:

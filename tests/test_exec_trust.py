@@ -82,7 +82,7 @@ EDITS = {
     "cores true": (lambda m: m.update(cores=True), "'cores' of the manifest is bool"),
     "OCM of 1 byte": (lambda m: m.update(ocm_bytes=[1, 1]), "beyond the ocm arena of core 0"),
     "DDR of 0 bytes": (lambda m: m.update(ddr_bytes=0), "is not the manifest .*was built with"),
-    "flags emptied": (lambda m: m.update(flags={}), "is not the manifest .*core0.so was built with"),
+    "flags emptied": (lambda m: m.update(flags={}), "is not the manifest .*core0.so was built"),
     "a key added": (lambda m: m.update(note="hi"), "is not the manifest .*core0.so was built with"),
     "no programs": (lambda m: m.pop("programs"), "the manifest has no 'programs'"),
     "no libraries": (lambda m: m.pop("libraries"), "the manifest has no 'libraries'"),

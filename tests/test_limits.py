@@ -19,7 +19,8 @@ from bevir.ir.limits import FOLD_BYTES, fold_bytes, tensor_bytes
 
 
 def constant_of_shape(shape, then: str = "ReduceSum") -> onnx.ModelProto:
-    n1 = oh.make_node("ConstantOfShape", ["s"], ["c"], value=oh.make_tensor("v", TP.FLOAT, [1], [1.0]))
+    n1 = oh.make_node("ConstantOfShape", ["s"], ["c"],
+                      value=oh.make_tensor("v", TP.FLOAT, [1], [1.0]))
     n2 = oh.make_node(then, ["c"], ["y"], keepdims=0)
     s = numpy_helper.from_array(np.array(shape, np.int64), "s")
     m = oh.make_model(oh.make_graph([n1, n2], "g", [], [oh.make_empty_tensor_value_info("y")],

@@ -101,8 +101,10 @@ def test_save_and_load_round_trip(tmp_path):
     ({"rules": [{"name": "a"}, {"name": "a"}]}, "repeated: a"),
     ({"calibration": "average"}, "calibration"),
     ({"percentile": 120}, "percentile"),
-    ({"default": {"name": "d", "exclude": "yes"}}, r"default\.exclude: Input should be a valid boolean"),
-    ({"rules": [{"name": "a", "exclude": 1}]}, r"rules\.0\.exclude: Input should be a valid boolean"),
+    ({"default": {"name": "d", "exclude": "yes"}}, r"default\.exclude: Input should be a valid "
+                                                  "boolean"),
+    ({"rules": [{"name": "a", "exclude": 1}]}, r"rules\.0\.exclude: Input should be a valid "
+                                               "boolean"),
     ({"percentile": "99"}, "percentile: Input should be a valid number"),
 ])
 def test_bad_configs_raise_config_error_naming_the_field(data, match):

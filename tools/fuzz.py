@@ -173,7 +173,8 @@ JSON_VALUES = [0, 1, -1, 2, 3, 7, 2**31, 2**63, -2**63, 0.5, 1.5, -0.0, float("n
 
 def json_paths(doc, path=()):
     """Every (path, container, key) inside a JSON document."""
-    items = doc.items() if isinstance(doc, dict) else enumerate(doc) if isinstance(doc, list) else ()
+    items = doc.items() if isinstance(doc, dict) else \
+        enumerate(doc) if isinstance(doc, list) else ()
     for k, v in list(items):
         yield path + (k,), doc, k
         yield from json_paths(v, path + (k,))

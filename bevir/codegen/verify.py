@@ -70,7 +70,7 @@ class _Checker:
             raise self.fail(f"{what or 'the manifest'} has no '{key}'")
         v = doc[key]
         if not isinstance(v, kind) or (isinstance(v, bool) and kind is not bool):
-            name = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+            name = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
             raise self.fail(f"'{key}' of {what or 'the manifest'} is {type(v).__name__}, "
                             f"not {name}")
         return v
