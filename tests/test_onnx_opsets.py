@@ -139,7 +139,7 @@ def test_op_not_defined_at_the_models_opset_is_refused():
 def test_absurd_declared_input_shape_is_refused():
     m = _model([oh.make_node("Relu", ["x"], ["y"])], [_vi("x", TP.FLOAT, [1 << 20] * 3)],
                [_vi("y", TP.FLOAT, None)])
-    with pytest.raises(bevir.UnsupportedError, match="more than this machine's memory"):
+    with pytest.raises(bevir.UnsupportedError, match="more than the per-tensor limit"):
         bevir.from_onnx(m)
 
 
@@ -157,16 +157,21 @@ def test_constant_larger_than_its_bytes_is_refused():
         bevir.from_onnx(m)
 
 
-def test_constant_of_shape_too_large_is_refused_before_allocating():
+def test_constant_of_shape_too_large_stays_a_node_refused_when_run():
+    """Nothing is allocated at import (the constant is too large to fold: an expand node);
+    running it is refused by name before anything runs."""
     shape = numpy_helper.from_array(np.array([1 << 30, 1 << 30], np.int64), "shape")
     m = _model([oh.make_node("ConstantOfShape", ["shape"], ["y"], name="cos")], [],
                [_vi("y", TP.FLOAT, None)], [shape])
-    with pytest.raises(bevir.UnsupportedError, match="more than this machine's memory"):
-        bevir.from_onnx(m)
+    g = bevir.from_onnx(m)
+    assert g.op_counts() == {"expand": 1}
+    with pytest.raises(bevir.InterpreterError, match="node %y from 'cos': result %y: shape "
+                                                     ".* more than the per-tensor limit"):
+        bevir.run(g, {})
 
 
 def test_text_with_absurd_dims_is_refused():
     text = ("graph @g(%x: tensor<99999999x99999999x99999999xf32>) {\n"
             "  %y = relu(%x) : tensor<99999999x99999999x99999999xf32>\n  return %y\n}\n")
-    with pytest.raises(bevir.ParseError, match="more than this machine's memory"):
+    with pytest.raises(bevir.ParseError, match="more than the per-tensor limit"):
         bevir.parse(text)
