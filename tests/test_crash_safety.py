@@ -126,7 +126,7 @@ HW = "QC-U 8MB 16MAC x2"
 
 def _compile(graph_path: Path, out: Path, cache: Path) -> None:
     os.environ["BEVIR_CACHE"] = str(cache)
-    from bevir.codegen.cprogram import compile
+    from bevir.flows.target import compile
     compile(bevir.load(graph_path), out, hw=HW)
 
 

@@ -311,7 +311,7 @@ HW_TOKENS = ["QC-U", "qc-ultra", "chimera", "8MB", "512KB", "1.5M", "16MB", "16M
 def target_hw(rnd: random.Random) -> None:
     """A vendor string of random tokens (sometimes a field given twice), or one mutated; a
     config that parses took each field from exactly one token."""
-    from bevir.hw import _TOKEN, FAMILIES, HWConfig, _read_token
+    from bevir.target.hw import _TOKEN, FAMILIES, HWConfig, _read_token
     tokens = rnd.sample(HW_TOKENS, rnd.randint(1, 5))
     if rnd.random() < 0.3:
         tokens.append(rnd.choice(tokens))
@@ -410,14 +410,14 @@ def _seed_programs() -> dict:
     outputs, and a foreign library whose constructor writes a marker (once per process)."""
     if not _SEED_PROGRAMS:
         import subprocess
-        from bevir.codegen.cprogram import compile
+        from bevir.flows.target import compile
         sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-        from test_partition import GRAPHS
+        from test_partition import FREE_SYNC, GRAPHS      # splits pay: 2 and 3 cores
         root = Path(tempfile.mkdtemp(prefix="bevir-fuzz-programs-"))
         graph, inputs = GRAPHS["chain"](np.random.default_rng(0))
         other, _ = GRAPHS["chain"](np.random.default_rng(1))
-        compile(graph, root / "a", hw="QC-U 8MB 16MAC x2")
-        compile(other, root / "b", hw="QC-U 8MB 16MAC x3")
+        compile(graph, root / "a", hw=FREE_SYNC.with_cores(2))
+        compile(other, root / "b", hw=FREE_SYNC.with_cores(3))
         marker = root / "foreign_ran"
         (root / "foreign.c").write_text(FOREIGN_C.replace("MARKER", json.dumps(str(marker))))
         subprocess.run(["cc", "-shared", "-fPIC", str(root / "foreign.c"), "-o",

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..fsutil import building_folder
 from ..ir.graph import Graph
 from ..ir.serialize import graph_digest, load, meta_document, save
 from ..ops.native import cache_dir
@@ -99,14 +100,7 @@ def source_digest(packages: tuple[str, ...] = ("passes", "ops", "ir", "target"))
 
 
 def _publish(graph: Graph, folder: Path) -> None:
-    """Save ``graph`` into the cache folder, whole or not at all (a racing writer wins)."""
-    import os
-    import shutil
-    tmp = folder.with_name(f"{folder.name}.{os.getpid()}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    save(graph, tmp / "graph.bevir")
-    try:
-        tmp.rename(folder)
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
+    """Save ``graph`` into the cache folder, whole or not at all (a racing writer's folder
+    stays)."""
+    with building_folder(folder, replace=False) as tmp:
+        save(graph, tmp / "graph.bevir")
