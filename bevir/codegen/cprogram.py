@@ -20,8 +20,11 @@ host post-processing.
 Files in the output folder: ``kernels/<kernel>.c`` (TVM's C with an entry taking data
 pointers), ``core<k>.c`` (the program of core k), ``runtime.c`` (barrier, flags, the few
 functions TVM's C calls), ``core<k>.so``, ``manifest.json`` (kernels, buffers, offsets,
-copies, waits and counters per core, with provenance) and ``graph.bevir`` (the graph,
-for the host stages). The same graph gives byte-identical sources and manifest.
+copies, waits and counters per core, with provenance; the sha256 of each library and of
+the graph), ``manifest.c`` (the manifest's digest, linked into each library) and
+``graph.bevir`` (the graph, for the host stages). The same graph gives byte-identical
+sources and manifest. The folder is built beside its target and swapped in whole; what
+``CompiledProgram`` checks before it loads anything is in :mod:`bevir.codegen.verify`.
 """
 from __future__ import annotations
 
