@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..extras import pyplot
 from ..ir.graph import Graph
 from ..target.hw import HWConfig, format_size
 from .target import simulate
@@ -106,9 +107,7 @@ def write(points: Sequence[SweepPoint], out_dir: str | Path, plot: bool = True) 
 
 def sweep_plot(points: Sequence[SweepPoint], path: Path) -> Path:
     """Makespan (bars) and utilisation (line) per config."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     xs = range(len(points))
     fig, ax = plt.subplots(figsize=(max(6.0, 0.45 * len(points) + 2), 4.5))
     ax.bar(xs, [p.makespan for p in points], color="tab:blue")

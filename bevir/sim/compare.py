@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..extras import pyplot
 from ..ir.graph import Graph, Node, Value
 from ..ir.types import AffineQuant, FixedPointQuant, TensorType
 from ..ir.opdef import get_op
@@ -151,9 +152,7 @@ class ErrorReport:
 
     def plot(self, path: str | Path, title: str = "per-layer SQNR", label_worst: int = 5) -> None:
         """SQNR per value in graph order, the worst few labelled by layer (PNG or PDF)."""
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = pyplot()
         def finite(x):
             return x if x is not None and math.isfinite(x) else np.nan
         fig, ax = plt.subplots(figsize=(12, 4))
