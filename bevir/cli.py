@@ -309,12 +309,12 @@ def _check_output_dir(path: str | None) -> None:
 def write_results(results: dict, path: str | None) -> None:
     """Print a line per result and write them to safetensors file ``path`` if given."""
     from safetensors import SafetensorError
-    from safetensors.numpy import save_file
+    from .ir.serialize import save_arrays
     for name, a in results.items():
         _out(f"{name}: {_describe(np.asarray(a))}")
     if path:
         try:
-            save_file({k: np.ascontiguousarray(v) for k, v in results.items()}, path)
+            save_arrays(results, path)
         except (SafetensorError, OSError) as e:
             raise CliError(f"cannot write {path}: {e}") from None
         _out(f"wrote {path}: {len(results)} tensors")

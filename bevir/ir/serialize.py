@@ -11,7 +11,8 @@ from typing import Any
 
 import numpy as np
 from safetensors import SafetensorError
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import load_file
+from safetensors.numpy import save as _safetensors_bytes
 
 from ..errors import BevirError
 from .graph import Graph
@@ -20,6 +21,17 @@ from .parser import parse
 from .printer import print_graph
 
 META_FORMAT, META_VERSION = "bevir-meta", 1
+
+
+def save_arrays(arrays: Mapping[str, np.ndarray], path: str | os.PathLike,
+                metadata: Mapping[str, str] | None = None) -> Path:
+    """Write ``arrays`` to the safetensors file ``path``, its mode following the umask as
+    other files' do (safetensors' own ``save_file`` creates it readable by its owner only).
+    Returns the path."""
+    path = Path(path)
+    path.write_bytes(_safetensors_bytes({k: np.ascontiguousarray(v) for k, v in arrays.items()},
+                                        metadata=dict(metadata) if metadata else None))
+    return path
 
 
 def constants_path(path: str | os.PathLike) -> Path:
@@ -57,15 +69,14 @@ def save(graph: Graph, path: str | os.PathLike) -> Path:
     header = f"// constants: {sidecar.name}\n" if graph.constants else ""
     path.write_text(header + print_graph(graph, constants="external"))
     if graph.constants:
-        save_file({k: np.ascontiguousarray(v.const) for k, v in graph.constants.items()},
-                  str(sidecar))
+        save_arrays({k: v.const for k, v in graph.constants.items()}, sidecar)
     doc_path, arrays_path = meta_paths(path)
     for p in (doc_path, arrays_path):       # never leave another graph's meta beside this one
         p.unlink(missing_ok=True)
     if meta_doc is not None:
         doc_path.write_text(json.dumps(meta_doc, indent=1) + "\n")
         if meta_arrays:
-            save_file(meta_arrays, str(arrays_path))
+            save_arrays(meta_arrays, arrays_path)
     return path
 
 

@@ -45,7 +45,7 @@ import numpy as np
 from ..errors import BevirError, PassError
 from ..ir.graph import Graph, Node, Value
 from ..ir.meta import register_meta_key
-from ..ir.serialize import check_document
+from ..ir.serialize import check_document, save_arrays
 from ..progress import Progress
 from ..sim.interpreter import Interpreter
 from .analysis import AnalysisManager
@@ -660,8 +660,7 @@ class Ranges:
                "arrays": companion.name if arrays else None, "values": values}
         path.write_text(json.dumps(doc, indent=1) + "\n")
         if arrays:
-            from safetensors.numpy import save_file
-            save_file(arrays, str(companion))
+            save_arrays(arrays, companion)
         return path
 
     @classmethod

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import numpy as np
 from safetensors import SafetensorError
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import load_file
 
 from ..errors import BevirError, PassError, VerifyError
 from ..ir.graph import Graph
 from ..ir.printer import print_graph
-from ..ir.serialize import constants_path, save
+from ..ir.serialize import constants_path, save, save_arrays
 from ..ir.types import DType, TensorType
 from ..ir.verifier import verify
 from ..sim import run
@@ -176,8 +176,7 @@ class Reproducer(Instrument):
             text = print_graph(graph_before, constants="inline")
         else:
             text = print_graph(graph_before, constants="external")
-            save_file({k: np.ascontiguousarray(v.const)
-                       for k, v in graph_before.constants.items()}, str(sidecar))
+            save_arrays({k: v.const for k, v in graph_before.constants.items()}, sidecar)
         self.path.write_text(reproducer_text(pass_, text, error))
         self.written = self.path
 
@@ -447,8 +446,7 @@ class VerifyNumerics(Instrument):
         save(self._before, path / "graph.bevir")
         for name, arrays in (("inputs", self.probe), ("expected", self._reference),
                              ("actual", actual)):
-            save_file({k: np.ascontiguousarray(v) for k, v in arrays.items()},
-                      str(path / f"{name}.safetensors"))
+            save_arrays(arrays, path / f"{name}.safetensors")
         (path / "pipeline.txt").write_text(f"{pass_}\n")
         (path / "rewrite.txt").write_text(
             f"{message}\n\nreplay: bevir opt {path / 'graph.bevir'} -p '{pass_}' "

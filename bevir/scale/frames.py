@@ -28,7 +28,7 @@ import numpy as np
 
 from ..errors import BevirError
 from ..extras import require
-from ..ir.serialize import check_document
+from ..ir.serialize import check_document, save_arrays
 
 FORMAT, VERSION = "bevir-frames", 1
 INDEX = "frames.json"
@@ -82,11 +82,9 @@ class FrameWriter:
     def _flush(self) -> None:
         if not self._pending:
             return
-        from safetensors.numpy import save_file
         name = f"shard-{len(self.shards):05d}.safetensors"
-        stacked = {k: np.ascontiguousarray(np.stack([f[k] for f in self._pending]))
-                   for k in self._pending[0]}
-        save_file(stacked, str(self.path / name))
+        stacked = {k: np.stack([f[k] for f in self._pending]) for k in self._pending[0]}
+        save_arrays(stacked, self.path / name)
         first = sum(s["frames"] for s in self.shards)
         self.shards.append({"file": name, "first": first, "frames": len(self._pending)})
         self._pending = []

@@ -141,13 +141,14 @@ class GoldenStore:
     def check(self, name: str, graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The golden model's outputs of ``graph`` on ``inputs``, asserted bit-exact
         against the stored ones (stored first when there are none)."""
-        from safetensors.numpy import load_file, save_file
+        from safetensors.numpy import load_file
+        from ..ir.serialize import save_arrays
         from ..sim.interpreter import run
         outputs = run(graph, inputs)
         path = self.path(name, graph, inputs)
         if self.update or not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True)
-            save_file({k: np.asarray(v, order="C") for k, v in outputs.items()}, str(path))
+            save_arrays(outputs, path)
             self.written.append(path)
         else:
             stored = load_file(str(path))

@@ -32,7 +32,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.numpy import save_file
 from torch import nn
 
 if __package__ in (None, ""):
@@ -40,6 +39,7 @@ if __package__ in (None, ""):
     __package__ = "examples.bevformer"
 
 import bevir  # noqa: E402
+from bevir.ir.serialize import save_arrays  # noqa: E402
 from bevir.passes.quant_config import QuantConfig  # noqa: E402
 from bevir.passes.quantize import load_config  # noqa: E402
 from bevir.scale import FrameFeed, ScaleError  # noqa: E402
@@ -309,8 +309,7 @@ def int8_stage(model: BEVFormer, inputs: dict, graph: bevir.Graph, feed: dict, g
     bevir.save(q, out / "model_int8.bevir")
     int8_out = steps("INT8 golden run", lambda: bevir.run(q, feed))
     t_quant, t_int8 = steps.times["INT8 quantize"], steps.times["INT8 golden run"]
-    save_file({k: np.asarray(int8_out[k]) for k in OUTPUTS},
-              str(out / "int8_outputs.safetensors"))
+    save_arrays({k: int8_out[k] for k in OUTPUTS}, out / "int8_outputs.safetensors")
     figures = int8_figures(golden, int8_out, q, stats, config)
     figures["time_s"] = {"quantize": t_quant, "int8_golden": t_int8}
     figures["float_noise_sensitivity_40db"] = noise_sensitivity(model, inputs)
@@ -359,7 +358,7 @@ def device_stage(q: bevir.Graph, feed: dict, int8_out: dict, config: BEVFormerCo
     prog = steps("device: compile", lambda: bevir.compile(q, out / "program", hw=hw,
                                                           progress=progress))
     dev = steps("device: run", lambda: prog.run(feed))
-    save_file({k: dev[k] for k in OUTPUTS}, str(out / "program_outputs.safetensors"))
+    save_arrays({k: dev[k] for k in OUTPUTS}, out / "program_outputs.safetensors")
     differing = {k: int(np.count_nonzero(dev[k] != int8_out[k])) for k in OUTPUTS}
     cmp = compare_detections(decode(dev["cls_scores"], dev["bbox_preds"], config),
                              decode(int8_out["cls_scores"], int8_out["bbox_preds"], config))
@@ -447,7 +446,7 @@ def run(config: BEVFormerConfig, out: Path, seed: int = 0, decompose: bool = Fal
     bevir.save(graph, out / "model.bevir")
     feed = golden_inputs(graph, inputs)
     golden = steps("float golden run", lambda: bevir.run(graph, feed))
-    save_file({k: golden[k] for k in OUTPUTS}, str(out / "golden_outputs.safetensors"))
+    save_arrays({k: golden[k] for k in OUTPUTS}, out / "golden_outputs.safetensors")
 
     det_t, det_g = decode(cls_t, bbox_t, config), decode(golden["cls_scores"], golden["bbox_preds"], config)
     print("PyTorch reference detections:")
