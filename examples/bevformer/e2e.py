@@ -16,7 +16,8 @@ detections. Each step prints its time; the last table sets them beside the refer
 flow's.
 
 Writes into DIR: checkpoint.safetensors, test_vectors.safetensors, config.json,
-backbone.onnx, model.bevir (+ .safetensors), golden_outputs.safetensors, model_int8.bevir,
+backbone_fp32.onnx (once: the INT8 backbone flow reads it), model.bevir (+ .safetensors),
+golden_outputs.safetensors, backbone_int8.onnx and .tranges, model_int8.bevir,
 int8_outputs.safetensors, int8_layers.json/.png, program/ (the compiled per-core programs),
 program_outputs.safetensors, cycles/ (per-core profiles, timeline.png, roofline.png),
 detections*.png, report.json and report.html (all of it on one page).
@@ -27,7 +28,6 @@ import argparse
 import json
 import sys
 import time
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -58,11 +58,7 @@ OUTPUTS = ("cls_scores", "bbox_preds")
 
 def import_backbone(model: BEVFormer, img: torch.Tensor, path: Path) -> bevir.Graph:
     """torch -> ONNX -> bevir, as in the reference flow: img [6,3,H,W] -> feats [6,C,h,w]."""
-    backbone, _ = split_model(model)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")                  # torch's legacy-exporter notice
-        torch.onnx.export(backbone, (img,), str(path), input_names=["img"], output_names=["feats"],
-                          opset_version=17, dynamo=False)
+    bevir.flows.backbone.export_onnx(split_model(model)[0], img.numpy(), path)
     return bevir.from_onnx(path)
 
 
@@ -77,12 +73,17 @@ def import_head(model: BEVFormer, feats: torch.Tensor, inputs: dict, decompose: 
                             output_names=list(OUTPUTS), name="bevformer_head")
 
 
+#: the backbone's FP32 ONNX export in a work folder (the name the INT8 backbone flow gives it)
+BACKBONE_ONNX = "backbone_fp32.onnx"
+
+
 def build_graph(model: BEVFormer, inputs: dict, workdir: Path, decompose: bool = False,
                 backbone: bevir.Graph | None = None) -> bevir.Graph:
     """The whole model as one verified graph: (img, lidar2img, can_bus[, prev_bev]) -> outputs.
-    ``backbone``: an imported backbone graph to use (e.g. the INT8 one), else the FP32 export."""
+    ``backbone``: an imported backbone graph to use (e.g. the INT8 one), else the FP32 export
+    (written to ``workdir / BACKBONE_ONNX``, where :func:`int8_graph` may take it from)."""
     if backbone is None:
-        backbone = import_backbone(model, inputs["img"], workdir / "backbone.onnx")
+        backbone = import_backbone(model, inputs["img"], workdir / BACKBONE_ONNX)
     with torch.no_grad():
         feats = split_model(model)[0](inputs["img"])
     head = import_head(model, feats, inputs, decompose)
@@ -109,7 +110,8 @@ BACKBONE_CALIBRATION_FRAMES = 8
 
 
 def int8_graph(model: BEVFormer, inputs: dict, feed: dict | FrameFeed, workdir: Path,
-               config: QuantConfig | str = "reference-flow", progress: bool | None = None
+               config: QuantConfig | str = "reference-flow", progress: bool | None = None,
+               fp32_onnx: Path | None = None
                ) -> tuple[bevir.Graph, dict, bevir.flows.QuantizedBackbone | None]:
     """The model quantized as the reference flow does: the backbone to INT8 ONNX by
     onnxruntime (calibrated on the frame's images) and imported, the head linked to it, one
@@ -118,8 +120,10 @@ def int8_graph(model: BEVFormer, inputs: dict, feed: dict | FrameFeed, workdir: 
     per tensor or per channel, or excluded (the FP32 backbone stays). ``feed``: the frame's
     golden inputs, or a frame set's frames (a ``bevir.scale.FrameFeed``: the head
     calibrated on all of them, on its workers; the backbone on the images of the first
-    ``BACKBONE_CALIBRATION_FRAMES``). Returns (graph, quantize statistics, the backbone
-    flow's result or None)."""
+    ``BACKBONE_CALIBRATION_FRAMES``). ``fp32_onnx``: the backbone's FP32 export of this
+    model where :func:`build_graph` wrote it (``workdir / BACKBONE_ONNX``), else it is
+    exported again. Returns (graph, quantize statistics, the backbone flow's result or
+    None)."""
     from bevir.passes.quantize import quantize
     config = load_config(config)
     affine = next((r for r in config.rules if r.activations == "affine"), None)
@@ -127,7 +131,7 @@ def int8_graph(model: BEVFormer, inputs: dict, feed: dict | FrameFeed, workdir: 
     if affine is not None and not affine.exclude:
         images = (inputs["img"].numpy() if not isinstance(feed, FrameFeed) else
                   [feed.frames[i]["img"] for i in feed.indices[:BACKBONE_CALIBRATION_FRAMES]])
-        qb = bevir.flows.quantize_backbone(split_model(model)[0], images, workdir,
+        qb = bevir.flows.quantize_backbone(fp32_onnx or split_model(model)[0], images, workdir,
                                            per_channel=affine.weights == "per_channel",
                                            progress=progress)
     q = build_graph(model, inputs, workdir, backbone=qb.graph if qb else None)
@@ -305,7 +309,8 @@ def int8_stage(model: BEVFormer, inputs: dict, graph: bevir.Graph, feed: dict, g
     layer; writes int8_outputs.safetensors, int8_layers.json and int8_layers.png.
     Returns (figures, the INT8 golden outputs, the INT8 graph)."""
     steps = steps or Steps()
-    q, stats, qb = steps("INT8 quantize", lambda: int8_graph(model, inputs, feed, out, quant_config))
+    q, stats, qb = steps("INT8 quantize", lambda: int8_graph(model, inputs, feed, out, quant_config,
+                                                             fp32_onnx=out / BACKBONE_ONNX))
     bevir.save(q, out / "model_int8.bevir")
     int8_out = steps("INT8 golden run", lambda: bevir.run(q, feed))
     t_quant, t_int8 = steps.times["INT8 quantize"], steps.times["INT8 golden run"]
@@ -525,7 +530,8 @@ def precision_search(config: BEVFormerConfig, out: Path, seed: int, quant_config
         det_float = decode(golden["cls_scores"], golden["bbox_preds"], config)
 
         def evaluate(qc: QuantConfig) -> Evaluation:
-            q, _, _ = int8_graph(model, inputs, feed, Path(work), qc, progress=False)
+            q, _, _ = int8_graph(model, inputs, feed, Path(work), qc, progress=False,
+                                 fp32_onnx=Path(work) / BACKBONE_ONNX)
             got = bevir.run(q, feed)
             det = decode(got["cls_scores"], got["bbox_preds"], config)
             iou = min(compare_detections(det, det_float)["bev_iou_match"],
