@@ -47,9 +47,11 @@ from bevir.sim.compare import compare_graphs  # noqa: E402
 
 from .config import CONFIGS, BEVFormerConfig  # noqa: E402
 from .custom_ops import CUSTOM_OPS  # noqa: E402
-from .decode import compare_detections, decode, print_comparison, print_detections  # noqa: E402
+from .decode import (FOUND_WITHIN_M, compare_detections, decode, found_objects,  # noqa: E402
+                     print_comparison, print_detections)
 from .inputs import make_inputs, save_test_vectors, scene_boxes  # noqa: E402
 from .model import BEVFormer, split_model  # noqa: E402
+from .report import SYNTHETIC_NOTE, reference_note, threshold_note  # noqa: E402
 from .weights import PRESETS, build_model, save_checkpoint  # noqa: E402
 
 HEAD_INPUTS = ("feats", "lidar2img", "can_bus", "prev_bev")
@@ -100,7 +102,10 @@ INT8_PREPARE = "decompose,canonicalize,fuse,cse,dce"
 INT8_FINISH = "sink-dequantize,fuse{enable=fuse-qlinear-clip},insert-bridges,cse,dce"
 #: the reference flow's validation: at least this many of the top 10 match by BEV IoU > 0.5
 REFERENCE_MIN_IOU_MATCH = 8
-#: ops that only convert between number formats: not what a worst layer is
+#: the worst layers printed and labelled in int8_layers.png
+WORST_LAYERS = 5
+#: ops that only convert between number formats: not what a worst layer is (their error is
+#: their operand's format's)
 CONVERSIONS = ("quantize", "dequantize", "fx_quantize", "fx_dequantize", "fx_requantize",
                "fx_bridge")
 
@@ -262,8 +267,11 @@ def backbone_noise_sensitivity(model: BEVFormer, inputs: dict, snr_db: float = 4
 
 
 #: the reference flow's times where its notebook states one: (what, the steps of this flow
-#: that do the same, seconds). Its step 4 prints "Running full E2E on ISS - 4-core (~60 min)".
-REFERENCE_TIMES = [("device build + run, 4 cores", ("device: compile", "device: run"), 3600.0)]
+#: that do the same, seconds, the config it ran). Its step 4 prints "Running full E2E on ISS
+#: - 4-core (~60 min)", for BEVFormer-tiny.
+REFERENCE_TIMES = [("device build + run, 4 cores", ("device: compile", "device: run"), 3600.0,
+                    "tiny")]
+
 DEFAULT_HW = "QC-U 8MB 16MAC x4"
 
 
@@ -280,17 +288,23 @@ class Steps:
         print(f"   ({name}: {self.times[name]:.2f} s)", flush=True)
         return result
 
-    def against_reference(self) -> list[dict]:
-        """The reference flow's stated times beside this run's time for the same work."""
-        return [{"what": what, "bevir_s": sum(self.times[s] for s in spans),
-                 "reference_s": ref, "ratio": sum(self.times[s] for s in spans) / ref}
-                for what, spans, ref in REFERENCE_TIMES if all(s in self.times for s in spans)]
+    def against_reference(self, config: str) -> list[dict]:
+        """The reference flow's stated times beside this run's time for the same work; the
+        ratio only where this run is of the config the reference flow ran (else None)."""
+        rows = []
+        for what, spans, ref, ref_config in REFERENCE_TIMES:
+            if all(s in self.times for s in spans):
+                t = sum(self.times[s] for s in spans)
+                rows.append({"what": what, "bevir_s": t, "reference_s": ref,
+                             "reference_config": ref_config, "config": config,
+                             "ratio": t / ref if config == ref_config else None})
+        return rows
 
-    def table(self) -> str:
+    def table(self, config: str) -> str:
         rows = [f"  {name:<30} {t:8.2f} s" for name, t in self.times.items()]
         rows.append(f"  {'total':<30} {sum(self.times.values()):8.2f} s")
-        rows += [f"  {r['what']:<30} {r['bevir_s']:8.2f} s   reference flow ~{r['reference_s'] / 60:.0f}"
-                 f" min: {r['ratio']:.4f}x" for r in self.against_reference()]
+        rows += [f"  {r['what']:<30} {r['bevir_s']:8.2f} s   {reference_note(r)}"
+                 for r in self.against_reference(config)]
         return "\n".join(rows)
 
 
@@ -323,11 +337,16 @@ def int8_stage(model: BEVFormer, inputs: dict, graph: bevir.Graph, feed: dict, g
     layers = compare_graphs(reference, q, feed)
     figures["sqnr_db"]["feats"] = layers["feats"].sqnr_db      # the INT8 backbone + neck
     layers.save_json(out / "int8_layers.json")
-    layers.plot(out / "int8_layers.png", title=f"INT8 vs float, per layer ({config.name})")
+    layers.plot(out / "int8_layers.png", title=f"INT8 vs float, per layer ({config.name})",
+                label_worst=WORST_LAYERS, skip_ops=CONVERSIONS)
     figures["worst_layers"] = [       # ranked by their own (teacher-forced) error
         {"layer": e.layer, "op": e.op, "local_sqnr_db": e.local_sqnr_db, "sqnr_db": e.sqnr_db,
          "group": quant_config.rule_for(reference.value(e.value).producer).name}
-        for e in layers.worst(len(layers)) if e.op not in CONVERSIONS][:5]
+        for e in layers.worst(WORST_LAYERS, skip_ops=CONVERSIONS)]
+    conversions = [e for e in layers.layers if e.op in CONVERSIONS]
+    figures["worst_conversion"] = min(
+        ({"layer": e.layer, "op": e.op, "sqnr_db": e.sqnr_db} for e in conversions),
+        key=lambda w: w["sqnr_db"], default=None)
     print("INT8 golden vs float reference:")
     print_comparison(figures["comparison"], "INT8 golden", "float golden")
     back, check = figures["comparison_float_first"], figures["check"]
@@ -349,6 +368,11 @@ def int8_stage(model: BEVFormer, inputs: dict, graph: bevir.Graph, feed: dict, g
     for w in figures["worst_layers"]:
         local = "-" if w["local_sqnr_db"] is None else f"{w['local_sqnr_db']:.1f}"
         print(f"    {local:>5}  {w['sqnr_db']:5.1f}  {w['op']:<18} {w['layer']}  [{w['group']}]")
+    conv = figures["worst_conversion"]
+    if conv:
+        print(f"  format conversions are not ranked (grey in int8_layers.png: their error is "
+              f"their operand's format's); the lowest: {conv['sqnr_db']:.1f} dB, {conv['op']} "
+              f"{conv['layer']}")
     return figures, int8_out, q
 
 
@@ -391,12 +415,31 @@ def device_stage(q: bevir.Graph, feed: dict, int8_out: dict, config: BEVFormerCo
     return figures, dev
 
 
+def scene_objects(detections: dict[str, dict], scene: dict, threshold: float,
+                  config: BEVFormerConfig) -> dict:
+    """How many of the synthetic scene's objects each model found (decode.found_objects:
+    a detection of the class, score at least ``threshold``, centre within FOUND_WITHIN_M)."""
+    return {"objects": len(scene["scores"]), "threshold": threshold,
+            "within_m": FOUND_WITHIN_M, "kept": config.max_num,
+            "found": {name: found_objects(d, scene, threshold) for name, d in detections.items()}}
+
+
+def print_scene_objects(figures: dict) -> None:
+    found, t = figures["found"], figures["threshold"]
+    print(f"the scene's {figures['objects']} objects found (a detection of the class, score >= "
+          f"{t}, centre within {figures['within_m']:g} m): " + ", ".join(
+              f"{name} {f['found']}/{f['objects']}" for name, f in found.items())
+          + "; other detections >= " + f"{t}: " + ", ".join(
+              f"{name} {f['extra']}" for name, f in found.items()))
+    print("  " + threshold_note(figures))
+    print("  " + SYNTHETIC_NOTE)
+
+
 def pictures(out: Path, inputs: dict, config: BEVFormerConfig, detections: dict[str, dict],
-             threshold: float) -> list[tuple[str, str]]:
-    """The reference flow's three Figure-7 views of ``detections`` (name -> decoded):
-    the deployed result alone, against the INT8 golden model, against the float model;
-    and the synthetic scene's own objects where ``detections`` has "scene". Returns
-    (file, caption) of each picture written."""
+             scene: dict, threshold: float) -> list[tuple[str, str]]:
+    """The reference flow's three Figure-7 views of ``detections`` (name -> decoded): the
+    deployed result beside the scene's objects (the ground truth), against the INT8 golden
+    model, against the float model. Returns (file, caption) of each picture written."""
     from .visualize import View, camera_images, figure7, filter_by_score
     images = camera_images(inputs["img"].numpy(), config)
     l2i = inputs["lidar2img"].numpy()
@@ -405,14 +448,13 @@ def pictures(out: Path, inputs: dict, config: BEVFormerConfig, detections: dict[
               "float": ("#2ca02c", "green"), "scene": ("#ffd700", "gold")}
     views = {k: View(filter_by_score(d, threshold), k, colors[k][0])
              for k, d in detections.items()}
-    figs = [("detections.png", [main], f"{main} (score >= {threshold})")]
+    views["scene"] = View(scene, "scene's objects", colors["scene"][0], dashed=True)
+    figs = [("detections.png", [main, "scene"], f"{main} ({colors[main][1]}, score >= "
+             f"{threshold}) and the scene's objects ({colors['scene'][1]}, dashed)")]
     figs += [(f"detections_vs_{other.split()[0].lower()}.png", [main, other],
               f"{main} ({colors[main][1]}) against {other} ({colors[other][1]}) "
               f"(score >= {threshold})")
              for other in ("INT8 golden", "float") if other != main]
-    if "scene" in detections:
-        figs.append(("scene.png", ["scene"], "the synthetic scene's objects, where the images "
-                     "show them (a check of the projection)"))
     written = []
     for fname, names, title in figs:
         figure7(images, l2i, [views[n] for n in names], config, out / fname, title)
@@ -480,25 +522,22 @@ def run(config: BEVFormerConfig, out: Path, seed: int = 0, decompose: bool = Fal
                                              quant_config, steps)
     detections = {"float": det_g, "INT8 golden": decode(int8_out["cls_scores"],
                                                         int8_out["bbox_preds"], config)}
-    detections["scene"] = scene_boxes(seed)            # the test vectors are synthetic
     if hw:
         report["device"], dev = device_stage(q, feed, int8_out, config, out, hw, steps, progress)
         detections["program"] = decode(dev["cls_scores"], dev["bbox_preds"], config)
+    scene = scene_boxes(seed)                          # what the synthetic images show
     report["pictures"] = steps("pictures", lambda: pictures(out, inputs, config, detections,
-                                                            score_threshold))
-    report["detections"] = {k: len(d["scores"]) for k, d in detections.items() if k != "scene"}
-    report["detections_above_threshold"] = {
-        "threshold": score_threshold, **{k: int((d["scores"] >= score_threshold).sum())
-                                         for k, d in detections.items() if k != "scene"}}
-    print(f"detections with score >= {score_threshold}: " + ", ".join(
-        f"{k} {n}" for k, n in report["detections_above_threshold"].items() if k != "threshold"))
+                                                            scene, score_threshold))
+    report["detections"] = {k: len(d["scores"]) for k, d in detections.items()}
+    report["scene_objects"] = scene_objects(detections, scene, score_threshold, config)
+    print_scene_objects(report["scene_objects"])
     report["steps_s"] = dict(steps.times)
-    report["against_reference_flow"] = steps.against_reference()
+    report["against_reference_flow"] = steps.against_reference(config.name)
     (out / "report.json").write_text(json.dumps(report, indent=1))
     from .report import write_html
     write_html(out / "report.html", report)
     print("\nsteps (this machine; the reference flow's time where its notebook states one):")
-    print(steps.table())
+    print(steps.table(config.name))
     print(f"wrote {out} (open report.html)")
     return report
 
