@@ -1,11 +1,12 @@
-"""The ``bevir`` command: import, quantize-backbone, show, opt, run, compile, exec, sim,
-sweep, calibrate, evaluate, passes.
+"""The ``bevir`` command: import, quantize-backbone, quantize, show, opt, run, inputs,
+compile, export, exec, sim, sweep, calibrate, evaluate, passes.
 
     bevir import model.onnx -o model.bevir
     bevir quantize-backbone backbone_fp32.onnx --calibration calib.safetensors -o out/
     bevir show model.bevir
     bevir opt model.bevir -p canonicalize,cse,dce -o opt.bevir --time-passes --stats
     bevir opt --reproduce opt.reproducer.bevir
+    bevir inputs opt.bevir -o in.safetensors [--seed N | --zeros]
     bevir run opt.bevir --inputs in.safetensors -o out.safetensors [--cores 4] [--hw CONFIG]
     bevir show opt.bevir --partition --cores 4 --plan-out plan.json
     bevir sim opt.bevir --hw "QC-U 8MB 16MAC x4" --out perf/ [--fit profile_core0.json]
@@ -19,9 +20,11 @@ sweep, calibrate, evaluate, passes.
 Every error prints one line ``bevir: error: <message>`` on stderr and exits with status
 1: errors in the input (bevir.BevirError, unreadable or unwritable files) say what is
 wrong; anything else is reported as an internal error (``BEVIR_TRACEBACK=1`` shows the
-traceback). ``show`` and ``run`` read ``.onnx`` files too (imported with ``from_onnx``);
-``opt``, ``run``, ``show`` and ``passes`` take ``--load FILE.py`` / ``--load-module NAME``
-to register a user's passes and ops first.
+traceback). ``show``, ``run`` and ``inputs`` read ``.onnx`` files too (imported with
+``from_onnx``). Every command takes ``--load FILE.py`` / ``--load-module NAME`` to register
+a user's passes and ops first; an error in their code names its file and line. Inputs of
+another dtype than the model's are cast as ``bevir.run`` casts them (float64 data for a
+float32 input), with a note.
 """
 from __future__ import annotations
 
@@ -267,19 +270,30 @@ def _describe(a: np.ndarray) -> str:
     return text
 
 
-def check_inputs(graph, inputs: dict[str, np.ndarray]) -> None:
-    """Refuse inputs that do not name a graph input or whose dtype or shape differ from the
-    declared ones (a file's arrays are taken as they are: no casts)."""
-    declared = {v.name: v for v in graph.inputs}
-    unknown = sorted(set(inputs) - set(declared))
-    if unknown:
-        raise CliError(f"inputs {unknown} are not inputs of @{graph.name} "
-                       f"(its inputs: {sorted(declared)})")
+def check_inputs(graph, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``inputs`` for ``graph``: every input given and no other (each wrong name named); a
+    shape that differs from the declared one refused; a dtype that differs cast as the
+    golden model casts (``bevir.run``: float64 data for a float32 input, integers in
+    range), with a note, or refused."""
+    from .sim.interpreter import bind_input, check_input_names
+    if inputs or not graph.inputs:
+        check_input_names(graph, inputs)
+    else:
+        raise CliError(f"@{graph.name} takes inputs {[v.name for v in graph.inputs]}: give "
+                       "--inputs FILE.safetensors (bevir inputs MODEL -o FILE.safetensors "
+                       "writes some)")
+    declared = {v.name: v.type for v in graph.inputs}
+    checked = {}
     for name, a in inputs.items():
-        t = declared[name].type
-        if a.dtype != t.dtype.np or tuple(a.shape) != tuple(t.shape):
+        t = declared[name]
+        if tuple(a.shape) != tuple(t.shape):
             raise CliError(f"input '{name}' is {a.dtype}{list(a.shape)}, @{graph.name} "
                            f"declares {t}")
+        checked[name] = bind_input(name, a, t.dtype)
+        if a.dtype != t.dtype.np:
+            _err(f"bevir: note: input '{name}' is {a.dtype}, cast to {t.dtype.np} as "
+                 f"@{graph.name} declares")
+    return checked
 
 
 def read_inputs(graph, path: str | None) -> dict[str, np.ndarray]:
@@ -297,8 +311,22 @@ def read_inputs(graph, path: str | None) -> dict[str, np.ndarray]:
         for v in graph.inputs:     # safetensors stores scalars as [1]
             if v.name in inputs and v.type.rank == 0 and inputs[v.name].size == 1:
                 inputs[v.name] = inputs[v.name].reshape(())
-    check_inputs(graph, inputs)
-    return inputs
+    return check_inputs(graph, inputs)
+
+
+def cmd_inputs(args) -> int:
+    from .ir.serialize import save_arrays
+    from .passes.instruments import probe_inputs
+    _check_output_dir(args.output)
+    graph = load_graph(args.model)
+    inputs = ({v.name: np.zeros(v.type.shape, v.type.dtype.np) for v in graph.inputs}
+              if args.zeros else probe_inputs(graph, args.seed))
+    for name, a in inputs.items():
+        _out(f"{name}: {_describe(a)}")
+    save_arrays(inputs, args.output)
+    _out(f"wrote {args.output}: {len(inputs)} inputs "
+         f"({'zeros' if args.zeros else f'random, seed {args.seed}'})")
+    return 0
 
 
 def _check_output_dir(path: str | None) -> None:
@@ -578,6 +606,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("import", help="import an ONNX model as bevir IR")
     s.add_argument("model", help="the .onnx file")
     s.add_argument("-o", "--output", help="the .bevir file to write (default: <model>.bevir)")
+    _plugin_options(s)
     s.set_defaults(fn=cmd_import)
 
     s = sub.add_parser("quantize-backbone", help="quantize an FP32 ONNX backbone with "
@@ -599,6 +628,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--weight-type", choices=("int8", "uint8"), default="int8")
     s.add_argument("--asymmetric", action="store_true", help="asymmetric activations")
     s.add_argument("--name", default="backbone", help="the output files' stem")
+    _plugin_options(s)
     s.set_defaults(fn=cmd_quantize_backbone)
 
     s = sub.add_parser("quantize", help="lower a float model to fixed point by a quantization "
@@ -683,17 +713,31 @@ def build_parser() -> argparse.ArgumentParser:
     _plugin_options(s)
     s.set_defaults(fn=cmd_run)
 
+    s = sub.add_parser("inputs", help="write an inputs file for a model: seeded random "
+                       "arrays (as opt --verify-numerics probes with) or zeros")
+    s.add_argument("model", help="a .bevir or .onnx file")
+    s.add_argument("-o", "--output", required=True, metavar="FILE.safetensors",
+                   help="the inputs file (for run, exec, quantize --inputs)")
+    kind = s.add_mutually_exclusive_group()
+    kind.add_argument("--seed", type=int, default=0, help="the random seed (default 0): "
+                      "floats standard normal, integers over their range (at most int16's)")
+    kind.add_argument("--zeros", action="store_true", help="zeros instead")
+    _plugin_options(s)
+    s.set_defaults(fn=cmd_inputs)
+
     s = sub.add_parser("compile", help="generate and build per-core C programs through TVM")
     s.add_argument("model", help="a .bevir file (quantized; partitioned or not)")
     s.add_argument("-o", "--output", required=True, metavar="DIR", help="the program folder")
     s.add_argument("--hw", metavar="CONFIG", help="plan for this config (a preset or e.g. "
                    "'QC-U 8MB 16MAC x4'): partition, memory plan")
     s.add_argument("--cores", type=int, help="plan for N cores (of --hw, default qc-u)")
+    _plugin_options(s)
     s.set_defaults(fn=cmd_compile)
 
     s = sub.add_parser("export", help="write a model as ONNX (quantized ops as QDQ)")
     s.add_argument("model", help="a .bevir file")
     s.add_argument("--onnx", required=True, metavar="FILE", help="the ONNX file to write")
+    _plugin_options(s)
     s.set_defaults(fn=cmd_export)
 
     s = sub.add_parser("exec", help="run a compiled program (one thread per core)")
@@ -707,6 +751,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--counters", metavar="FILE.json", help="write what the programs counted "
                    "per core and node: bytes between DDR and OCM, DMA transfers, waits, "
                    "kernel calls, and the totals")
+    _plugin_options(s)
     s.set_defaults(fn=cmd_exec)
 
     s = sub.add_parser("sim", help="model a lowered model's cycles per op per core")
@@ -723,6 +768,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "efficiency factors to measured profiles (files or folders of "
                    "profile_core*.json), then model with the fitted config; writes "
                    "fit.json and hw.json too")
+    _plugin_options(s)
     s.set_defaults(fn=cmd_sim)
 
     s = sub.add_parser("sweep", help="model a model on a grid of hardware configs")

@@ -55,3 +55,26 @@ class PassError(BevirError):
 
 class CodegenError(BevirError):
     """Code generation failed: an op without a lowering, a lowering, build or run error."""
+
+
+
+def raised_at(error: BaseException, *sources: str) -> str:
+    """`` (at FILE:LINE)``: the innermost frame of ``error``'s traceback in one of the
+    ``sources`` (files, or folders holding them: a user's plugin, pass or op), so that an
+    error from a user's code says where in it; ``""`` when none of its frames is there."""
+    import os
+    import traceback
+    roots = [os.path.abspath(s) for s in sources if s]
+    frames = [f for f in traceback.extract_tb(error.__traceback__)
+              if any(os.path.abspath(f.filename) == r or
+                     os.path.abspath(f.filename).startswith(r + os.sep) for r in roots)]
+    return f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+
+
+def source_of(obj: object) -> str:
+    """The file that defines ``obj``'s class (or ``obj``, a class), or ``""``."""
+    import inspect
+    try:
+        return inspect.getsourcefile(obj if isinstance(obj, type) else type(obj)) or ""
+    except TypeError:           # a built-in
+        return ""

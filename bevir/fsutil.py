@@ -21,9 +21,11 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from .errors import BevirError
 
@@ -259,13 +261,16 @@ def run_child(cmd: list[str], **kwargs: Any) -> subprocess.CompletedProcess:
 
 
 # ---- writers of other libraries' formats --------------------------------------------------
-def save_arrays(arrays: dict, path: str | os.PathLike) -> str:
-    """Write numpy ``arrays`` as a safetensors file, whole or not at all; returns the
-    file's sha256."""
-    from safetensors.numpy import save_file
-    with atomic_path(path) as tmp:
-        save_file(arrays, str(tmp))
-        return sha256_file(tmp)
+def save_arrays(arrays: Mapping[str, Any], path: str | os.PathLike,
+                metadata: Mapping[str, str] | None = None) -> str:
+    """Write numpy ``arrays`` as a safetensors file, whole or not at all, its mode following
+    the umask as other files' do (safetensors' own ``save_file`` makes it readable by its
+    owner only); returns the file's sha256."""
+    from safetensors.numpy import save
+    data = save({k: np.ascontiguousarray(v) for k, v in arrays.items()},
+                metadata=dict(metadata) if metadata else None)
+    write_atomic(path, data)
+    return hashlib.sha256(data).hexdigest()
 
 
 def save_figure(fig: Any, path: str | os.PathLike, **kwargs: Any) -> Path:

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from .errors import BevirError
+from .errors import BevirError, raised_at
 
 
 class PluginError(BevirError):
@@ -32,15 +32,28 @@ def load_plugins(files: Sequence[str] = (), modules: Sequence[str] = ()) -> None
             raise PluginError(f"--load: '{path}' is not a Python file")
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
-        _import_plugin(f"--load {path}", lambda: spec.loader.exec_module(module))
+        _import_plugin(f"--load {path}", lambda: spec.loader.exec_module(module), str(resolved))
     for name in modules:
-        _import_plugin(f"--load-module {name}", lambda: importlib.import_module(name))
+        _import_plugin(f"--load-module {name}", lambda: importlib.import_module(name),
+                       _module_source(name))
 
 
-def _import_plugin(what: str, do) -> None:
+def _module_source(name: str) -> str:
+    """The file of module ``name``, or the folder of its package; "" when not found."""
+    import importlib.util
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return ""
+    origin = spec.origin if spec and spec.origin else ""
+    return str(Path(origin).parent) if origin.endswith("__init__.py") else origin
+
+
+def _import_plugin(what: str, do, source: str) -> None:
     try:
         do()
     except BevirError as e:
         raise PluginError(f"{what}: {e}") from None
     except Exception as e:      # the plugin's own code failed: say where, in one line
-        raise PluginError(f"{what} failed: {type(e).__name__}: {e}") from None
+        raise PluginError(f"{what} failed: {type(e).__name__}: {e}{raised_at(e, source)}"
+                          ) from None

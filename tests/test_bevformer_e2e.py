@@ -216,9 +216,30 @@ def test_e2e_device_stage_is_bit_exact_and_drawn(e2e_out):
     pictures = [f for f, _ in report["pictures"]] + ["int8_layers.png", "cycles/timeline.png",
                                                      "cycles/roofline.png"]
     assert [f for f, _ in report["pictures"]] == ["detections.png", "detections_vs_int8.png",
-                                                  "detections_vs_float.png", "scene.png"]
+                                                  "detections_vs_float.png"]
     for f in pictures:
         assert f'src="{f}"' in page and (e2e_out / f).stat().st_size > 10_000, f
+
+
+def test_e2e_reports_the_scene_objects(e2e_out):
+    """The report counts, per model, the synthetic scene's objects found above the score
+    threshold and the other boxes above it, says what the threshold separates and why the
+    synthetic weights' boxes need not sit on the objects; the program's count is the INT8
+    golden model's (bit-exact outputs)."""
+    from examples.bevformer.inputs import scene_boxes
+    from examples.bevformer.report import SYNTHETIC_NOTE
+    report = json.loads((e2e_out / "report.json").read_text())
+    scene = report["scene_objects"]
+    assert scene["objects"] == len(scene_boxes(0)["scores"]) > 0
+    assert set(scene["found"]) == {"float", "INT8 golden", "program"}
+    for name, f in scene["found"].items():
+        assert f["found"] + len(f["missed"]) == scene["objects"] and len(f["scores"]) == f["found"]
+        assert all(v >= scene["threshold"] for v in f["scores"]), name
+        assert f["best_other"] >= scene["threshold"] or f["extra"] == 0, name
+    assert scene["found"]["program"] == scene["found"]["INT8 golden"]
+    page = (e2e_out / "report.html").read_text()
+    assert f"holds {scene['objects']} objects" in page and "--score-threshold" in page
+    assert SYNTHETIC_NOTE in page
 
 
 def test_e2e_outputs_match_the_stored_digests(e2e_out):

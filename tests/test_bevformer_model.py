@@ -663,3 +663,20 @@ def test_bev_iou_and_compare():
         b[1] += 5.0
     c = D.compare_detections(da, _det(sc))
     assert c["bev_iou_match"] == 0 and c["mean_iou"] < 0.2
+
+
+def test_found_objects_matches_class_and_centre_once():
+    """A scene object is found by a box above the threshold, of its class, centre within
+    FOUND_WITHIN_M; each box finds one object; the rest above the threshold are extra."""
+    def boxes(*xy):
+        return np.array([[x, y, -1.8, 1.9, 4.5, 1.6, 0, 0, 0] for x, y in xy], np.float32)
+    scene = {"bboxes": boxes((5, 5), (-5, 10)), "labels": np.array([0, 8]),
+             "scores": np.ones(2, np.float32)}
+    det = {"bboxes": boxes((5.5, 5), (5, 5.5), (-5, 10), (20, 20), (-5, 10.2)),
+           "labels": np.array([0, 0, 0, 0, 8]), "scores": np.array([0.9, 0.8, 0.7, 0.5, 0.2])}
+    f = D.found_objects(det, scene, 0.3)
+    # the car by its best box; its second box and the car box on the pedestrian are extra,
+    # as is the far one; the pedestrian's own box is below the threshold
+    assert (f["objects"], f["found"], f["missed"], f["extra"]) == (2, 1, [1], 3)
+    assert f["scores"] == [pytest.approx(0.9)] and f["best_other"] == pytest.approx(0.8)
+    assert D.found_objects(det, scene, 0.1)["found"] == 2

@@ -28,6 +28,12 @@ class CliExplode(Pass):
             raise ValueError("add is not allowed here")
 
 
+def _line_of(text: str) -> int:
+    """The line of this file that holds ``text`` (the first)."""
+    return next(i for i, line in enumerate(Path(__file__).read_text().splitlines(), 1)
+                if text in line)
+
+
 def small_model(tmp_path: Path) -> Path:
     b = Builder("net")
     x = b.input("x", TensorType((1, 3, 6, 6)))
@@ -112,7 +118,8 @@ def test_failing_pass_leaves_a_reproducer(tmp_path, capsys):
 
     assert main(["opt", "--reproduce", str(repro)]) == 1
     line = one_line_error(capsys)
-    assert line == "bevir: error: pass 'test-cli-explode' failed: ValueError: add is not allowed here"
+    assert line == ("bevir: error: pass 'test-cli-explode' failed: ValueError: add is not "
+                    f"allowed here (at {__file__}:{_line_of('add is not allowed here')})")
 
     custom = tmp_path / "custom.bevir"
     assert main(["opt", str(path), "-p", "test-cli-explode", "--reproducer", str(custom)]) == 1
@@ -165,7 +172,8 @@ def test_bad_inputs_give_one_line_errors(tmp_path, capsys):
     assert main(["run", str(path), "--inputs", str(tmp_path / "nope.safetensors")]) == 1
     assert "nope.safetensors" in one_line_error(capsys)
     assert main(["run", str(path)]) == 1                        # no inputs given
-    assert "missing graph input" in one_line_error(capsys)
+    assert "give --inputs FILE.safetensors (bevir inputs MODEL -o FILE.safetensors " \
+        "writes some)" in one_line_error(capsys)
     assert main(["opt", str(path), "-p", "no-such-pass"]) == 1
     assert "unknown pass 'no-such-pass'" in one_line_error(capsys)
     assert main(["opt", str(path), "-p", "canonicalize{fold_limit=x}"]) == 1
@@ -256,10 +264,12 @@ def test_run_error_paths_are_one_line(tmp_path, capsys):
     assert "cannot write /nonexistent/x.safetensors" in one_line_error(capsys)
     assert not capsys.readouterr().out          # refused before running
     for name, arrays, words in [
-            ("f64", {"x": x.astype(np.float64)}, ["'x'", "float64", "f32"]),
-            ("i64", {"x": np.full((1, 3, 6, 6), 300, np.int64)}, ["'x'", "int64"]),
+            ("i64", {"x": np.full((1, 3, 6, 6), 300, np.int64)}, ["%x", "int64", "f32"]),
+            ("big", {"x": np.full((1, 3, 6, 6), 1e300)}, ["%x", "1e+300 overflows f32"]),
             ("shape", {"x": np.zeros((1, 3, 5, 6), np.float32)}, ["'x'", "[1, 3, 5, 6]"]),
-            ("extra", {"x": x, "extra": x}, ["['extra']", "its inputs: ['x']"])]:
+            ("extra", {"x": x, "extra": x}, ["'extra' is not an input", "its inputs: ['x']"]),
+            ("name", {"X": x}, ["'X' is not an input of @net (did you mean 'x'?)",
+                                "missing input(s) ['x']"])]:
         f = tmp_path / f"{name}.safetensors"
         save_file(arrays, str(f))
         assert main(["run", str(path), "--inputs", str(f)]) == 1
@@ -271,10 +281,23 @@ def test_run_error_paths_are_one_line(tmp_path, capsys):
     assert "cannot read inputs" in one_line_error(capsys)
 
 
+def test_float64_inputs_are_cast_with_a_note(tmp_path, capsys):
+    """As bevir.run casts them: float64 data for a float32 input."""
+    path = small_model(tmp_path)
+    x = np.random.default_rng(1).standard_normal((1, 3, 6, 6))
+    f = tmp_path / "f64.safetensors"
+    save_file({"x": x}, str(f))
+    assert main(["run", str(path), "--inputs", str(f), "-o", str(tmp_path / "y.safetensors")]) == 0
+    assert capsys.readouterr().err == ("bevir: note: input 'x' is float64, cast to float32 as "
+                                       "@net declares\n")
+    expected = bevir.run(bevir.load(path), {"x": x.astype(np.float32)})["y"]
+    assert np.array_equal(load_file(str(tmp_path / "y.safetensors"))["y"], expected)
+
+
 def test_interpreter_refuses_unknown_inputs_and_wrap_around(tmp_path):
     g = bevir.load(small_model(tmp_path))
     x = np.zeros((1, 3, 6, 6), np.float32)
-    with pytest.raises(bevir.InterpreterError, match=r"\['z'\] are not inputs"):
+    with pytest.raises(bevir.InterpreterError, match=r"'z' is not an input of @net; its"):
         bevir.run(g, {"x": x, "z": x})
     b = Builder("codes")
     c = b.input("c", TensorType((2,), bevir.DType.i8))
@@ -388,7 +411,7 @@ def test_load_plugins(tmp_path, capsys, monkeypatch):
     broken = tmp_path / "broken.py"
     broken.write_text("raise RuntimeError('plugin says no')\n")
     assert main(["passes", "--load", str(broken)]) == 1
-    assert "RuntimeError: plugin says no" in one_line_error(capsys)
+    assert f"RuntimeError: plugin says no (at {broken}:1)" in one_line_error(capsys)
     assert main(["passes", "--load", str(tmp_path / "absent.py")]) == 1
     assert "no such file" in one_line_error(capsys)
 
@@ -447,3 +470,79 @@ def test_quantize_errors_are_one_line(tmp_path, capsys, extra, problem):
     assert main(["quantize", str(model), "--inputs", str(inputs), "-o",
                  str(tmp_path / "q.bevir")] + extra) != 0
     assert problem in one_line_error(capsys)
+
+
+CUSTOM_OP_PLUGIN = '''
+import numpy as np
+from bevir.ops import OpDef
+from bevir.passes import Pass
+
+
+class Halve(OpDef):
+    name = "cli_test.halve"
+    operands = ("x",)
+
+    def infer(self, c, x):
+        return x
+
+    def compute(self, c, x):
+        return x * np.asarray(0.5, x.dtype)
+
+
+class Broken(Pass):
+    name = "cli-test-broken"
+    description = "reads a field nodes do not have"
+
+    def run(self, graph, am):
+        for node in graph.nodes:
+            node.type
+'''
+
+CUSTOM_OP_GRAPH = """graph @g(%x: tensor<2x4xf32>) {
+  %h = cli_test.halve(%x) : tensor<2x4xf32>
+  %y = relu(%h) : tensor<2x4xf32>
+  return %y
+}
+"""
+
+
+def test_every_command_that_reads_a_graph_takes_load(tmp_path, capsys):
+    """A graph with a plugin's op: inputs, run, sim, compile and exec load the plugin first
+    (without it: unknown op); a plugin pass that raises names the plugin's file and line."""
+    plugin, model = tmp_path / "plug.py", tmp_path / "m.bevir"
+    plugin.write_text(CUSTOM_OP_PLUGIN)
+    model.write_text(CUSTOM_OP_GRAPH)
+    inputs, load = tmp_path / "in.safetensors", ["--load", str(plugin)]
+    assert main(["inputs", str(model), "-o", str(inputs)]) == 1
+    assert "unknown op 'cli_test.halve'" in one_line_error(capsys)
+    assert main(["inputs", str(model), "-o", str(inputs), "--seed", "3"] + load) == 0
+    x = load_file(str(inputs))["x"]
+    assert x.dtype == np.float32 and x.shape == (2, 4)
+    assert main(["run", str(model), "--inputs", str(inputs), "-o",
+                 str(tmp_path / "y.safetensors")] + load) == 0
+    assert np.array_equal(load_file(str(tmp_path / "y.safetensors"))["y"], np.maximum(x / 2, 0))
+    assert main(["sim", str(model), "--out", str(tmp_path / "sim"), "--no-plots"] + load) == 0
+    prog = tmp_path / "prog"
+    assert main(["compile", str(model), "-o", str(prog)] + load) == 0
+    assert main(["exec", str(prog), "--inputs", str(inputs), "--check"] + load) == 0
+    assert "check: 0 differing elements" in capsys.readouterr().out
+    assert main(["export", str(model), "--onnx", str(tmp_path / "m.onnx")] + load) == 1
+    assert "'cli_test.halve' has no ONNX export" in one_line_error(capsys)
+    assert main(["opt", str(model), "-p", "cli-test-broken"] + load) == 1
+    assert ("pass 'cli-test-broken' failed: AttributeError: 'Node' object has no attribute "
+            f"'type' (at {plugin}:{CUSTOM_OP_PLUGIN.splitlines().index('            node.type') + 1})"
+            ) in one_line_error(capsys)
+
+
+def test_inputs_writes_zeros_or_seeded_random_arrays(tmp_path, capsys):
+    path = small_model(tmp_path)
+    out = tmp_path / "in.safetensors"
+    assert main(["inputs", str(path), "-o", str(out), "--zeros"]) == 0
+    assert "wrote" in capsys.readouterr().out
+    assert np.array_equal(load_file(str(out))["x"], np.zeros((1, 3, 6, 6), np.float32))
+    from bevir.passes.instruments import probe_inputs
+    for seed in (0, 7):
+        assert main(["inputs", str(path), "-o", str(out), "--seed", str(seed)]) == 0
+        assert np.array_equal(load_file(str(out))["x"], probe_inputs(bevir.load(path), seed)["x"])
+    assert main(["run", str(path), "--inputs", str(out)]) == 0
+    assert main(["inputs", str(path), "-o", str(out), "--zeros", "--seed", "1"]) == 2

@@ -39,6 +39,7 @@ def test_errors_per_layer():
     assert h.layer == "block.scale" and h.op == "quantize"
     assert 0 < h.max_abs <= 0.125 + 1e-6 and 20 < h.sqnr_db < 60 and h.cosine > 0.99
     assert report.worst(1)[0].value in ("h", "y")
+    assert [e.value for e in report.worst(2, skip_ops=["quantize"])] == ["y"]   # not ranked
     assert "block.scale" in report.table()
     finer = compare_graphs(_reference(), _candidate(0.0625), {"x": x})
     assert finer["h"].sqnr_db > h.sqnr_db + 6          # 2 bits more, ~12 dB better
@@ -55,6 +56,8 @@ def test_equal_values_and_files(tmp_path):
     assert data["format"] == "bevir-layer-errors" and data["layers"][0]["sqnr_db"] is None
     report.plot(tmp_path / "e.png")
     assert (tmp_path / "e.png").stat().st_size > 1000
+    report.plot(tmp_path / "skipped.png", skip_ops=["quantize"])
+    assert (tmp_path / "skipped.png").stat().st_size > 1000
 
 
 def test_dequantize_fixed_point_per_channel():

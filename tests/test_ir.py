@@ -253,8 +253,11 @@ def test_run_fetches_intermediates_and_names_failing_node(rng):
     out = bevir.run(g, x, fetch=["0"])
     assert set(out) == {"out", "0"} and out["0"].shape == (1, 4, 8, 8)
     assert set(bevir.run(g, x, fetch="all")) >= {"0", "1", "2", "out"}
-    with pytest.raises(bevir.InterpreterError, match="missing graph input"):
+    with pytest.raises(bevir.InterpreterError, match=r"missing input\(s\) \['x'\]"):
         bevir.run(g, {})
+    with pytest.raises(bevir.InterpreterError, match=r"^'X' is not an input of @\w+ \(did you "
+                       r"mean 'x'\?\); missing input\(s\) \['x'\]; its inputs: \['x'\]$"):
+        bevir.run(g, {"X": x["x"]})
     with pytest.raises(bevir.InterpreterError, match="shape"):
         bevir.run(g, {"x": np.zeros((1, 3, 8, 9), np.float32)})
 
@@ -327,3 +330,44 @@ def test_inputs_of_the_wrong_kind_or_out_of_range_are_refused(dtype, fed, msg):
     kinds: the error names the input."""
     with pytest.raises(bevir.InterpreterError, match=msg):
         bevir.run(_identity_graph(dtype), {"codes": fed})
+
+
+def test_written_files_follow_the_umask(tmp_path):
+    """safetensors' own writer creates files readable by their owner only; bevir's follow
+    the umask as other files do."""
+    import os
+    from bevir.ir.serialize import save_arrays
+    b = Builder("g")
+    x = b.input("x", TensorType((2,)))
+    b.output("y", b.add(x, b.const(np.ones(2, np.float32), "one")))
+    old = os.umask(0o022)
+    try:
+        path = bevir.save(b.graph, tmp_path / "g.bevir")
+        arrays = save_arrays({"a": np.zeros(3)}, tmp_path / "a.safetensors")
+    finally:
+        os.umask(old)
+    for p in (path, path.with_suffix(".safetensors"), arrays):
+        assert oct(p.stat().st_mode & 0o777) == oct(0o644), p
+
+
+class _Refuses(bevir.OpDef):
+    """An op whose kernel raises: a user's op with a bug."""
+    name = "test_ir.refuses"
+    operands = ("x",)
+
+    def infer(self, c, x):
+        return x
+
+    def compute(self, c, x):
+        raise ValueError("this op says no")
+
+
+def test_an_error_in_an_ops_kernel_names_its_file_and_line():
+    b = Builder("g")
+    x = b.input("x", TensorType((2,)))
+    with b.loc("mine"):
+        b.output("y", b.__getattr__("test_ir.refuses")(x))
+    line = next(i for i, text in enumerate(open(__file__), 1) if 'raise ValueError("this op' in text)
+    with pytest.raises(bevir.InterpreterError) as e:
+        bevir.run(b.graph, {"x": np.ones(2, np.float32)})
+    assert str(e.value).endswith(f"from 'mine': ValueError: this op says no (at {__file__}:{line})")

@@ -4,8 +4,8 @@ another module's private names.
 
 The layers, lowest first (``bevir/<layer>/...`` or ``bevir/<layer>.py``)::
 
-    errors < fsutil < progress < plugins < ir < ops < target < sim < passes < frontends < codegen
-    < flows < scale < testing < cli, __init__, __main__
+    errors < extras < fsutil < progress < plugins < ir < ops < target < sim < passes
+    < frontends < codegen < flows < scale < testing < cli, __init__, __main__
 
 Frontends sit above passes in the order but may not import them: an importer builds a
 graph, a flow (``bevir/flows``) decides what runs on it. Code generation may not import
@@ -21,8 +21,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "bevir"
 
-LAYERS = ["errors", "fsutil", "progress", "plugins", "ir", "ops", "target", "sim", "passes",
-          "frontends", "codegen", "flows", "scale", "testing", "top"]
+LAYERS = ["errors", "extras", "fsutil", "progress", "plugins", "ir", "ops", "target", "sim",
+          "passes", "frontends", "codegen", "flows", "scale", "testing", "top"]
 #: layers that may not import a lower layer although the order would allow it
 FORBIDDEN = {("frontends", "passes"), ("frontends", "sim")}
 #: modules a layer may not import although the order would allow it: code generation

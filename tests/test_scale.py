@@ -341,8 +341,9 @@ def test_cli_reports_failed_frames_one_line_each(tmp_path, capsys, faulty_plugin
     assert main(["calibrate", str(tmp_path / "m.bevir"), "--frames", str(frames.path), "-o",
                  str(tmp_path / "r.json"), "--load", faulty_plugin.files[0]]) == 1
     err = capsys.readouterr().err.strip().splitlines()
+    line = next(i for i, text in enumerate(FAULTY.splitlines(), 1) if "frame says no" in text)
     assert err[0] == ("bevir: frame 3: op 'test_scale_faulty' node %0 from 'extra': "
-                      "ValueError: this frame says no")
+                      f"ValueError: this frame says no (at {faulty_plugin.files[0]}:{line})")
     assert err[-1].startswith("bevir: error: 1 frame(s) failed") and "r.json" in err[-1]
     assert (tmp_path / "r.json").exists()
     assert main(["calibrate", str(tmp_path / "m.bevir"), "--frames", str(tmp_path)]) == 1

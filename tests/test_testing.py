@@ -55,21 +55,43 @@ def test_golden_store_writes_then_compares(tmp_path, rng):
     graph, inputs = GRAPHS["chain"](rng)
     store = GoldenStore(tmp_path)
     first = store.check("chain", graph, inputs)
-    (path,) = store.written
-    assert path.name == f"chain-{graph_digest(graph, inputs)}.safetensors"
+    assert store.written == [tmp_path / "chain.safetensors"]
+    assert (tmp_path / "chain.graph.bevir").exists()
     assert_bit_exact(GoldenStore(tmp_path).check("chain", graph, inputs), first)
     from safetensors.numpy import load_file, save_file
-    stored = load_file(str(path))
+    stored = load_file(str(store.written[0]))
     name = next(iter(stored))
     stored[name].reshape(-1)[0] += 1                                  # a stored run that differs
-    save_file(stored, str(path))
-    with pytest.raises(GoldenMismatch, match="--bevir-update-golden"):
+    save_file(stored, str(store.written[0]), metadata={"inputs": "?"})
+    with pytest.raises(GoldenMismatch, match="the inputs differ from the stored run's"):
         GoldenStore(tmp_path).check("chain", graph, inputs)
     GoldenStore(tmp_path, update=True).check("chain", graph, inputs)  # refreshed
     GoldenStore(tmp_path).check("chain", graph, inputs)
     other = {k: v.copy() for k, v in inputs.items()}
     next(iter(other.values())).reshape(-1)[0] += 1
     assert graph_digest(graph, other) != graph_digest(graph, inputs)
+
+
+def test_a_changed_graph_fails_with_the_first_differing_output_and_layer(tmp_path):
+    inputs = {"x": np.arange(8, dtype=np.float32).reshape(2, 4)}
+    GoldenStore(tmp_path).check("mlp", mlp(1.0), inputs)
+    GoldenStore(tmp_path).check("mlp", mlp(1.0), inputs)             # the same graph passes
+    with pytest.raises(GoldenMismatch) as e:
+        GoldenStore(tmp_path).check("mlp", mlp(1.5), inputs)
+    assert "the first differing layer: 'fc2' (add -> %y, max abs difference 0.5)" in str(e.value)
+    assert "y: 8 of 8 elements differ; first at [0, 0]: actual 2.5, expected 2.0" in str(e.value)
+    assert [d.name for d in e.value.differences] == ["y"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == \
+        ["mlp.graph.bevir", "mlp.graph.safetensors", "mlp.safetensors"]   # nothing new written
+
+
+def test_nothing_is_written_when_writing_is_off(tmp_path):
+    inputs = {"x": np.ones((2, 4), np.float32)}
+    with pytest.raises(GoldenMismatch, match="no stored golden run .*nothing is written in CI"):
+        GoldenStore(tmp_path, write=False).check("mlp", mlp(1.0), inputs)
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(ValueError):
+        GoldenStore(tmp_path, update=True, write=False)
 
 
 def mlp(second_bias: float) -> bevir.Graph:
@@ -107,10 +129,11 @@ def test_double(golden):
 '''
 
 
-def test_the_pytest_plugin_stores_compares_and_updates(pytester):
+def test_the_pytest_plugin_stores_compares_and_updates(pytester, monkeypatch):
+    monkeypatch.delenv("CI", raising=False)
     pytester.makepyfile(test_it=PLUGIN_TEST)
     pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)
-    (stored,) = (pytester.path / "golden").glob("test_double-*.safetensors")
+    stored = pytester.path / "golden" / "test_double.safetensors"
     pytester.runpytest().assert_outcomes(passed=1)
     from safetensors.numpy import save_file
     save_file({"y": np.array([0, 2, 4, 7], np.int32)}, str(stored))
@@ -119,3 +142,33 @@ def test_the_pytest_plugin_stores_compares_and_updates(pytester):
     result.stdout.fnmatch_lines(["*y: 1 of 4 elements differ; first at [[]3[]]: actual 6, expected 7*"])
     pytester.runpytest("--bevir-update-golden").assert_outcomes(passed=1)
     pytester.runpytest().assert_outcomes(passed=1)
+
+
+def test_the_pytest_plugin_writes_nothing_in_ci(pytester, monkeypatch):
+    monkeypatch.setenv("CI", "true")
+    pytester.makepyfile(test_it=PLUGIN_TEST)
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*no stored golden run*nothing is written in CI*"])
+    assert not (pytester.path / "golden").exists()
+    result = pytester.runpytest("-p", "no:cacheprovider", "--bevir-update-golden")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*CI is set, and golden runs are never written in CI*"])
+    assert not (pytester.path / "golden").exists()
+    monkeypatch.setenv("CI", "")                      # set but empty: not CI
+    pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)
+
+
+def test_the_docs_fixture_example_is_a_test_file(pytester, monkeypatch):
+    """docs/testing.md's test file, as a user would copy it: it records, then compares (in
+    CI too, once recorded)."""
+    import re
+    from pathlib import Path
+    page = (Path(__file__).resolve().parents[1] / "docs" / "testing.md").read_text()
+    (example,) = [b for b in re.findall(r"```python\n(.*?)```", page, re.S) if "(golden)" in b]
+    monkeypatch.delenv("CI", raising=False)
+    pytester.makepyfile(test_doc=example)
+    pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)
+    assert (pytester.path / "golden" / "test_my_pass_keeps_the_outputs.safetensors").exists()
+    monkeypatch.setenv("CI", "1")
+    pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import CodegenError
+from ..extras import require
 from ..fsutil import atomic_path, run_child, write_atomic
 from ..ops.common import ArrayCache
 from .lower import KernelDef, tvm_modules
@@ -217,8 +218,7 @@ def c_kernel_source(kd: KernelDef, io_types: list[tuple[tuple[int, ...], str]]) 
 
 def include_dirs() -> list[str]:
     """The headers TVM's C output includes (shipped in the wheels)."""
-    import tvm
-    import tvm_ffi
+    tvm, tvm_ffi = require("tvm"), require("tvm_ffi")
     return [str(Path(tvm.__file__).parent / "include"), str(Path(tvm_ffi.__file__).parent / "include")]
 
 

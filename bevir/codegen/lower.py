@@ -24,15 +24,14 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import BevirError, CodegenError
+from ..extras import require
 from ..ir.graph import Graph, Node
 from ..ir.types import TensorType
 
 
 def tvm_modules():
     """(tvm, te, tirx), imported on first use (tvm takes a second to import)."""
-    import tvm
-    from tvm import te, tirx
-    return tvm, te, tirx
+    return require("tvm"), require("tvm.te"), require("tvm.tirx")
 
 
 def dtype_name(t: TensorType) -> str:
@@ -265,9 +264,13 @@ def kernel_def(node: Node, micro: bool = False) -> KernelDef:
 def code_digest(*packages: str) -> str:
     """A digest of the source files of bevir's ``packages`` (``"ops"``; a file: ``"hw.py"``)
     and TVM's version: part of the key of anything cached that this code produced."""
-    from importlib.metadata import version
+    from importlib.metadata import PackageNotFoundError, version
     root = Path(__file__).resolve().parents[1]
-    h = hashlib.sha256(version("apache-tvm").encode())
+    try:
+        tvm_version = version("apache-tvm")         # without importing TVM (a second)
+    except PackageNotFoundError:                    # a build from source, or none
+        tvm_version = require("tvm").__version__
+    h = hashlib.sha256(tvm_version.encode())
     for package in packages:
         for f in sorted((root / package).glob("*.py")) if (root / package).is_dir() else [root / package]:
             h.update(f"{package}/{f.name}".encode() + f.read_bytes())

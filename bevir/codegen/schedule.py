@@ -16,6 +16,8 @@ Small kernels stay as they are: a thread launch costs more than they do.
 """
 from __future__ import annotations
 
+from ..extras import require
+
 #: below this many iterations of a block's loop nest, nothing is parallelized
 PARALLEL_MIN = 1 << 14
 
@@ -105,8 +107,7 @@ def product(sch, block, vector: int = 16, rows: int = 4) -> bool:
 
 def apply(func, name: str):
     """``func`` (a kernel's PrimFunc) scheduled for the host."""
-    from tvm import s_tir
-    import tvm
+    tvm, s_tir = require("tvm"), require("tvm.s_tir")
     sch = s_tir.Schedule(tvm.IRModule({name: func}))
     sch.work_on(name)
     root = sch.get_sblock("root")

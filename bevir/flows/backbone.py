@@ -46,6 +46,7 @@ import onnx
 from onnx import numpy_helper
 
 from ..errors import BevirError
+from ..extras import require
 from ..fsutil import write_json
 from ..frontends.onnx import load_model
 from ..ir.graph import Graph
@@ -247,7 +248,7 @@ def export_onnx(module: Any, sample: Array, path: str | Path, input_name: str = 
                 output_name: str = "feats") -> Path:
     """Export a torch module taking one image tensor to FP32 ONNX as the reference flow does
     (TorchScript exporter, opset 17, eval mode, constants folded)."""
-    import torch
+    torch = require("torch")
     x = torch.from_numpy(np.ascontiguousarray(_array(sample)))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")                  # torch's legacy-exporter notice
@@ -574,7 +575,8 @@ def _quantize(proto: onnx.ModelProto, fp32: Path, int8: Path,
               symmetric: bool, log: _Log) -> None:
     """quantize_static on the prepared model ``proto`` (from ``fp32``) into ``int8``; any
     exception inside onnxruntime becomes a one-line QuantizeError."""
-    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
+    ortq = require("onnxruntime.quantization")
+    QuantFormat, QuantType = ortq.QuantFormat, ortq.QuantType
     if not calib:
         raise QuantizeError("no calibration inputs")
     qtype = {"int8": QuantType.QInt8, "uint8": QuantType.QUInt8}
@@ -586,11 +588,12 @@ def _quantize(proto: onnx.ModelProto, fp32: Path, int8: Path,
     bar = log.bar(len(calib), "  calibrating")
     try:
         with _quiet_root_logger():
-            quantize_static(proto, str(int8), _Reader(calib, bar),
-                            quant_format=QuantFormat.QDQ if format == "qdq"
-                            else QuantFormat.QOperator,
-                            per_channel=per_channel, activation_type=qtype[activation_type],
-                            weight_type=qtype[weight_type], extra_options=extra)
+            ortq.quantize_static(proto, str(int8), _Reader(calib, bar),
+                                 quant_format=QuantFormat.QDQ if format == "qdq"
+                                 else QuantFormat.QOperator,
+                                 per_channel=per_channel,
+                                 activation_type=qtype[activation_type],
+                                 weight_type=qtype[weight_type], extra_options=extra)
     except Exception as e:          # whatever fails inside onnxruntime: one line
         mode = "per-channel" if per_channel else "per-tensor"
         raise QuantizeError(f"quantizing {fp32} to INT8 ({format}, {mode} weights): "
@@ -602,8 +605,7 @@ def _quantize(proto: onnx.ModelProto, fp32: Path, int8: Path,
 
 # ---- step 3: tranges ----------------------------------------------------------------------
 def _session(model: str | Path | bytes):
-    import onnxruntime as ort
-    return ort.InferenceSession(model if isinstance(model, bytes) else str(model),
+    return require("onnxruntime").InferenceSession(model if isinstance(model, bytes) else str(model),
                                 providers=["CPUExecutionProvider"])
 
 

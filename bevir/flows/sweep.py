@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..extras import pyplot
 from ..fsutil import save_figure, write_atomic
 from ..ir.graph import Graph
 from ..target.hw import HWConfig, format_size
@@ -107,9 +108,7 @@ def write(points: Sequence[SweepPoint], out_dir: str | Path, plot: bool = True) 
 
 def sweep_plot(points: Sequence[SweepPoint], path: Path) -> Path:
     """Makespan (bars) and utilisation (line) per config."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     xs = range(len(points))
     fig, ax = plt.subplots(figsize=(max(6.0, 0.45 * len(points) + 2), 4.5))
     ax.bar(xs, [p.makespan for p in points], color="tab:blue")

@@ -22,12 +22,14 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import numpy as np
-import torch
-from torch import nn
 
 from ..errors import BevirError, UnsupportedError
+from ..extras import require
 from ..ir.graph import Graph, Value
 from ..ir.types import DType, TensorType
+
+torch = require("torch")
+nn = torch.nn
 
 __all__ = ["CustomOp", "from_torch", "aten_converter", "supported_aten_ops", "aten_table"]
 
@@ -261,7 +263,7 @@ class _Importer:
         return self.graph
 
     def placeholder(self, node, spec, values, user_names) -> None:
-        from torch.export.graph_signature import InputKind
+        InputKind = require("torch.export.graph_signature").InputKind
         if spec.kind is InputKind.USER_INPUT:
             meta = node.meta.get("val")
             if meta is None:                      # an input given as None

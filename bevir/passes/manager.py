@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import BevirError, PassError
+from ..errors import BevirError, PassError, raised_at, source_of
 from ..ir.graph import Graph
 from ..ir.parser import parse
 from ..ir.serialize import constants_path, load
@@ -69,7 +69,8 @@ class PassManager:
             try:
                 p.run(graph, am)
             except Exception as e:
-                what = str(e) if isinstance(e, BevirError) else f"{type(e).__name__}: {e}"
+                what = (str(e) if isinstance(e, BevirError) else
+                        f"{type(e).__name__}: {e}{raised_at(e, source_of(p))}")
                 err = PassError(f"pass '{p.name}' failed: {what}")
                 err.pass_name = p.name
                 self._fail(p, before, err)

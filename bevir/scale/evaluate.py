@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from ..extras import pyplot
 from ..fsutil import (append_lines, loads_json, locked, read_json, read_lines, save_figure,
                       sha256_file, write_json)
 from ..ir.graph import Graph
@@ -209,9 +210,7 @@ class Evaluation:
     def plot(self, path: str | Path) -> Path:
         """A histogram of per-frame top-10 BEV IoU matches, both ways, beside one of the
         per-frame SQNR of each output."""
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = pyplot()
         fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
         ways = [m for m in ("bev_iou_match", "bev_iou_match_ba") if m in self.metrics()]
         labels = {"bev_iou_match": "reference boxes found in candidate",

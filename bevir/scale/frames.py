@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import BevirError
+from ..extras import require
 from ..fsutil import loads_json, save_arrays, sha256_file, write_json
 from ..ir.serialize import check_document
 
@@ -259,7 +260,7 @@ class Frames(Sequence):
     def to_ray_dataset(self):
         """A Ray Data dataset with one row per frame: ``frame`` (its index) and every
         input. The frames are read in Ray's workers."""
-        import ray.data
+        ray_data = require("ray.data")
         path = str(self.path)
 
         def read(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -269,4 +270,4 @@ class Frames(Sequence):
                     **{k: np.stack([r[k] for r in rows]) for k in frames.inputs}}
 
         items = [{"frame": i} for i in range(self.count)]
-        return ray.data.from_items(items).map_batches(read, batch_format="numpy")
+        return ray_data.from_items(items).map_batches(read, batch_format="numpy")

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..errors import BevirError
+from ..extras import require
 from ..ir.graph import Graph
 from ..ir.serialize import graph_digest, load, save
 from ..plugins import load_plugins
@@ -111,12 +112,12 @@ class Workers:
         """How many chunks can run at once."""
         if not self.distributed:
             return 1
-        import ray
+        ray = require("ray")
         self._start()
         return max(int(ray.cluster_resources().get("CPU", 1)), 1)
 
     def _start(self) -> None:
-        import ray
+        ray = require("ray")
         if ray.is_initialized():
             return
         try:
@@ -143,7 +144,7 @@ class Workers:
             for k, chunk in enumerate(chunks):
                 yield k, task(shared, chunk)
             return
-        import ray
+        ray = require("ray")
         self._start()
         remote = ray.remote(max_retries=self.retries)(_run_task)
         ref = ray.put(shared)
@@ -168,7 +169,7 @@ def _run_task(task: Callable[[Any, T], R], plugins: Plugins, shared: Any, chunk:
 
 
 def _result(ref) -> Any:
-    import ray
+    ray = require("ray")
     try:
         return ray.get(ref)
     except ray.exceptions.RayTaskError as e:    # the task's own exception, one line

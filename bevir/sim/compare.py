@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..extras import pyplot
 from ..fsutil import save_figure, write_json
 from ..ir.graph import Graph, Node, Value
 from ..ir.types import AffineQuant, FixedPointQuant, TensorType
@@ -122,11 +123,14 @@ class ErrorReport:
         ``tolerance`` (0: the first that is not exactly equal); None when none does."""
         return next((e for e in self.layers if not e.max_abs <= tolerance), None)
 
-    def worst(self, n: int = 10, by: str = "local") -> list[LayerError]:
+    def worst(self, n: int = 10, by: str = "local", skip_ops: Iterable[str] = ()
+              ) -> list[LayerError]:
         """The ``n`` values with the lowest SQNR: local (values without a local figure
-        last) or ``by="accumulated"``."""
+        last) or ``by="accumulated"``; values of the ``skip_ops`` (e.g. format
+        conversions, whose error is their operand's format's) are not ranked."""
         key = (lambda e: e.ranking) if by == "local" else (lambda e: e.sqnr_db)
-        return sorted(self.layers, key=key)[:n]
+        skip = set(skip_ops)
+        return sorted((e for e in self.layers if e.op not in skip), key=key)[:n]
 
     def table(self, top: int | None = None) -> str:
         """A text table, worst first by local error (``top``: only that many rows)."""
@@ -149,22 +153,29 @@ class ErrorReport:
     def save_json(self, path: str | Path) -> None:
         write_json(path, self.to_json())
 
-    def plot(self, path: str | Path, title: str = "per-layer SQNR", label_worst: int = 5) -> None:
-        """SQNR per value in graph order, the worst few labelled by layer (PNG or PDF)."""
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+    def plot(self, path: str | Path, title: str = "per-layer SQNR", label_worst: int = 5,
+             skip_ops: Iterable[str] = ()) -> None:
+        """SQNR per value in graph order, the worst few (``worst(label_worst, skip_ops=)``)
+        labelled by layer and op; the values of ``skip_ops`` drawn apart, in grey (PNG or
+        PDF)."""
+        plt = pyplot()
         def finite(x):
             return x if x is not None and math.isfinite(x) else np.nan
+        skip = set(skip_ops)
         fig, ax = plt.subplots(figsize=(12, 4))
         ax.plot(range(len(self.layers)), [finite(e.sqnr_db) for e in self.layers], ".-", lw=0.8,
                 label="accumulated")
         ax.plot(range(len(self.layers)), [finite(e.local_sqnr_db) for e in self.layers], "x",
                 ms=4, label="local (teacher-forced)")
-        for e in self.worst(label_worst):
+        apart = [(i, finite(e.sqnr_db)) for i, e in enumerate(self.layers) if e.op in skip]
+        if apart:
+            ax.plot(*zip(*apart), "o", ms=5, color="0.6",
+                    label=f"{'/'.join(sorted(skip))} (not ranked)" if len(skip) < 3 else
+                    "format conversions (not ranked)")
+        for e in self.worst(label_worst, skip_ops=skip):
             i = self.layers.index(e)
-            ax.annotate(e.layer.split("/")[-1][-40:], (i, finite(e.ranking[1])), fontsize=7,
-                        rotation=20)
+            ax.annotate(f"{e.layer.split('/')[-1][-36:]} ({e.op})", (i, finite(e.ranking[1])),
+                        fontsize=7, rotation=20)
         ax.legend(fontsize=8)
         ax.set(xlabel="value (graph order)", ylabel="SQNR (dB)", title=title)
         ax.grid(alpha=0.3)

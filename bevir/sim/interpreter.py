@@ -13,12 +13,13 @@ Subclassing and overriding :meth:`Interpreter.run_node` still works. See docs/in
 """
 from __future__ import annotations
 
+import difflib
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 
-from ..errors import BevirError, InterpreterError
+from ..errors import BevirError, InterpreterError, raised_at, source_of
 from ..ir.graph import Graph, Node, Value
 from ..ir.limits import tensor_bytes, tensor_too_big
 from ..ir.types import DType
@@ -107,7 +108,7 @@ class Interpreter:
 
         Returns the graph outputs by name, plus the values named in ``fetch`` (or every
         node result when ``fetch == "all"``) by value name; those stay in :attr:`env`.
-        Each input array is checked and converted by :func:`_bind_input`: same kind of
+        Each input array is checked and converted by :func:`bind_input`: same kind of
         dtype, no value changed.
 
         ``initial_env`` (value name -> array) makes a partial run: the given values are not
@@ -162,19 +163,13 @@ class Interpreter:
         return result
 
     def _bind_inputs(self, inputs: Mapping[str, np.ndarray], env: dict[int, np.ndarray]) -> None:
-        missing = [v.name for v in self.graph.inputs if v.name not in inputs]
-        if missing:
-            raise InterpreterError(f"missing graph input(s) {missing}")
-        unknown = sorted(set(inputs) - {v.name for v in self.graph.inputs})
-        if unknown:
-            raise InterpreterError(f"{unknown} are not inputs of graph @{self.graph.name} "
-                                   f"(its inputs: {[v.name for v in self.graph.inputs]})")
+        check_input_names(self.graph, inputs)
         for v in self.graph.inputs:
             a = np.asarray(inputs[v.name])
             if tuple(a.shape) != v.type.shape:
                 raise InterpreterError(f"input %{v.name} has shape {list(a.shape)}, "
                                        f"expected {list(v.type.shape)}")
-            env[id(v)] = _bind_input(v.name, a, v.type.dtype)
+            env[id(v)] = bind_input(v.name, a, v.type.dtype)
 
     def _refuse_large(self, plan) -> None:
         """An error naming the first node that would run whose result is larger than the
@@ -324,7 +319,8 @@ def _opdef(node: Node) -> OpDef | None:
 
 def _node_error(node: Node, e: Exception) -> InterpreterError:
     """An error from a node's kernel or hooks, as an InterpreterError naming the node."""
-    message = e.message if isinstance(e, BevirError) else f"{type(e).__name__}: {e}"
+    message = e.message if isinstance(e, BevirError) else \
+        f"{type(e).__name__}: {e}{raised_at(e, source_of(node.opdef))}"
     return InterpreterError(message, node=node.name, op=node.op, loc=node.loc)
 
 
@@ -333,7 +329,26 @@ def _kind(dtype: np.dtype) -> str:
                                                                           str(dtype))
 
 
-def _bind_input(name: str, a: np.ndarray, dtype: DType) -> np.ndarray:
+def check_input_names(graph: Graph, names: Iterable[str]) -> None:
+    """Raise an InterpreterError unless ``names`` are exactly ``graph``'s inputs, naming
+    each given name the graph does not know (and the input it may stand for) and each
+    input left out."""
+    declared = [v.name for v in graph.inputs]
+    unknown = [n for n in names if n not in declared]
+    missing = [n for n in declared if n not in set(names)]
+    if not unknown and not missing:
+        return
+    problems, lower = [], {m.lower(): m for m in missing}
+    for name in unknown:
+        close = difflib.get_close_matches(name.lower(), list(lower), n=1)
+        problems.append(f"'{name}' is not an input of @{graph.name}"
+                        + (f" (did you mean '{lower[close[0]]}'?)" if close else ""))
+    if missing:
+        problems.append(f"missing input(s) {missing}")
+    raise InterpreterError("; ".join(problems) + f"; its inputs: {declared}")
+
+
+def bind_input(name: str, a: np.ndarray, dtype: DType) -> np.ndarray:
     """The array a graph input of element type ``dtype`` takes: ``a`` itself when its dtype
     is ``dtype``, else ``a`` converted when that changes no value beyond float rounding.
 

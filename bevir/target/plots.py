@@ -3,10 +3,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+from ..extras import pyplot
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+plt = pyplot()
 
 from ..fsutil import save_figure  # noqa: E402
 

@@ -126,33 +126,78 @@ def assert_close(actual: Arrays, expected: Arrays, *, rtol: float = 1e-5, atol: 
 
 
 class GoldenStore:
-    """Golden outputs stored as safetensors in ``folder``, one file per (name, graph and
-    inputs digest). :meth:`check` runs the golden model and compares with the stored run;
-    a missing file is written (``update`` rewrites every file it is asked about)."""
+    """Golden runs stored in ``folder``, one per name: the outputs (``<name>.safetensors``)
+    and the graph that gave them (``<name>.graph.bevir``, its constants beside it), so that
+    a run that differs names the first output and the first layer where the graph parts
+    from the stored one. :meth:`check` runs the golden model and compares with the stored
+    run. A missing run is written unless ``write`` is False (CI: nothing is ever written,
+    a missing run fails); ``update`` rewrites the stored runs instead of comparing."""
 
-    def __init__(self, folder: str | Path, update: bool = False):
-        self.folder, self.update = Path(folder), update
+    def __init__(self, folder: str | Path, update: bool = False, write: bool = True):
+        if update and not write:
+            raise ValueError("update=True needs write=True")
+        self.folder, self.update, self.write = Path(folder), update, write
         self.written: list[Path] = []
 
-    def path(self, name: str, graph: Graph, inputs: Mapping[str, np.ndarray]) -> Path:
+    def path(self, name: str) -> Path:
+        """The outputs file of the run stored as ``name``."""
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
-        return self.folder / f"{safe}-{graph_digest(graph, inputs)}.safetensors"
+        return self.folder / f"{safe}.safetensors"
 
     def check(self, name: str, graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The golden model's outputs of ``graph`` on ``inputs``, asserted bit-exact
-        against the stored ones (stored first when there are none)."""
+        against the run stored as ``name`` (stored first when there is none and writing
+        is allowed)."""
         from safetensors.numpy import load_file
-        from ..fsutil import save_arrays
         from ..sim.interpreter import run
         outputs = run(graph, inputs)
-        path = self.path(name, graph, inputs)
+        path = self.path(name)
         if self.update or not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            save_arrays({k: np.asarray(v, order="C") for k, v in outputs.items()}, path)
-            self.written.append(path)
-        else:
-            stored = load_file(str(path))
-            diffs = differences(outputs, stored)
-            _raise(diffs, f"bit-exact with the stored golden run {path.name} (refresh with "
-                   "--bevir-update-golden if the change is intended)")
+            if not self.write:
+                raise GoldenMismatch(f"no stored golden run {path} (nothing is written in CI: "
+                                     "run the test where CI is not set and commit the files)",
+                                     [])
+            self._store(path, graph, inputs, outputs)
+            return outputs
+        diffs = differences(outputs, load_file(str(path)))
+        if diffs:
+            raise GoldenMismatch(f"outputs not bit-exact with the stored golden run {path.name}"
+                                 f"{self._where(path, graph, inputs)}:\n  "
+                                 + "\n  ".join(map(str, diffs)) + "\n(refresh with "
+                                 "--bevir-update-golden if the change is intended)", diffs)
         return outputs
+
+    @staticmethod
+    def _graph_path(path: Path) -> Path:
+        return path.with_suffix(".graph.bevir")
+
+    def _store(self, path: Path, graph: Graph, inputs: Mapping[str, np.ndarray],
+               outputs: Mapping[str, np.ndarray]) -> None:
+        from ..ir.serialize import save, save_arrays
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_arrays(outputs, path, metadata={"inputs": _inputs_digest(inputs)})
+        save(graph, self._graph_path(path))
+        self.written.append(path)
+
+    def _where(self, path: Path, graph: Graph, inputs: Mapping[str, np.ndarray]) -> str:
+        """Where the run parts from the stored one: the inputs, or the first value of
+        ``graph`` that differs from the stored graph's value of its name."""
+        from safetensors import safe_open
+        from ..ir.serialize import load
+        with safe_open(str(path), "np") as f:
+            stored_inputs = (f.metadata() or {}).get("inputs")
+        if stored_inputs != _inputs_digest(inputs):
+            return " (the inputs differ from the stored run's)"
+        stored = self._graph_path(path)
+        if not stored.exists():
+            return ""
+        first = compare_graphs(load(stored), graph, inputs, local=False).first_divergence()
+        if first is None:
+            return ""
+        return (f"; the first differing layer: '{first.layer}' ({first.op} -> %{first.value},"
+                f" max abs difference {first.max_abs:.6g})")
+
+
+def _inputs_digest(inputs: Mapping[str, np.ndarray]) -> str:
+    """The digest of the inputs alone (their names, dtypes, shapes and bytes)."""
+    return graph_digest(Graph("inputs"), inputs)

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 from typing import Callable
 
-import torch
-import torch.nn.functional as F
-from torch import nn
+from ..extras import require
+
+torch = require("torch")
+nn, F = torch.nn, torch.nn.functional
 
 __all__ = ["MODELS", "build", "input_shape"]
 

@@ -2,8 +2,11 @@
 config's parameters, detection printing in the seed notebook's format, and the comparison
 printout. The model-independent parts (decode, rotated BEV IoU, comparison) live in
 :mod:`bevir.sim.detections`, whose docstring gives the box layout; they are re-exported here.
+It also counts the synthetic scene's objects a model found (:func:`found_objects`).
 """
 from __future__ import annotations
+
+import numpy as np
 
 from bevir.sim.detections import (DetectionHead, bev_corners, bev_iou, compare_both_ways,
                                   compare_detections)
@@ -12,7 +15,7 @@ from .config import CLASS_NAMES, BEVFormerConfig
 
 # the re-exports keep e2e.py, visualize.py and the tests importing from here
 __all__ = ["DetectionHead", "bev_corners", "bev_iou", "compare_both_ways", "compare_detections",
-           "decode", "detection_head", "format_detections", "print_comparison",
+           "decode", "detection_head", "format_detections", "found_objects", "print_comparison",
            "print_detections"]
 
 
@@ -60,3 +63,33 @@ def print_comparison(cmp: dict, name_a: str = "A", name_b: str = "B", top: int =
         f"  Top-{top} BEV IoU match: {cmp['bev_iou_match']}/{top} (mean IoU={cmp['mean_iou']:.3f})"])
     print(text)
     return text
+
+
+#: a scene object counts as found when a detection of its class above the threshold has its
+#: centre this close (nuScenes' detection metric matches centres within 0.5, 1, 2 and 4 m)
+FOUND_WITHIN_M = 2.0
+
+
+def found_objects(det: dict, scene: dict, threshold: float,
+                  within: float = FOUND_WITHIN_M) -> dict:
+    """Which of ``scene``'s objects (boxes in decode's layout) ``det`` found: by a detection
+    of score at least ``threshold``, of the object's class, its BEV centre within
+    ``within`` m; each detection finds one object (greedily, best score first). Returns
+    {"objects": how many, "found": how many, "missed": [object index], "extra": how many
+    detections above the threshold found none, "scores": those that found one,
+    "best_other": the best score of the detections that found none (0 without)}."""
+    truth = np.asarray(scene["bboxes"], np.float64).reshape(-1, 9)
+    scores = np.asarray(det["scores"], np.float64)
+    left, found_by = list(range(len(truth))), []
+    for k in np.flatnonzero(scores >= threshold):
+        box, label = np.asarray(det["bboxes"][k], np.float64), int(det["labels"][k])
+        near = [i for i in left if int(scene["labels"][i]) == label
+                and np.hypot(*(truth[i, :2] - box[:2])) <= within]
+        if near:
+            left.remove(min(near, key=lambda i: np.hypot(*(truth[i, :2] - box[:2]))))
+            found_by.append(int(k))
+    others = np.delete(scores, found_by)
+    return {"objects": len(truth), "found": len(truth) - len(left), "missed": left,
+            "extra": int((others >= threshold).sum()),
+            "scores": [float(scores[k]) for k in found_by],
+            "best_other": float(others.max()) if others.size else 0.0}

@@ -16,7 +16,8 @@ detections. Each step prints its time; the last table sets them beside the refer
 flow's.
 
 Writes into DIR: checkpoint.safetensors, test_vectors.safetensors, config.json,
-backbone.onnx, model.bevir (+ .safetensors), golden_outputs.safetensors, model_int8.bevir,
+backbone_fp32.onnx (once: the INT8 backbone flow reads it), model.bevir (+ .safetensors),
+golden_outputs.safetensors, backbone_int8.onnx and .tranges, model_int8.bevir,
 int8_outputs.safetensors, int8_layers.json/.png, program/ (the compiled per-core programs),
 program_outputs.safetensors, cycles/ (per-core profiles, timeline.png, roofline.png),
 detections*.png, report.json and report.html (all of it on one page).
@@ -27,12 +28,10 @@ import argparse
 import json
 import sys
 import time
-import warnings
 from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.numpy import save_file
 from torch import nn
 
 if __package__ in (None, ""):
@@ -40,6 +39,7 @@ if __package__ in (None, ""):
     __package__ = "examples.bevformer"
 
 import bevir  # noqa: E402
+from bevir.ir.serialize import save_arrays  # noqa: E402
 from bevir.passes.quant_config import QuantConfig  # noqa: E402
 from bevir.passes.quantize import load_config  # noqa: E402
 from bevir.scale import FrameFeed, ScaleError  # noqa: E402
@@ -47,9 +47,11 @@ from bevir.sim.compare import compare_graphs  # noqa: E402
 
 from .config import CONFIGS, BEVFormerConfig  # noqa: E402
 from .custom_ops import CUSTOM_OPS  # noqa: E402
-from .decode import compare_detections, decode, print_comparison, print_detections  # noqa: E402
+from .decode import (FOUND_WITHIN_M, compare_detections, decode, found_objects,  # noqa: E402
+                     print_comparison, print_detections)
 from .inputs import make_inputs, save_test_vectors, scene_boxes  # noqa: E402
 from .model import BEVFormer, split_model  # noqa: E402
+from .report import SYNTHETIC_NOTE, reference_note, threshold_note  # noqa: E402
 from .weights import PRESETS, build_model, save_checkpoint  # noqa: E402
 
 HEAD_INPUTS = ("feats", "lidar2img", "can_bus", "prev_bev")
@@ -58,11 +60,7 @@ OUTPUTS = ("cls_scores", "bbox_preds")
 
 def import_backbone(model: BEVFormer, img: torch.Tensor, path: Path) -> bevir.Graph:
     """torch -> ONNX -> bevir, as in the reference flow: img [6,3,H,W] -> feats [6,C,h,w]."""
-    backbone, _ = split_model(model)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")                  # torch's legacy-exporter notice
-        torch.onnx.export(backbone, (img,), str(path), input_names=["img"], output_names=["feats"],
-                          opset_version=17, dynamo=False)
+    bevir.flows.backbone.export_onnx(split_model(model)[0], img.numpy(), path)
     return bevir.from_onnx(path)
 
 
@@ -77,12 +75,17 @@ def import_head(model: BEVFormer, feats: torch.Tensor, inputs: dict, decompose: 
                             output_names=list(OUTPUTS), name="bevformer_head")
 
 
+#: the backbone's FP32 ONNX export in a work folder (the name the INT8 backbone flow gives it)
+BACKBONE_ONNX = "backbone_fp32.onnx"
+
+
 def build_graph(model: BEVFormer, inputs: dict, workdir: Path, decompose: bool = False,
                 backbone: bevir.Graph | None = None) -> bevir.Graph:
     """The whole model as one verified graph: (img, lidar2img, can_bus[, prev_bev]) -> outputs.
-    ``backbone``: an imported backbone graph to use (e.g. the INT8 one), else the FP32 export."""
+    ``backbone``: an imported backbone graph to use (e.g. the INT8 one), else the FP32 export
+    (written to ``workdir / BACKBONE_ONNX``, where :func:`int8_graph` may take it from)."""
     if backbone is None:
-        backbone = import_backbone(model, inputs["img"], workdir / "backbone.onnx")
+        backbone = import_backbone(model, inputs["img"], workdir / BACKBONE_ONNX)
     with torch.no_grad():
         feats = split_model(model)[0](inputs["img"])
     head = import_head(model, feats, inputs, decompose)
@@ -99,7 +102,10 @@ INT8_PREPARE = "decompose,canonicalize,fuse,cse,dce"
 INT8_FINISH = "sink-dequantize,fuse{enable=fuse-qlinear-clip},insert-bridges,cse,dce"
 #: the reference flow's validation: at least this many of the top 10 match by BEV IoU > 0.5
 REFERENCE_MIN_IOU_MATCH = 8
-#: ops that only convert between number formats: not what a worst layer is
+#: the worst layers printed and labelled in int8_layers.png
+WORST_LAYERS = 5
+#: ops that only convert between number formats: not what a worst layer is (their error is
+#: their operand's format's)
 CONVERSIONS = ("quantize", "dequantize", "fx_quantize", "fx_dequantize", "fx_requantize",
                "fx_bridge")
 
@@ -109,7 +115,8 @@ BACKBONE_CALIBRATION_FRAMES = 8
 
 
 def int8_graph(model: BEVFormer, inputs: dict, feed: dict | FrameFeed, workdir: Path,
-               config: QuantConfig | str = "reference-flow", progress: bool | None = None
+               config: QuantConfig | str = "reference-flow", progress: bool | None = None,
+               fp32_onnx: Path | None = None
                ) -> tuple[bevir.Graph, dict, bevir.flows.QuantizedBackbone | None]:
     """The model quantized as the reference flow does: the backbone to INT8 ONNX by
     onnxruntime (calibrated on the frame's images) and imported, the head linked to it, one
@@ -118,8 +125,10 @@ def int8_graph(model: BEVFormer, inputs: dict, feed: dict | FrameFeed, workdir: 
     per tensor or per channel, or excluded (the FP32 backbone stays). ``feed``: the frame's
     golden inputs, or a frame set's frames (a ``bevir.scale.FrameFeed``: the head
     calibrated on all of them, on its workers; the backbone on the images of the first
-    ``BACKBONE_CALIBRATION_FRAMES``). Returns (graph, quantize statistics, the backbone
-    flow's result or None)."""
+    ``BACKBONE_CALIBRATION_FRAMES``). ``fp32_onnx``: the backbone's FP32 export of this
+    model where :func:`build_graph` wrote it (``workdir / BACKBONE_ONNX``), else it is
+    exported again. Returns (graph, quantize statistics, the backbone flow's result or
+    None)."""
     from bevir.passes.quantize import quantize
     config = load_config(config)
     affine = next((r for r in config.rules if r.activations == "affine"), None)
@@ -127,7 +136,7 @@ def int8_graph(model: BEVFormer, inputs: dict, feed: dict | FrameFeed, workdir: 
     if affine is not None and not affine.exclude:
         images = (inputs["img"].numpy() if not isinstance(feed, FrameFeed) else
                   [feed.frames[i]["img"] for i in feed.indices[:BACKBONE_CALIBRATION_FRAMES]])
-        qb = bevir.flows.quantize_backbone(split_model(model)[0], images, workdir,
+        qb = bevir.flows.quantize_backbone(fp32_onnx or split_model(model)[0], images, workdir,
                                            per_channel=affine.weights == "per_channel",
                                            progress=progress)
     q = build_graph(model, inputs, workdir, backbone=qb.graph if qb else None)
@@ -258,8 +267,11 @@ def backbone_noise_sensitivity(model: BEVFormer, inputs: dict, snr_db: float = 4
 
 
 #: the reference flow's times where its notebook states one: (what, the steps of this flow
-#: that do the same, seconds). Its step 4 prints "Running full E2E on ISS - 4-core (~60 min)".
-REFERENCE_TIMES = [("device build + run, 4 cores", ("device: compile", "device: run"), 3600.0)]
+#: that do the same, seconds, the config it ran). Its step 4 prints "Running full E2E on ISS
+#: - 4-core (~60 min)", for BEVFormer-tiny.
+REFERENCE_TIMES = [("device build + run, 4 cores", ("device: compile", "device: run"), 3600.0,
+                    "tiny")]
+
 DEFAULT_HW = "QC-U 8MB 16MAC x4"
 
 
@@ -276,17 +288,23 @@ class Steps:
         print(f"   ({name}: {self.times[name]:.2f} s)", flush=True)
         return result
 
-    def against_reference(self) -> list[dict]:
-        """The reference flow's stated times beside this run's time for the same work."""
-        return [{"what": what, "bevir_s": sum(self.times[s] for s in spans),
-                 "reference_s": ref, "ratio": sum(self.times[s] for s in spans) / ref}
-                for what, spans, ref in REFERENCE_TIMES if all(s in self.times for s in spans)]
+    def against_reference(self, config: str) -> list[dict]:
+        """The reference flow's stated times beside this run's time for the same work; the
+        ratio only where this run is of the config the reference flow ran (else None)."""
+        rows = []
+        for what, spans, ref, ref_config in REFERENCE_TIMES:
+            if all(s in self.times for s in spans):
+                t = sum(self.times[s] for s in spans)
+                rows.append({"what": what, "bevir_s": t, "reference_s": ref,
+                             "reference_config": ref_config, "config": config,
+                             "ratio": t / ref if config == ref_config else None})
+        return rows
 
-    def table(self) -> str:
+    def table(self, config: str) -> str:
         rows = [f"  {name:<30} {t:8.2f} s" for name, t in self.times.items()]
         rows.append(f"  {'total':<30} {sum(self.times.values()):8.2f} s")
-        rows += [f"  {r['what']:<30} {r['bevir_s']:8.2f} s   reference flow ~{r['reference_s'] / 60:.0f}"
-                 f" min: {r['ratio']:.4f}x" for r in self.against_reference()]
+        rows += [f"  {r['what']:<30} {r['bevir_s']:8.2f} s   {reference_note(r)}"
+                 for r in self.against_reference(config)]
         return "\n".join(rows)
 
 
@@ -305,12 +323,12 @@ def int8_stage(model: BEVFormer, inputs: dict, graph: bevir.Graph, feed: dict, g
     layer; writes int8_outputs.safetensors, int8_layers.json and int8_layers.png.
     Returns (figures, the INT8 golden outputs, the INT8 graph)."""
     steps = steps or Steps()
-    q, stats, qb = steps("INT8 quantize", lambda: int8_graph(model, inputs, feed, out, quant_config))
+    q, stats, qb = steps("INT8 quantize", lambda: int8_graph(model, inputs, feed, out, quant_config,
+                                                             fp32_onnx=out / BACKBONE_ONNX))
     bevir.save(q, out / "model_int8.bevir")
     int8_out = steps("INT8 golden run", lambda: bevir.run(q, feed))
     t_quant, t_int8 = steps.times["INT8 quantize"], steps.times["INT8 golden run"]
-    save_file({k: np.asarray(int8_out[k]) for k in OUTPUTS},
-              str(out / "int8_outputs.safetensors"))
+    save_arrays({k: int8_out[k] for k in OUTPUTS}, out / "int8_outputs.safetensors")
     figures = int8_figures(golden, int8_out, q, stats, config)
     figures["time_s"] = {"quantize": t_quant, "int8_golden": t_int8}
     figures["float_noise_sensitivity_40db"] = noise_sensitivity(model, inputs)
@@ -319,11 +337,16 @@ def int8_stage(model: BEVFormer, inputs: dict, graph: bevir.Graph, feed: dict, g
     layers = compare_graphs(reference, q, feed)
     figures["sqnr_db"]["feats"] = layers["feats"].sqnr_db      # the INT8 backbone + neck
     layers.save_json(out / "int8_layers.json")
-    layers.plot(out / "int8_layers.png", title=f"INT8 vs float, per layer ({config.name})")
+    layers.plot(out / "int8_layers.png", title=f"INT8 vs float, per layer ({config.name})",
+                label_worst=WORST_LAYERS, skip_ops=CONVERSIONS)
     figures["worst_layers"] = [       # ranked by their own (teacher-forced) error
         {"layer": e.layer, "op": e.op, "local_sqnr_db": e.local_sqnr_db, "sqnr_db": e.sqnr_db,
          "group": quant_config.rule_for(reference.value(e.value).producer).name}
-        for e in layers.worst(len(layers)) if e.op not in CONVERSIONS][:5]
+        for e in layers.worst(WORST_LAYERS, skip_ops=CONVERSIONS)]
+    conversions = [e for e in layers.layers if e.op in CONVERSIONS]
+    figures["worst_conversion"] = min(
+        ({"layer": e.layer, "op": e.op, "sqnr_db": e.sqnr_db} for e in conversions),
+        key=lambda w: w["sqnr_db"], default=None)
     print("INT8 golden vs float reference:")
     print_comparison(figures["comparison"], "INT8 golden", "float golden")
     back, check = figures["comparison_float_first"], figures["check"]
@@ -345,6 +368,11 @@ def int8_stage(model: BEVFormer, inputs: dict, graph: bevir.Graph, feed: dict, g
     for w in figures["worst_layers"]:
         local = "-" if w["local_sqnr_db"] is None else f"{w['local_sqnr_db']:.1f}"
         print(f"    {local:>5}  {w['sqnr_db']:5.1f}  {w['op']:<18} {w['layer']}  [{w['group']}]")
+    conv = figures["worst_conversion"]
+    if conv:
+        print(f"  format conversions are not ranked (grey in int8_layers.png: their error is "
+              f"their operand's format's); the lowest: {conv['sqnr_db']:.1f} dB, {conv['op']} "
+              f"{conv['layer']}")
     return figures, int8_out, q
 
 
@@ -359,7 +387,7 @@ def device_stage(q: bevir.Graph, feed: dict, int8_out: dict, config: BEVFormerCo
     prog = steps("device: compile", lambda: bevir.compile(q, out / "program", hw=hw,
                                                           progress=progress))
     dev = steps("device: run", lambda: prog.run(feed))
-    save_file({k: dev[k] for k in OUTPUTS}, str(out / "program_outputs.safetensors"))
+    save_arrays({k: dev[k] for k in OUTPUTS}, out / "program_outputs.safetensors")
     differing = {k: int(np.count_nonzero(dev[k] != int8_out[k])) for k in OUTPUTS}
     cmp = compare_detections(decode(dev["cls_scores"], dev["bbox_preds"], config),
                              decode(int8_out["cls_scores"], int8_out["bbox_preds"], config))
@@ -387,12 +415,31 @@ def device_stage(q: bevir.Graph, feed: dict, int8_out: dict, config: BEVFormerCo
     return figures, dev
 
 
+def scene_objects(detections: dict[str, dict], scene: dict, threshold: float,
+                  config: BEVFormerConfig) -> dict:
+    """How many of the synthetic scene's objects each model found (decode.found_objects:
+    a detection of the class, score at least ``threshold``, centre within FOUND_WITHIN_M)."""
+    return {"objects": len(scene["scores"]), "threshold": threshold,
+            "within_m": FOUND_WITHIN_M, "kept": config.max_num,
+            "found": {name: found_objects(d, scene, threshold) for name, d in detections.items()}}
+
+
+def print_scene_objects(figures: dict) -> None:
+    found, t = figures["found"], figures["threshold"]
+    print(f"the scene's {figures['objects']} objects found (a detection of the class, score >= "
+          f"{t}, centre within {figures['within_m']:g} m): " + ", ".join(
+              f"{name} {f['found']}/{f['objects']}" for name, f in found.items())
+          + "; other detections >= " + f"{t}: " + ", ".join(
+              f"{name} {f['extra']}" for name, f in found.items()))
+    print("  " + threshold_note(figures))
+    print("  " + SYNTHETIC_NOTE)
+
+
 def pictures(out: Path, inputs: dict, config: BEVFormerConfig, detections: dict[str, dict],
-             threshold: float) -> list[tuple[str, str]]:
-    """The reference flow's three Figure-7 views of ``detections`` (name -> decoded):
-    the deployed result alone, against the INT8 golden model, against the float model;
-    and the synthetic scene's own objects where ``detections`` has "scene". Returns
-    (file, caption) of each picture written."""
+             scene: dict, threshold: float) -> list[tuple[str, str]]:
+    """The reference flow's three Figure-7 views of ``detections`` (name -> decoded): the
+    deployed result beside the scene's objects (the ground truth), against the INT8 golden
+    model, against the float model. Returns (file, caption) of each picture written."""
     from .visualize import View, camera_images, figure7, filter_by_score
     images = camera_images(inputs["img"].numpy(), config)
     l2i = inputs["lidar2img"].numpy()
@@ -401,14 +448,13 @@ def pictures(out: Path, inputs: dict, config: BEVFormerConfig, detections: dict[
               "float": ("#2ca02c", "green"), "scene": ("#ffd700", "gold")}
     views = {k: View(filter_by_score(d, threshold), k, colors[k][0])
              for k, d in detections.items()}
-    figs = [("detections.png", [main], f"{main} (score >= {threshold})")]
+    views["scene"] = View(scene, "scene's objects", colors["scene"][0], dashed=True)
+    figs = [("detections.png", [main, "scene"], f"{main} ({colors[main][1]}, score >= "
+             f"{threshold}) and the scene's objects ({colors['scene'][1]}, dashed)")]
     figs += [(f"detections_vs_{other.split()[0].lower()}.png", [main, other],
               f"{main} ({colors[main][1]}) against {other} ({colors[other][1]}) "
               f"(score >= {threshold})")
              for other in ("INT8 golden", "float") if other != main]
-    if "scene" in detections:
-        figs.append(("scene.png", ["scene"], "the synthetic scene's objects, where the images "
-                     "show them (a check of the projection)"))
     written = []
     for fname, names, title in figs:
         figure7(images, l2i, [views[n] for n in names], config, out / fname, title)
@@ -447,7 +493,7 @@ def run(config: BEVFormerConfig, out: Path, seed: int = 0, decompose: bool = Fal
     bevir.save(graph, out / "model.bevir")
     feed = golden_inputs(graph, inputs)
     golden = steps("float golden run", lambda: bevir.run(graph, feed))
-    save_file({k: golden[k] for k in OUTPUTS}, str(out / "golden_outputs.safetensors"))
+    save_arrays({k: golden[k] for k in OUTPUTS}, out / "golden_outputs.safetensors")
 
     det_t, det_g = decode(cls_t, bbox_t, config), decode(golden["cls_scores"], golden["bbox_preds"], config)
     print("PyTorch reference detections:")
@@ -476,25 +522,22 @@ def run(config: BEVFormerConfig, out: Path, seed: int = 0, decompose: bool = Fal
                                              quant_config, steps)
     detections = {"float": det_g, "INT8 golden": decode(int8_out["cls_scores"],
                                                         int8_out["bbox_preds"], config)}
-    detections["scene"] = scene_boxes(seed)            # the test vectors are synthetic
     if hw:
         report["device"], dev = device_stage(q, feed, int8_out, config, out, hw, steps, progress)
         detections["program"] = decode(dev["cls_scores"], dev["bbox_preds"], config)
+    scene = scene_boxes(seed)                          # what the synthetic images show
     report["pictures"] = steps("pictures", lambda: pictures(out, inputs, config, detections,
-                                                            score_threshold))
-    report["detections"] = {k: len(d["scores"]) for k, d in detections.items() if k != "scene"}
-    report["detections_above_threshold"] = {
-        "threshold": score_threshold, **{k: int((d["scores"] >= score_threshold).sum())
-                                         for k, d in detections.items() if k != "scene"}}
-    print(f"detections with score >= {score_threshold}: " + ", ".join(
-        f"{k} {n}" for k, n in report["detections_above_threshold"].items() if k != "threshold"))
+                                                            scene, score_threshold))
+    report["detections"] = {k: len(d["scores"]) for k, d in detections.items()}
+    report["scene_objects"] = scene_objects(detections, scene, score_threshold, config)
+    print_scene_objects(report["scene_objects"])
     report["steps_s"] = dict(steps.times)
-    report["against_reference_flow"] = steps.against_reference()
+    report["against_reference_flow"] = steps.against_reference(config.name)
     (out / "report.json").write_text(json.dumps(report, indent=1))
     from .report import write_html
     write_html(out / "report.html", report)
     print("\nsteps (this machine; the reference flow's time where its notebook states one):")
-    print(steps.table())
+    print(steps.table(config.name))
     print(f"wrote {out} (open report.html)")
     return report
 
@@ -526,7 +569,8 @@ def precision_search(config: BEVFormerConfig, out: Path, seed: int, quant_config
         det_float = decode(golden["cls_scores"], golden["bbox_preds"], config)
 
         def evaluate(qc: QuantConfig) -> Evaluation:
-            q, _, _ = int8_graph(model, inputs, feed, Path(work), qc, progress=False)
+            q, _, _ = int8_graph(model, inputs, feed, Path(work), qc, progress=False,
+                                 fp32_onnx=Path(work) / BACKBONE_ONNX)
             got = bevir.run(q, feed)
             det = decode(got["cls_scores"], got["bbox_preds"], config)
             iou = min(compare_detections(det, det_float)["bev_iou_match"],

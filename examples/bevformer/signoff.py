@@ -32,7 +32,7 @@ import bevir  # noqa: E402
 from bevir.scale import FrameFeed, Frames, Workers  # noqa: E402
 
 from .config import CONFIGS  # noqa: E402
-from .e2e import build_graph, int8_graph  # noqa: E402
+from .e2e import BACKBONE_ONNX, build_graph, int8_graph  # noqa: E402
 from .sequence import write_sequence  # noqa: E402
 from .weights import build_model  # noqa: E402
 
@@ -59,7 +59,8 @@ def models(frames: Frames, out: Path, workers: Workers, calibration_frames: int,
     seconds["float_graph"] = time.perf_counter() - t
     t = time.perf_counter()
     feed = FrameFeed(frames, workers, spread(len(frames), calibration_frames), progress)
-    q, _, _ = int8_graph(model, inputs, feed, out, progress=progress)
+    q, _, _ = int8_graph(model, inputs, feed, out, progress=progress,
+                         fp32_onnx=out / BACKBONE_ONNX)
     bevir.save(q, out / "model_int8.bevir")
     seconds["int8_graph"] = time.perf_counter() - t
     return graph, q, seconds

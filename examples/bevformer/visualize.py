@@ -13,14 +13,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+from bevir.extras import pyplot
 
-from .config import CAMERA_ORDER, BEVFormerConfig  # noqa: E402
-from .decode import bev_corners  # noqa: E402
+from .config import CAMERA_ORDER, BEVFormerConfig
+from .decode import bev_corners
+
+plt = pyplot()
 
 #: the surround layout: FRONT_LEFT | FRONT | FRONT_RIGHT over BACK_LEFT | BACK | BACK_RIGHT
 GRID = (("CAM_FRONT_LEFT", "CAM_FRONT", "CAM_FRONT_RIGHT"),
@@ -33,10 +33,15 @@ NEAR = 0.1          # metres in front of the camera: nearer parts of an edge are
 
 @dataclass
 class View:
-    """One detection source drawn in a figure."""
+    """One detection source drawn in a figure (``dashed``: the ground truth's style)."""
     detections: dict
     label: str
     color: str
+    dashed: bool = False
+
+    @property
+    def style(self) -> str:
+        return "--" if self.dashed else "-"
 
 
 def filter_by_score(det: dict, threshold: float) -> dict:
@@ -92,7 +97,7 @@ def draw_camera(ax, image: np.ndarray, lidar2img: np.ndarray, views: list[View],
     for view in views:
         for box in view.detections["bboxes"]:
             for seg in box_segments(box, lidar2img):
-                ax.plot(seg[:, 0], seg[:, 1], color=view.color, lw=1.0)
+                ax.plot(seg[:, 0], seg[:, 1], color=view.color, lw=1.0, ls=view.style)
     ax.set_xlim(0, w)
     ax.set_ylim(h, 0)
     ax.set_title(name.removeprefix("CAM_"), fontsize=8)
@@ -105,9 +110,11 @@ def draw_bev(ax, views: list[View], config: BEVFormerConfig, class_names=None) -
     for view in views:
         for k, box in enumerate(view.detections["bboxes"]):
             foot = bev_corners(box)
-            ax.fill(foot[:, 0], foot[:, 1], facecolor="none", edgecolor=view.color, lw=1.2)
+            ax.fill(foot[:, 0], foot[:, 1], facecolor="none", edgecolor=view.color, lw=1.2,
+                    ls=view.style)
             front = foot[1:3].mean(0)                    # the heading: centre -> front edge
-            ax.plot([box[0], front[0]], [box[1], front[1]], color=view.color, lw=1.0)
+            ax.plot([box[0], front[0]], [box[1], front[1]], color=view.color, lw=1.0,
+                    ls=view.style)
             if view is views[0]:
                 label = class_names[int(view.detections["labels"][k])]
                 ax.text(box[0], box[1], f" {label}", color=view.color, fontsize=6)
@@ -120,7 +127,7 @@ def draw_bev(ax, views: list[View], config: BEVFormerConfig, class_names=None) -
     ax.set_xlabel("x (m)")
     ax.set_ylabel("y (m)")
     ax.set_title("bird's-eye view", fontsize=9)
-    ax.legend(handles=[plt.Line2D([], [], color=v.color, label=f"{v.label} "
+    ax.legend(handles=[plt.Line2D([], [], color=v.color, ls=v.style, label=f"{v.label} "
                                   f"({len(v.detections['scores'])})") for v in views],
               fontsize=7, loc="upper right")
 

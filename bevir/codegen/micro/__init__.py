@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import CodegenError
+from ...extras import require
 from ...fsutil import atomic_path, run_child
 
 SOURCES = sorted(Path(__file__).parent.glob("*.c"))
@@ -44,7 +45,7 @@ def available() -> bool:
     ``0``. Otherwise every kernel is TVM's own code (the same bits, slower)."""
     if os.environ.get("BEVIR_MICRO_KERNELS", "1") == "0":
         return False
-    from tvm.target import codegen
+    codegen = require("tvm.target.codegen")
     from ..machine import host_target
     try:
         if not codegen.llvm_cpu_has_features(["avx512vnni", "avx512bw"], host_target()):
