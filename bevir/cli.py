@@ -315,7 +315,7 @@ def read_inputs(graph, path: str | None) -> dict[str, np.ndarray]:
 
 
 def cmd_inputs(args) -> int:
-    from .ir.serialize import save_arrays
+    from .fsutil import save_arrays
     from .passes.instruments import probe_inputs
     _check_output_dir(args.output)
     graph = load_graph(args.model)

@@ -46,7 +46,7 @@ from ..errors import BevirError, PassError
 from ..fsutil import read_json, save_arrays, write_json
 from ..ir.graph import Graph, Node, Value
 from ..ir.meta import register_meta_key
-from ..ir.serialize import check_document, save_arrays
+from ..ir.serialize import check_document
 from ..progress import Progress
 from ..sim.interpreter import Interpreter
 from .analysis import AnalysisManager

@@ -18,7 +18,7 @@ from ..errors import BevirError, PassError, VerifyError
 from ..fsutil import save_arrays, write_atomic
 from ..ir.graph import Graph
 from ..ir.printer import print_graph
-from ..ir.serialize import constants_path, save, save_arrays
+from ..ir.serialize import constants_path, save
 from ..ir.types import DType, TensorType
 from ..ir.verifier import verify
 from ..sim import run

@@ -173,7 +173,8 @@ class GoldenStore:
 
     def _store(self, path: Path, graph: Graph, inputs: Mapping[str, np.ndarray],
                outputs: Mapping[str, np.ndarray]) -> None:
-        from ..ir.serialize import save, save_arrays
+        from ..fsutil import save_arrays
+        from ..ir.serialize import save
         path.parent.mkdir(parents=True, exist_ok=True)
         save_arrays(outputs, path, metadata={"inputs": _inputs_digest(inputs)})
         save(graph, self._graph_path(path))

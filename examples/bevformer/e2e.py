@@ -39,7 +39,7 @@ if __package__ in (None, ""):
     __package__ = "examples.bevformer"
 
 import bevir  # noqa: E402
-from bevir.ir.serialize import save_arrays  # noqa: E402
+from bevir.fsutil import save_arrays  # noqa: E402
 from bevir.passes.quant_config import QuantConfig  # noqa: E402
 from bevir.passes.quantize import load_config  # noqa: E402
 from bevir.scale import FrameFeed, ScaleError  # noqa: E402

@@ -271,6 +271,6 @@ def save_test_vectors(path: str | Path, inputs: dict, outputs, metadata: dict[st
         if inputs.get(k) is not None:
             tensors[k] = inputs[k]
     tensors.update(outs)
-    from bevir.ir.serialize import save_arrays
+    from bevir.fsutil import save_arrays
     save_arrays({k: torch.as_tensor(v).detach().to(torch.float32).numpy()
                  for k, v in tensors.items()}, path, metadata)

@@ -594,7 +594,7 @@ def save_checkpoint(path: str | Path, state_dict: dict[str, torch.Tensor],
     path = Path(path)
     sd = {k: v.detach().contiguous().clone() for k, v in state_dict.items()}
     if path.suffix == ".safetensors":
-        from bevir.ir.serialize import save_arrays
+        from bevir.fsutil import save_arrays
         save_arrays({k: v.numpy() for k, v in sd.items()}, path, metadata)
     else:
         torch.save({"state_dict": sd, "meta": dict(metadata or {})}, str(path))
