@@ -407,8 +407,9 @@ def cmd_exec(args) -> int:
     program = CompiledProgram.load(args.program)
     graph = program.graph
     inputs = read_inputs(graph, args.inputs)
-    if args.counters and args.host:
-        raise CliError("--counters counts what the per-core programs do: not with --host")
+    for flag in ("counters", "trace"):
+        if getattr(args, flag) and args.host:
+            raise CliError(f"--{flag} reports what the per-core programs do: not with --host")
     if args.host:
         results = Program(graph, "llvm").run(inputs)
     else:
@@ -432,6 +433,9 @@ def cmd_exec(args) -> int:
         _out(f"wrote {args.counters}: {counts['ddr_bytes']:,} bytes between DDR and OCM, "
              f"{counts['transfers']:,} transfers, {counts['waits']:,} waits, "
              f"{counts['kernel_calls']:,} kernel calls")
+    if args.trace:
+        program.trace().write(args.trace)
+        _out(f"wrote {args.trace} (open it in ui.perfetto.dev or chrome://tracing)")
     return 0
 
 
@@ -463,6 +467,9 @@ def cmd_sim(args) -> int:
         _out(json.dumps(hw.model_dump(), sort_keys=True))
     profile = model(graph, hw)
     profile.write(args.out, plots=not args.no_plots)
+    if args.trace:
+        from .target.trace import model_trace
+        model_trace(profile).write(args.trace)
     s = profile.summary()
     _out(f"{hw.option_text()} ({hw.hash[:12]}): makespan {s['makespan_cycles']:,} cycles "
          f"({s['makespan_ms']:.3f} ms), per core {s['cycles_per_core']} (waiting "
@@ -471,7 +478,8 @@ def cmd_sim(args) -> int:
          f"{s['host']['stages']} stage(s)")
     for r in s["top_ops"][:args.top]:
         _out(f"  {r['cycles']:>12,}  {r['bound']:<8} {r['op']:<20} {r['loc'] or r['name']}")
-    _out(f"wrote {args.out}")
+    _out(f"wrote {args.out}" + (f" and {args.trace} (open it in ui.perfetto.dev or "
+                                "chrome://tracing)" if args.trace else ""))
     return 0
 
 
@@ -751,6 +759,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--counters", metavar="FILE.json", help="write what the programs counted "
                    "per core and node: bytes between DDR and OCM, DMA transfers, waits, "
                    "kernel calls, and the totals")
+    s.add_argument("--trace", metavar="FILE.json", help="write the run as a trace (Trace Event "
+                   "format: ui.perfetto.dev, chrome://tracing): per core its waits, copies "
+                   "and kernels with their source layers, and the host stages, as measured")
     _plugin_options(s)
     s.set_defaults(fn=cmd_exec)
 
@@ -764,6 +775,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "profile_core{i}.json, summary.json, timeline.png and roofline.png")
     s.add_argument("--top", type=int, default=3, help="how many of the costliest ops to print")
     s.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    s.add_argument("--trace", metavar="FILE.json", help="also write the modelled run as a "
+                   "trace (Trace Event format: ui.perfetto.dev, chrome://tracing): per core "
+                   "its steps with their source layers, waits and DMA")
     s.add_argument("--fit", nargs="+", metavar="PROFILE", help="fit the per-op-class "
                    "efficiency factors to measured profiles (files or folders of "
                    "profile_core*.json), then model with the fitted config; writes "

@@ -219,6 +219,12 @@ def test_e2e_device_stage_is_bit_exact_and_drawn(e2e_out):
                                                   "detections_vs_float.png"]
     for f in pictures:
         assert f'src="{f}"' in page and (e2e_out / f).stat().st_size > 10_000, f
+    from test_trace import check_trace        # the traces the report links
+    for f in ("cycles/trace.json", "cycles/exec_trace.json"):
+        assert f"href='{f}'" in page
+        nodes = check_trace(json.loads((e2e_out / f).read_text()))
+        assert {pid: sum(c.values()) for pid, c in nodes.items() if pid} == \
+            {p["core"] + 1: len(p["steps"]) for p in manifest["programs"]}, f
 
 
 def test_e2e_reports_the_scene_objects(e2e_out):

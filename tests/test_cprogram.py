@@ -95,6 +95,11 @@ def test_bevformer_int8_on_4_cores_is_bit_exact_counted_and_reproducible(bevform
           f"{counts['transfers']:,} transfers, {counts['waits']:,} waits")
     assert_bit_exact(a.run(feed), out)                  # a second run, same program
     assert a.counters() == counts
+    from test_trace import check_trace, program_nodes   # its measured trace: every step
+    trace = a.trace().to_json()
+    nodes = check_trace(trace)
+    assert {pid: c for pid, c in nodes.items() if pid} == program_nodes(a)
+    assert sum(e.get("cat") == "host" for e in trace["traceEvents"]) == 2   # before, after
     m = a.manifest
     assert m["cores"] == 4 and [s["device"] for s in m["stages"]] == [False, True, False]
     assert all(b <= 8 * 2**20 for b in m["ocm_bytes"])

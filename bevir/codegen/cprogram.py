@@ -36,6 +36,7 @@ import os
 import re
 import shutil
 import threading
+import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -48,6 +49,7 @@ from ..ir.graph import Graph, Node, Value
 from ..progress import Progress
 from ..sim.interpreter import Interpreter
 from ..target.schedule import MemoryMap, Place, Step, graph_cores, schedule_of, stages
+from ..target.trace import COMPUTE, DMA, HOST_PID, Trace
 from .build import CFLAGS, RUNTIME_C, build_shared, c_kernel_source, cache_dir, include_dirs
 from .lower import dtype_name, kernel_def, kernel_name, signature, source_key
 from .verify import check_layout, check_manifest, digest_source, open_libraries, read_checked
@@ -69,6 +71,8 @@ static int64_t bevir_now(void) {
   clock_gettime(CLOCK_MONOTONIC, &t);
   return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
+/* the host's monotonic clock in ns, for the measured trace (bevir exec --trace) */
+void bevir_stamp(int64_t* t) { *t = bevir_now(); }
 /* one turn of a wait: leave the core's entry (bevir_run returns -1) once another core
    failed, or -2 once this wait took longer than the limit */
 static void bevir_waiting(int64_t* since, int64_t* turns, int64_t what) {
@@ -108,16 +112,17 @@ void bevir_barrier(int64_t* bar, int64_t n) {
 }
 /* runs one core's entry: its result (the failed step + 1, or 0), -1 when it stopped
    because another core failed, -2 when a wait took longer than the limit */
-typedef int (*bevir_entry)(uint8_t*, uint8_t*, int64_t*, int64_t, int64_t*, int64_t*);
+typedef int (*bevir_entry)(uint8_t*, uint8_t*, int64_t*, int64_t, int64_t*, int64_t*,
+                           int64_t*);
 int bevir_run(bevir_entry entry, int64_t core, uint8_t* ddr, uint8_t* ocm, int64_t* flags,
-              int64_t epoch, int64_t* bar, int64_t* cnt) {
+              int64_t epoch, int64_t* bar, int64_t* cnt, int64_t* tm) {
   jmp_buf here;
   bevir_self = core;
   bevir_flags = flags;
   int left = setjmp(here);
   if (left) return left;
   bevir_leave = &here;
-  int failed = entry(ddr, ocm, flags, epoch, bar, cnt);
+  int failed = entry(ddr, ocm, flags, epoch, bar, cnt, tm);
   if (failed) __atomic_store_n(&bevir_ctl[0], 1, __ATOMIC_RELEASE);
   return failed;
 }
@@ -127,6 +132,15 @@ int bevir_run(bevir_entry entry, int64_t core, uint8_t* ddr, uint8_t* ocm, int64
 #: what the programs count per step (bevir exec --counters): bytes moved between DDR and
 #: OCM, DMA transfers, waits (flags and barriers), kernel calls
 COUNTERS = ("ddr_bytes", "transfers", "waits", "kernel_calls")
+
+
+#: when each step passes each point, measured on the host (bevir exec --trace): its
+#: begin, its waits done, its loads done, its kernel done, its stores done, its end
+STAMPS = ("begin", "waited", "loaded", "computed", "stored", "end")
+
+
+def _stamp(index: int, point: str) -> str:
+    return f"  bevir_stamp(tm + {len(STAMPS) * index + STAMPS.index(point)});"
 
 
 def _count(index: int, **fields: int) -> str:
@@ -156,18 +170,22 @@ class _CoreWriter:
         kernel = self.kernels.get(n.name) if step.kernel else None
         out = self.lines
         out.append(f"  /* {n.name} = {n.op} from '{n.loc}' */")
+        out.append(_stamp(s, "begin"))
         for v in step.waits:
             out.append(f"  bevir_wait(flags + {self.memory.flags[v]}, epoch); "
                        + _count(s, waits=1))
+        out.append(_stamp(s, "waited"))
         for t in step.loads:
             self.copy(f"ocm + {t.ocm}", f"ddr + {t.ddr}", t.nbytes)
             out.append("  " + _count(s, ddr_bytes=t.nbytes, transfers=1))
         for src, dst in step.copies:         # a barrier: this core's pieces pass through
             self.copy(self.ptr(dst.place), self.ptr(src.place), src.nbytes)
+        out.append(_stamp(s, "loaded"))
         if step.kernel:
             pointers = ", ".join(f"(void*)({self.ptr(a.place)})" for a in step.args)
             out.append(f"  {{ void* a[] = {{{pointers}}}; if (bevir_{kernel}(a)) return {s + 1}; }}")
             out.append("  " + _count(s, kernel_calls=1))
+        out.append(_stamp(s, "computed"))
         in_place = step.ddr_args()
         if in_place:
             out.append("  " + _count(s, ddr_bytes=sum(a.nbytes for a in in_place),
@@ -175,10 +193,12 @@ class _CoreWriter:
         for t in step.stores:
             self.copy(f"ddr + {t.ddr}", f"ocm + {t.ocm}", t.nbytes)
             out.append("  " + _count(s, ddr_bytes=t.nbytes, transfers=1))
+        out.append(_stamp(s, "stored"))
         for v in step.publishes:
             out.append(f"  bevir_publish(flags + {self.memory.flags[v]}, epoch);")
         if step.barrier:
             out.append(f"  bevir_barrier(bar, {self.memory.cores}); " + _count(s, waits=1))
+        out.append(_stamp(s, "end"))
         self.steps.append({"node": n.name, "op": n.op, "loc": n.loc, "kernel": kernel,
                            "loads": [t.value for t in step.loads], "waits": list(step.waits),
                            "stores": [t.value for t in step.stores],
@@ -207,7 +227,7 @@ def generate(graph: Graph, cores: int | None = None
         for w, steps in zip(writers, stage.steps):
             w.lines.append(f"int bevir_core{w.core}_stage{device_stage}(uint8_t* ddr, "
                            "uint8_t* ocm, int64_t* flags, int64_t epoch, int64_t* bar, "
-                           "int64_t* cnt) {")
+                           "int64_t* cnt, int64_t* tm) {")
             for step in steps:
                 w.step(step)
             w.lines += ["  return 0;", "}", ""]
@@ -218,7 +238,7 @@ def generate(graph: Graph, cores: int | None = None
         head = ["/* generated by bevir: the program of core %d */" % w.core,
                 "#include <stdint.h>", "#include <string.h>",
                 "void bevir_wait(int64_t*, int64_t);", "void bevir_publish(int64_t*, int64_t);",
-                "void bevir_barrier(int64_t*, int64_t);"]
+                "void bevir_barrier(int64_t*, int64_t);", "void bevir_stamp(int64_t*);"]
         head += [f"int bevir_{k}(void** data);" for k in used] + [""]
         sources[f"core{w.core}.c"] = "\n".join(head + w.lines)
     mem = sched.memory
@@ -227,6 +247,7 @@ def generate(graph: Graph, cores: int | None = None
         "stages": [{"device": st.device, "nodes": len(st.nodes)} for st in sched.stages],
         "ddr_bytes": mem.ddr_size, "ocm_bytes": mem.ocm_size,
         "ddr": mem.ddr, "flags": mem.flags, "counters": list(COUNTERS),
+        "stamps": list(STAMPS),
         "ocm": [{"value": v, "core": c, "offset": o} for (v, c), o in sorted(mem.ocm.items())],
         "kernels": {name: {"op": n.op, "signature": signature(n), "file": f"kernels/{name}.c",
                            "node": n.name, "loc": n.loc}
@@ -438,6 +459,9 @@ class CompiledProgram:
         bar = np.zeros(2, np.int64)
         self._counts = [np.zeros(max(len(p["steps"]), 1) * len(COUNTERS), np.int64)
                         for p in m["programs"]]
+        self._stamps = [np.zeros(max(len(p["steps"]), 1) * len(STAMPS), np.int64)
+                        for p in m["programs"]]
+        self._host_times: list[tuple[int, int, int, int]] = []  # stage, nodes, begin, end
         self._epoch += 1
         env: dict[str, np.ndarray] = {}
         interp = Interpreter(self.graph)
@@ -445,12 +469,15 @@ class CompiledProgram:
             if v.name in m["ddr"]:
                 _put(ddr, m["ddr"][v.name], v.const, v)
         device_stage = 0
-        for dev, nodes in self._stages:
+        for stage, (dev, nodes) in enumerate(self._stages):
             if not dev:
                 wanted = sorted({v.name for n in nodes for v in n.outputs} & self._crossing)
                 if wanted:
+                    begin = time.monotonic_ns()
                     got = interp.run(inputs, fetch=wanted, initial_env=env)
                     env.update({k: got[k] for k in wanted})
+                    self._host_times.append((stage, len(nodes), begin,
+                                             time.monotonic_ns()))
                 continue
             for v in self.graph.inputs:
                 if v.name in m["ddr"]:
@@ -485,7 +512,8 @@ class CompiledProgram:
                 entry = ctypes.cast(getattr(lib, f"bevir_core{k}_stage{stage}"), ctypes.c_void_p)
                 codes[k] = lib.bevir_run(entry, ctypes.c_int64(k), pointer(ddr), pointer(ocm[k]),
                                          pointer(flags), ctypes.c_int64(self._epoch),
-                                         pointer(bar), pointer(self._counts[k]))
+                                         pointer(bar), pointer(self._counts[k]),
+                                         pointer(self._stamps[k]))
             except BaseException as e:       # noqa: BLE001  (reported with the others)
                 codes[k] = e
                 ctl[0] = 1                      # the other cores stop waiting
@@ -537,6 +565,50 @@ class CompiledProgram:
             totals = {k: sum(st[k] for st in steps) for k in COUNTERS}
             cores.append({"core": program["core"], "steps": steps, **totals})
         return {"cores": cores, **{k: sum(c[k] for c in cores) for k in COUNTERS}}
+
+    def trace(self) -> Trace:
+        """The last run as a trace (Perfetto, chrome://tracing), times measured on this
+        host: per core each step's waits, its copies between DDR and OCM (the DMA lane) and
+        its kernel, named after its node with op and source layer; the host stages."""
+        if not hasattr(self, "_stamps"):
+            raise CodegenError("the program has not run yet: no trace")
+        starts = [int(t[t > 0].min()) for t in self._stamps if (t > 0).any()]
+        t0 = min(starts + [b for _, _, b, _ in self._host_times], default=0)
+        trace = Trace(1e-3, {"source": "bevir exec (measured on the host)", "unit": "ns",
+                             "program": str(self.out), "cores": self.cores})
+        trace.process(HOST_PID, "host", {0: "host"})
+        for stage, nodes, begin, end in self._host_times:
+            trace.slice(HOST_PID, 0, f"host stage {stage}", begin - t0, end - t0, "host",
+                        {"nodes": nodes})
+        width = len(STAMPS)
+        for program, stamps in zip(self.manifest["programs"], self._stamps):
+            pid = program["core"] + 1
+            trace.process(pid, f"core {program['core']}", {COMPUTE: "compute", DMA: "DMA"})
+            for i, st in enumerate(program["steps"]):
+                at = dict(zip(STAMPS, (int(x) - t0 for x in stamps[i * width:(i + 1) * width])))
+                _trace_step(trace, pid, st, at)
+        return trace
+
+
+def _trace_step(trace: Trace, pid: int, step: dict, at: dict[str, int]) -> None:
+    """One step of a core's program in ``trace``, at its measured points ``at``."""
+    info = {"node": step["node"], "loc": step["loc"]}
+    if step["waits"]:
+        trace.slice(pid, COMPUTE, "wait", at["begin"], at["waited"], "wait",
+                    {"before": step["node"], "values": step["waits"]})
+    if at["loaded"] > at["waited"]:
+        trace.slice(pid, DMA, "dma in", at["waited"], at["loaded"], "dma",
+                    {**info, "values": step["loads"]})
+    if step.get("barrier"):
+        trace.slice(pid, COMPUTE, step["node"], at["stored"], at["end"], "barrier",
+                    {"op": step["op"], "loc": step["loc"]})
+    else:
+        trace.slice(pid, COMPUTE, step["node"], at["loaded"], at["computed"], "kernel",
+                    {"op": step["op"], "loc": step["loc"], "kernel": step["kernel"],
+                     "ddr_bytes": step["ddr_bytes"]})
+    if at["stored"] > at["computed"]:
+        trace.slice(pid, DMA, "dma out", at["computed"], at["stored"], "dma",
+                    {**info, "values": step["stores"]})
 
 
 def _put(ddr: np.ndarray, offset: int, array: np.ndarray, v: Value) -> None:

@@ -160,6 +160,7 @@ class OpRecord:
     utilisation: float
     transfers: int = 0
     notes: dict = field(default_factory=dict)
+    dma: tuple[int, int] | None = None      # when its transfers were in flight
 
     @property
     def total_cycles(self) -> int:
@@ -299,17 +300,21 @@ def _tick(t: float) -> int:
 
 class _Track:
     """A sequence of segments: ("time", cycles) run on their own, ("ddr", cycles at the
-    whole bandwidth) run at the bandwidth's share."""
+    whole bandwidth) run at the bandwidth's share. A segment may carry a label; ``spans``
+    keeps when each label's segments began and ended (the trace's DMA lane)."""
 
-    def __init__(self, segments: list[tuple[str, float]], now: float):
+    def __init__(self, segments: list[tuple], now: float):
         self.segments = [s for s in segments if s[1] > 0]
         self.i, self.left = 0, 0.0
+        self.spans: dict[str, list[float]] = {}
         self._enter(now)
 
     def _enter(self, now: float) -> None:
         if self.i < len(self.segments):
-            kind, amount = self.segments[self.i]
+            kind, amount, *label = self.segments[self.i]
             self.left = now + amount if kind == "time" else amount
+            if label:
+                self.spans.setdefault(label[0], [now, now])
 
     @property
     def done(self) -> bool:
@@ -326,6 +331,9 @@ class _Track:
         if self.on_ddr:
             self.left -= dt / sharers
         while not self.done and (self.left <= _EPS if self.on_ddr else self.left <= now + _EPS):
+            label = self.segments[self.i][2:]
+            if label:
+                self.spans[label[0]][1] = now
             self.i += 1
             self._enter(now)
 
@@ -343,6 +351,12 @@ class _Job:
     tracks: list[_Track]
     double: bool = True            # DMA overlaps the array's work
     arrive: float = 0.0            # a barrier: when this core's copies are done
+
+    @property
+    def dma_span(self) -> tuple[float, float] | None:
+        """When its transfers were in flight (their exposed latency included)."""
+        spans = [t.spans["dma"] for t in self.tracks if "dma" in t.spans]
+        return (spans[0][0] - self.exposed, spans[0][1]) if spans else None
 
     @property
     def alone(self) -> int:
@@ -415,7 +429,7 @@ class _Simulation:
         else:
             busy, launch = cost.terms.busy, hw.launch_cycles
         head = ("time", start - self.now + launch + exposed)
-        ddr = [("time", setup), ("ddr", ddr_time)]
+        ddr = [("time", setup, "dma"), ("ddr", ddr_time, "dma")]
         if hw.double_buffer:
             tracks = [_Track([head, ("time", busy)], self.now), _Track([head] + ddr, self.now)]
         else:
@@ -459,6 +473,9 @@ def _record(job: _Job, end: float, index: int, prev_end: int, hw: HWConfig) -> O
     bound = "barrier" if step.barrier else _bound(t, job.ddr + terms["ddr_shared"])
     macs = c.macs if c is not None else 0
     util = macs / (own * hw.peak_macs_per_cycle) if own else 0.0
+    span = job.dma_span
+    dma = None if span is None else (max(_tick(span[0]), end_i - own),
+                                     max(_tick(span[1]), end_i - own))
     moved = {"read": c.bytes_read if c else 0, "written": c.bytes_written if c else 0,
              "array": c.array_bytes if c else 0, "broadcast": c.bytes_broadcast if c else 0,
              "ddr": step.ddr_bytes}
@@ -466,7 +483,7 @@ def _record(job: _Job, end: float, index: int, prev_end: int, hw: HWConfig) -> O
                     c.work.op_class if c else "data",
                     c.mapping.name if c and c.mapping else None, macs, moved, terms, own,
                     wait, end_i - own, bound, util, len(job.transfers),
-                    dict(c.work.notes) if c else {})
+                    dict(c.work.notes) if c else {}, dma)
 
 
 def _bound(t: Terms, ddr: int) -> str:

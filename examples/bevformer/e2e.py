@@ -19,7 +19,8 @@ Writes into DIR: checkpoint.safetensors, test_vectors.safetensors, config.json,
 backbone_fp32.onnx (once: the INT8 backbone flow reads it), model.bevir (+ .safetensors),
 golden_outputs.safetensors, backbone_int8.onnx and .tranges, model_int8.bevir,
 int8_outputs.safetensors, int8_layers.json/.png, program/ (the compiled per-core programs),
-program_outputs.safetensors, cycles/ (per-core profiles, timeline.png, roofline.png),
+program_outputs.safetensors, cycles/ (per-core profiles, timeline.png, roofline.png, the
+modelled and the measured traces trace.json and exec_trace.json),
 detections*.png, report.json and report.html (all of it on one page).
 """
 from __future__ import annotations
@@ -384,6 +385,7 @@ def device_stage(q: bevir.Graph, feed: dict, int8_out: dict, config: BEVFormerCo
     Returns (figures, the program's outputs)."""
     from bevir.flows.target import hw_config
     from bevir.target.cycles import model as cycle_model
+    from bevir.target.trace import model_trace
     prog = steps("device: compile", lambda: bevir.compile(q, out / "program", hw=hw,
                                                           progress=progress))
     dev = steps("device: run", lambda: prog.run(feed))
@@ -397,6 +399,8 @@ def device_stage(q: bevir.Graph, feed: dict, int8_out: dict, config: BEVFormerCo
     print_comparison(cmp, "program", "INT8 golden")
     profile = steps("cycle model", lambda: cycle_model(prog.graph, hw_config(hw)))
     profile.write(out / "cycles")
+    model_trace(profile).write(out / "cycles" / "trace.json")
+    prog.trace().write(out / "cycles" / "exec_trace.json")       # the run above, measured
     summary = profile.summary()
     print(f"  {summary['hw_string']}: makespan {summary['makespan_cycles']:,} cycles "
           f"({summary['makespan_ms']:.2f} ms), per core "

@@ -76,7 +76,11 @@ def sections(report: dict) -> list[str]:
                                             enumerate(c["cycles_per_core"])]),
                 _table(["cycles", "core", "op", "layer", "bound"],
                        [[f"{r['cycles']:,}", r["core"], r["op"], r["loc"], r["bound"]]
-                        for r in c["top_ops"][:10]])]
+                        for r in c["top_ops"][:10]]),
+                "<p>Traces to open in <a href='https://ui.perfetto.dev'>Perfetto</a> or "
+                "chrome://tracing: <a href='cycles/trace.json'>the modelled run</a> (cycles), "
+                "<a href='cycles/exec_trace.json'>the program's run on this host</a> "
+                "(measured).</p>"]
 
     out.append("<h2>Pictures</h2>")
     out += [_figure(f, caption) for f, caption in report.get("pictures", [])]
