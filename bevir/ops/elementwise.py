@@ -424,6 +424,25 @@ Greater = type("Greater", (Compare,), {"name": "greater", "fn": staticmethod(np.
                                        "onnx_export": onnx_as("Greater")})
 
 
+class IsNan(OpDef):
+    """Whether each element is NaN (bool). A fixed-point value never is: the quantize pass
+    lowers it on integer codes to all false (``fixed_point`` ``never_nan``), which is how
+    an exporter's guard after a softmax (``where(isnan(p), 0, p)``) leaves an INT8 graph."""
+
+    name = "isnan"
+    nhwc = ELEMENTWISE
+    operands = ("x",)
+    onnx_export = onnx_as("IsNaN")
+    fixed_point = FixedLowering("never_nan")
+
+    def infer(self, c, x):
+        float_operands(x)
+        return TensorType(x.shape, DType.bool, x.layout)
+
+    def compute(self, c, x):
+        return np.isnan(x)
+
+
 class Not(OpDef):
     name = "not"
     nhwc = ELEMENTWISE

@@ -10,8 +10,9 @@ import numpy as np
 
 from ..ir.types import Layout, TensorType
 from .common import float_operands, require
-from ..ir.opdef import Bool, FixedLowering, Ints, OpDef
+from ..ir.opdef import Bool, FixedLowering, Int, Ints, OpDef
 from .shape import norm_axes
+from .common import norm_axis
 from .cost import per_element
 from .onnx_export import with_inputs
 
@@ -71,3 +72,30 @@ ReduceMax = reduction("max", lambda x, a, k: np.max(x, axis=a, keepdims=k,
 ReduceMin = reduction("min", lambda x, a, k: np.min(x, axis=a, keepdims=k,
                                                     initial=_bound(x.dtype, True)),
                       keeps_quant=True)
+
+
+class CumSum(OpDef):
+    """Running sums along ``axis`` (ONNX CumSum, torch.cumsum): ``exclusive`` leaves each
+    element out of its own sum, ``reverse`` sums from the end. Floats add in order, one
+    element after the other, as numpy's cumsum does."""
+
+    name = "cumsum"
+    onnx_export = with_inputs("CumSum", "axis", attrs={"exclusive": "exclusive",
+                                                      "reverse": "reverse"})
+    operands = ("x",)
+    attrs = {"axis": Int(), "exclusive": Bool(False), "reverse": Bool(False)}
+    cycle_cost = per_element(1, "reduce")
+
+    def infer(self, c, x):
+        require(x.dtype.is_float or x.dtype.is_int, f"expects a numeric operand, got {x.dtype}")
+        norm_axis(c.axis, x.rank)
+        return TensorType(x.shape, x.dtype, Layout.plain if x.rank == 4 else x.layout)
+
+    def compute(self, c, x):
+        axis = norm_axis(c.axis, x.ndim)
+        y = np.flip(x, axis) if c.reverse else x
+        s = np.cumsum(y, axis=axis, dtype=x.dtype)
+        if c.exclusive:
+            s = np.concatenate([np.zeros_like(np.take(s, [0], axis)),
+                                np.delete(s, -1, axis)], axis)
+        return np.ascontiguousarray(np.flip(s, axis) if c.reverse else s)

@@ -302,6 +302,45 @@ class Gather(OpDef):
         return L.compute(c.out_types[0], fn)
 
 
+class GatherElements(OpDef):
+    """ONNX GatherElements / torch.gather: ``numpy.take_along_axis`` along ``axis``; the
+    result has the indices' shape; negative indices count from the end."""
+
+    name = "gather_elements"
+    onnx_export = onnx_as("GatherElements", {"axis": "axis"})
+    moves_data = True
+    operands = ("x", "indices")
+    attrs = {"axis": Int(0)}
+
+    def infer(self, c, x, idx):
+        require(idx.dtype in (DType.i32, DType.i64), f"indices must be i32 or i64, got {idx.dtype}")
+        require(idx.rank == x.rank, f"indices of rank {idx.rank} for data of rank {x.rank}")
+        axis = norm_axis(c.axis, x.rank)
+        require(all(i <= d for k, (i, d) in enumerate(zip(idx.shape, x.shape)) if k != axis),
+                f"indices {idx.shape} exceed data {x.shape} off axis {axis}")
+        return moved(x, idx.shape, Layout.plain)
+
+    def compute(self, c, x, idx):
+        axis = norm_axis(c.axis, x.ndim)
+        n = x.shape[axis]
+        if idx.size and not (-n <= idx.min() and idx.max() < n):
+            raise ValueError(f"gather_elements index out of range [{-n}, {n}) on axis {axis}: "
+                             f"min {idx.min()}, max {idx.max()}")
+        lead = tuple(slice(0, d) for d in idx.shape)
+        lead = lead[:axis] + (slice(None),) + lead[axis + 1:]
+        return np.take_along_axis(x[lead], np.where(idx < 0, idx + n, idx), axis=axis)
+
+    def tvm_lowering(self, c, L, x, idx):
+        n = c.in_types[0].shape[norm_axis(c.axis, c.in_types[0].rank)]
+        axis = norm_axis(c.axis, c.in_types[0].rank)
+
+        def fn(*i):
+            k = L.cast(idx[i], "int64")
+            k = L.cast(L.select(k < 0, k + L.i64(n), k), "int32")
+            return x[i[:axis] + (k,) + i[axis + 1:]]
+        return L.compute(c.out_types[0], fn)
+
+
 class Expand(OpDef):
     """ONNX Expand: broadcast ``x`` against ``shape``."""
 

@@ -200,6 +200,12 @@ def _compare_or_equal(c: NodeCtx):
     return c.emit("where", [strict, true, c.emit("equal", [a, b])])
 
 
+@converts("IsNaN")
+def _isnan(c: NodeCtx):
+    c.require_float(c.input(0))
+    return c.emit("isnan", [c.input(0)])
+
+
 @converts("Not")
 def _not(c: NodeCtx):
     return c.emit("not", [c.input(0)])

@@ -5,6 +5,7 @@ import math
 
 from ...ir.graph import Value
 from ...ir.types import DType
+from ..decompose import group_norm
 from .registry import NodeCtx, absolute, converts, norm_axes, norm_axis, spatial_pads, spatial_params
 
 # ---- linear algebra and convolution ---------------------------------------------------------
@@ -135,6 +136,15 @@ def _batch_norm(c: NodeCtx):
                   {"epsilon": float(c.attr("epsilon", 1e-5))})
 
 
+@converts("InstanceNormalization", attrs=("epsilon",))
+def _instance_norm(c: NodeCtx):
+    x, scale, bias = c.input(0), c.input(1), c.input(2)
+    c.require_float(x, scale, bias)
+    if x.type.rank < 3:
+        raise c.unsupported(f"input of rank {x.type.rank}")
+    return group_norm(c.emit, x, x.type.shape[1], float(c.attr("epsilon", 1e-5)), scale, bias)
+
+
 @converts("LayerNormalization", attrs=("axis", "epsilon", "stash_type"))
 def _layer_norm(c: NodeCtx):
     if c.attr("stash_type", 1) != 1:
@@ -235,3 +245,12 @@ def _reduce(c: NodeCtx):
     if post is not None:
         y = c.emit(post, [y])
     return y
+
+
+@converts("CumSum", attrs=("exclusive", "reverse"))
+def _cumsum(c: NodeCtx):
+    x = c.input(0)
+    (axis,) = c.ints(1, "axis")
+    return c.emit("cumsum", [x], {"axis": norm_axis(axis, x.type.rank, c),
+                                  "exclusive": bool(c.attr("exclusive", 0)),
+                                  "reverse": bool(c.attr("reverse", 0))})

@@ -186,6 +186,15 @@ def _gather(c: NodeCtx):
     return c.emit("gather", [x, idx], {"axis": axis})
 
 
+@converts("GatherElements", attrs=("axis",))
+def _gather_elements(c: NodeCtx):
+    x, idx = c.input(0), c.input(1)
+    if not idx.type.dtype.is_int:
+        raise c.unsupported(f"indices of dtype {idx.type.dtype}")
+    axis = norm_axis(int(c.attr("axis", 0)), x.type.rank, c)
+    return c.emit("gather_elements", [x, idx], {"axis": axis})
+
+
 @converts("Expand")
 def _expand(c: NodeCtx):
     x = c.input(0)

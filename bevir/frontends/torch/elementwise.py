@@ -44,7 +44,7 @@ def _ge_le(c: AtenCtx):
 
 
 for _name in ["neg", "sigmoid", "relu", "log", "exp", "sqrt", "cos", "sin", "tanh", "abs",
-              "erf", "reciprocal"]:
+              "erf", "reciprocal", "isnan"]:
     aten_converter(f"aten.{_name}")(lambda c, _op=_name: c.emit(_op, [c.arg(0)]))
 
 
@@ -85,7 +85,8 @@ def _clamp(c: AtenCtx):
                   max=None if hi is None else float(hi))
 
 
-@aten_converter("aten.where.self")
+@aten_converter("aten.where.self", "aten.where.ScalarSelf", "aten.where.ScalarOther",
+                "aten.where.Scalar")
 def _where(c: AtenCtx):
     x, y = promote(c, c.arg(1), c.arg(2))
     return c.emit("where", [c.arg(0), x, y])
@@ -108,6 +109,40 @@ aten_converter("aten.sum")(_reduce("reduce_sum"))
 aten_converter("aten.mean")(_reduce("reduce_mean"))
 aten_converter("aten.amax")(_reduce("reduce_max"))
 aten_converter("aten.amin")(_reduce("reduce_min"))
+
+
+def _dims(c: AtenCtx, x: Value, i: int) -> tuple[int, ...] | None:
+    """Argument ``i`` (``dim``: an int, a list, or None for all) as normalized axes."""
+    dims = c.arg(i, "dim")
+    if dims is None or (not isinstance(dims, int) and not dims):
+        return None
+    return tuple(norm_dim(d, rank_of(x)) for d in ([dims] if isinstance(dims, int) else dims))
+
+
+@aten_converter("aten.linalg_vector_norm")
+def _vector_norm(c: AtenCtx):
+    x, order = c.arg(0), c.arg(1, "ord", 2)
+    axes, keep = _dims(c, x, 2), bool(c.arg(3, "keepdim", False))
+    if c.kwargs.get("dtype") is not None:
+        x = c.emit("cast", [x], to=ir_dtype(c.kwargs["dtype"], c.loc).value)
+    if order == 2:
+        return c.emit("sqrt", [c.emit("reduce_sum", [c.emit("mul", [x, x])], axes=axes,
+                                      keepdims=keep)])
+    if order == 1:
+        return c.emit("reduce_sum", [c.emit("abs", [x])], axes=axes, keepdims=keep)
+    if order == float("inf"):
+        return c.emit("reduce_max", [c.emit("abs", [x])], axes=axes, keepdims=keep)
+    raise c.unsupported(f"vector norm of order {order}")
+
+
+@aten_converter("aten.cumsum")
+def _cumsum(c: AtenCtx):
+    x = c.arg(0)
+    if c.kwargs.get("dtype") is not None:
+        x = c.emit("cast", [x], to=ir_dtype(c.kwargs["dtype"], c.loc).value)
+    elif x.type.dtype in (DType.bool, DType.u8, DType.i8, DType.i16, DType.i32):
+        x = c.emit("cast", [x], to="i64")        # torch sums integers and bools in int64
+    return c.emit("cumsum", [x], axis=norm_dim(c.arg(1, "dim"), rank_of(x)))
 
 
 @aten_converter("aten.any")

@@ -7,6 +7,7 @@ import inspect
 import itertools
 import operator
 import threading
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -317,7 +318,10 @@ def _foldable(c: AtenCtx) -> bool:
     tensors = _tensor_args(c)
     if tensors:
         return all(v.is_const for v in tensors) and c.target not in ("aten._assert_tensor_metadata.default",)
-    return c.target.startswith(_FACTORIES)
+    # factories; and arithmetic on Python numbers (a data-dependent value draft_export
+    # specialized: item() of a constant, its comparisons, sym_ite, _assert_scalar)
+    return c.target.startswith(_FACTORIES) or not isinstance(c.node.target, torch._ops.OpOverload) \
+        or c.target.startswith(("aten._assert_scalar", "aten.sym_constrain_range"))
 
 
 def _fold(c: AtenCtx, node: torch.fx.Node) -> Any:
@@ -350,10 +354,15 @@ def _boundary(c: AtenCtx) -> tuple[Value, ...]:
     return tuple(node.outputs)
 
 
+#: how :func:`from_torch` captures a module (its ``export`` argument)
+EXPORTS = ("auto", "export", "strict", "draft")
+
+
 def from_torch(module: nn.Module, example_inputs: Sequence[Any], *,
                custom_ops: Mapping[type, CustomOp] | None = None,
                input_names: Sequence[str] | None = None,
-               output_names: Sequence[str] | None = None, name: str | None = None) -> Graph:
+               output_names: Sequence[str] | None = None, name: str | None = None,
+               export: str = "auto") -> Graph:
     """Import ``module`` (in eval mode) through ``torch.export`` into a bevir Graph.
 
     ``example_inputs`` fix the (static) shapes; ``None`` entries select the forward's branch
@@ -361,13 +370,22 @@ def from_torch(module: nn.Module, example_inputs: Sequence[Any], *,
     inputs are named ``input_names`` (default: the forward's argument names), outputs
     ``output_names`` (default ``output_0``, ...). Unsupported ATen ops raise
     ``bevir.UnsupportedError`` naming the module path.
+
+    ``export``: ``"export"`` is ``torch.export.export`` (non-strict); ``"strict"`` the same
+    with TorchDynamo's tracing; ``"draft"`` ``torch.export.draft_export``, which specializes
+    a branch on a data-dependent value (a tensor the model keeps as an attribute, an
+    ``.item()``) on the example inputs. ``"auto"`` (the default) is ``"export"``, then
+    ``"draft"`` where torch.export cannot guard on a data-dependent value (with a warning
+    saying so): bevir's shapes are static, so the graph is the one the example inputs take.
     """
+    if export not in EXPORTS:
+        raise ValueError(f"export must be one of {', '.join(EXPORTS)}, not {export!r}")
     args = tuple(example_inputs)
     modes = {m: m.training for m in module.modules()}
     module.eval()
     with _boundaries(module, dict(custom_ops or {})) as boundaries:
         try:
-            ep = torch.export.export(module, args)
+            ep = _export(module, args, export)
             if _mutates(ep):   # in-place ops (x[a:b] = v) become their functional forms
                 ep = ep.run_decompositions({})
         except BevirError:
@@ -376,7 +394,8 @@ def from_torch(module: nn.Module, example_inputs: Sequence[Any], *,
             cause = e.__cause__ or e.__context__
             if isinstance(cause, BevirError):
                 raise cause from None
-            raise UnsupportedError(f"torch.export failed: {type(e).__name__}: {e}") from e
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            raise UnsupportedError(f"torch.export failed: {type(e).__name__}: {first}") from e
         finally:
             for m, training in modes.items():     # the caller's module is left as it was
                 m.training = training
@@ -385,6 +404,38 @@ def from_torch(module: nn.Module, example_inputs: Sequence[Any], *,
         input_names = [p for p, a in zip(params, args) if a is not None]
     return Importer(ep, boundaries, list(input_names), output_names,
                      name or type(module).__name__).run()
+
+
+def _export(module: nn.Module, args: tuple, how: str) -> torch.export.ExportedProgram:
+    """``module`` captured as ``how`` says (see :func:`from_torch`)."""
+    if how == "draft":
+        return _draft_export(module, args)
+    try:
+        return torch.export.export(module, args, strict=how == "strict")
+    except Exception as e:
+        if how != "auto" or not _data_dependent(e):
+            raise
+        warnings.warn(f"torch.export cannot guard on a data-dependent value "
+                      f"({str(e).splitlines()[0]}); imported with torch.export.draft_export, "
+                      "which takes the branch of the example inputs", stacklevel=3)
+        return _draft_export(module, args)
+
+
+def _data_dependent(e: Exception) -> bool:
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+    return isinstance(e, GuardOnDataDependentSymNode) or "data-dependent" in str(e)
+
+
+def _draft_export(module: nn.Module, args: tuple) -> torch.export.ExportedProgram:
+    """torch.export.draft_export, its report logged at error level only (bevir warns)."""
+    import logging
+    log = logging.getLogger("torch.export._draft_export")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        return torch.export.draft_export(module, args)
+    finally:
+        log.setLevel(level)
 
 
 def _mutates(ep: torch.export.ExportedProgram) -> bool:

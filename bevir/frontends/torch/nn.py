@@ -107,6 +107,19 @@ def _adaptive_avg_pool(c: AtenCtx):
     return c.emit("avgpool2d", [x], kernel=k, strides=k)
 
 
+@aten_converter("aten.adaptive_avg_pool1d")
+def _adaptive_avg_pool1d(c: AtenCtx):
+    x, (size,) = c.arg(0), pair(c.arg(1), 1)
+    n = x.type.shape[-1]
+    if n % size:
+        raise c.unsupported(f"adaptive average pooling of {n} to {size} (windows of unequal "
+                            "size)")
+    lead = x.type.shape[:-1]
+    y = c.emit("reshape", [x], shape=(*lead, size, n // size))
+    return c.emit("reshape", [c.emit("reduce_mean", [y], axes=(rank_of(x),), keepdims=False)],
+                  shape=(*lead, size))
+
+
 def _resize(c: AtenCtx, mode: str, size, align_corners: bool | None, scales) -> Value:
     x = c.arg(0)
     h, w = x.type.shape[-2:]

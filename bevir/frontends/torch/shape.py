@@ -21,6 +21,11 @@ def _resolve(shape: Sequence[int], numel: int) -> tuple[int, ...]:
     return tuple(shape)
 
 
+@aten_converter("aten.reshape_as", "aten.view_as")
+def _reshape_as(c: AtenCtx):
+    return c.emit("reshape", [c.arg(0)], shape=c.arg(1).type.shape)
+
+
 @aten_converter("aten.view", "aten.reshape", "aten._unsafe_view")
 def _reshape(c: AtenCtx):
     x = c.arg(0)
@@ -57,7 +62,7 @@ def _permute(c: AtenCtx):
     return c.emit("transpose", [x], perm=tuple(norm_dim(d, rank_of(x)) for d in c.arg(1)))
 
 
-@aten_converter("aten.transpose", "aten.t")
+@aten_converter("aten.transpose", "aten.t", "aten.swapaxes", "aten.swapdims")
 def _transpose(c: AtenCtx):
     x = c.arg(0)
     perm = list(range(rank_of(x)))
@@ -131,6 +136,11 @@ def _expand(c: AtenCtx):
     lead = len(shape) - rank_of(x)
     shape = [x.type.shape[i - lead] if d == -1 else d for i, d in enumerate(shape)]
     return c.emit("expand", [x], shape=tuple(shape))
+
+
+@aten_converter("aten.expand_as")
+def _expand_as(c: AtenCtx):
+    return c.emit("expand", [c.arg(0)], shape=c.arg(1).type.shape)
 
 
 @aten_converter("aten.to", "aten._to_copy", "aten.type_as")
@@ -268,3 +278,14 @@ def _index(c: AtenCtx):
     if ix.type.dtype is DType.bool:
         raise c.unsupported("boolean mask indexing (a data-dependent shape)")
     return c.emit("gather", [x, ix], axis=axis)
+
+
+@aten_converter("aten.embedding")
+def _embedding(c: AtenCtx):
+    return c.emit("gather", [c.arg(0), c.arg(1)], axis=0)
+
+
+@aten_converter("aten.gather")
+def _gather_elements(c: AtenCtx):
+    x = c.arg(0)
+    return c.emit("gather_elements", [x, c.arg(2)], axis=norm_dim(c.arg(1), rank_of(x)))
