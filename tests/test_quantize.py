@@ -10,6 +10,7 @@ from bevir.ir.types import AffineQuant
 from bevir.passes.quant_config import QuantConfig
 from bevir.passes.quantize import frac_bits_for, quantize, quantize_weight
 from bevir.sim.compare import layer_error
+from examples.bevformer import quant as bevformer_quant  # noqa: F401  (its inverse_sigmoid pattern)
 
 
 def _mlp(seed=0):

@@ -7,7 +7,7 @@ Targets (each takes one random byte string and derives its case from it):
   duplicated name;
 * ``text``: a printed IR text with characters mutated, deleted or duplicated;
 * ``load``: a saved graph whose constants file is corrupted or truncated;
-* ``config``: a QuantConfig JSON file (the reference-flow preset) mutated;
+* ``config``: a QuantConfig JSON file (the BEVFormer example's reference-flow preset) mutated;
 * ``ranges``: a saved calibration (ranges JSON + safetensors) with either file mutated;
 * ``tranges``: a ``bevir-tranges`` file mutated;
 * ``torch``: a small random torch module (layers, widths and an input shape drawn at
@@ -149,6 +149,7 @@ def _mutated_file(path: Path, rnd: random.Random) -> Path:
 
 
 def target_config(rnd: random.Random) -> None:
+    import examples.bevformer.quant  # noqa: F401  (registers the reference-flow preset)
     from bevir.passes.quant_config import QuantConfig
     with tempfile.TemporaryDirectory() as d:
         path = QuantConfig.preset("reference-flow").save(Path(d) / "q.json")

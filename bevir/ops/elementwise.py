@@ -171,7 +171,7 @@ Sigmoid = unary("sigmoid", _sigmoid, "1 / (1 + exp(-x))",
                 fixed_point=FixedLowering("unary", "fx_sigmoid"), onnx_export=onnx_as("Sigmoid"))
 Tanh = unary("tanh", np.tanh, onnx_export=onnx_as("Tanh"))
 Exp = unary("exp", np.exp, fixed_point=FixedLowering("unary", "fx_exp"), onnx_export=onnx_as("Exp"))
-Log = unary("log", np.log, fixed_point=FixedLowering("log", "fx_log"), onnx_export=onnx_as("Log"))
+Log = unary("log", np.log, fixed_point=FixedLowering("unary", "fx_log"), onnx_export=onnx_as("Log"))
 Sqrt = unary("sqrt", np.sqrt, onnx_export=onnx_as("Sqrt"))
 Erf = unary("erf", _erf, onnx_export=onnx_as("Erf"))
 Neg = unary("neg", np.negative, onnx_export=onnx_as("Neg"))

@@ -50,6 +50,7 @@ from .custom_ops import CUSTOM_OPS  # noqa: E402
 from .decode import compare_detections, decode, print_comparison, print_detections  # noqa: E402
 from .inputs import make_inputs, save_test_vectors, scene_boxes  # noqa: E402
 from .model import BEVFormer, split_model  # noqa: E402
+from . import quant  # noqa: E402,F401  (registers the reference-flow preset and inverse_sigmoid)
 from .weights import PRESETS, build_model, save_checkpoint  # noqa: E402
 
 HEAD_INPUTS = ("feats", "lidar2img", "can_bus", "prev_bev")
