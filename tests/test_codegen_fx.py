@@ -156,6 +156,8 @@ CASES = {f.__name__: f for f in (
     wide_case("fx_sigmoid", 12, 15, "i16"), wide_case("fx_inverse_sigmoid", 15, 4, "i8"),
     wide_case("fx_requantize", 5, 12, "i16", I8), wide_case("fx_requantize", 12, 4, "i8"),
     bridge_i16,
+    wide_case("fx_silu", 12, 10, "i16"), wide_case("fx_hardswish", 9, 4, "i8", I8),
+    wide_case("fx_tanh", 11, 7, "i8"), wide_case("fx_gelu", 10, 12, "i16"),
 )}
 
 

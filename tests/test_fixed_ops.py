@@ -372,7 +372,12 @@ LUTS = [("fx_sigmoid", 4, 7, lambda v: 1 / (1 + math.exp(-v)), "sigmoid", {}),
         ("fx_inverse_sigmoid", 7, 5, lambda v: _inv_sigmoid(v, 0.01), None, {"eps": 0.01}),
         ("fx_gelu", 5, 5, _gelu, "gelu", {}),
         ("fx_gelu", 4, 6, lambda v: 0.5 * v * (1 + math.tanh(math.sqrt(2 / math.pi) * (
-            v + 0.044715 * v ** 3))), "gelu", {"approximate": "tanh"})]
+            v + 0.044715 * v ** 3))), "gelu", {"approximate": "tanh"}),
+        ("fx_silu", 4, 5, lambda v: v / (1 + math.exp(-v)), "silu", {}),
+        ("fx_hardswish", 4, 4, lambda v: v * min(max(v / 6 + 0.5, 0.0), 1.0), "hardswish", {}),
+        ("fx_hardsigmoid", 3, 7, lambda v: min(max(v / 6 + 0.5, 0.0), 1.0), "hardsigmoid",
+         {"alpha": 1 / 6, "beta": 0.5}),
+        ("fx_tanh", 5, 7, math.tanh, "tanh", {})]
 
 
 @pytest.mark.parametrize("op,fin,fout,ref,_f,attrs", LUTS, ids=lambda v: str(v)[:20])
@@ -704,7 +709,8 @@ def test_every_fx_op_has_a_definition():
     names = {"fx_requantize", "fx_matmul", "fx_linear", "fx_conv2d", "fx_add", "fx_sub",
              "fx_mul", "fx_div", "fx_relu", "fx_sigmoid", "fx_exp", "fx_log",
              "fx_inverse_sigmoid", "fx_gelu", "fx_softmax", "fx_layer_norm", "fx_ms_deform_attn",
-             "fx_reduce_sum", "fx_reduce_mean", "fx_quantize", "fx_dequantize", "fx_bridge"}
+             "fx_reduce_sum", "fx_reduce_mean", "fx_quantize", "fx_dequantize", "fx_bridge",
+             "fx_silu", "fx_hardswish", "fx_hardsigmoid", "fx_tanh"}
     assert names <= set(bevir.ops.all_ops())
     assert all(get_op(n).__doc__ for n in names)
 

@@ -20,7 +20,7 @@ from ...errors import PassError
 from ...ir.graph import Graph, Node, Value
 from ...ir.types import AffineQuant, DType, FixedPointQuant, TensorType
 from ...ops import get_op
-from ...ops.fixed_point import FxLookup
+from ...ops.fixed_tables import FxLookup
 from ...ops.numerics import quantize_fixed
 from ..calibrate import ranges_of
 from ..quant_config import QuantConfig, Rule

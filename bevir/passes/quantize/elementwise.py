@@ -8,6 +8,7 @@ import numpy as np
 
 from ...ir.graph import Node, Value
 from ...ir.types import DType
+from ...ops import get_op
 from ..quant_config import Rule
 from .context import Context, exact_sum, is_table, lowers
 
@@ -20,7 +21,8 @@ def unary(cx: Context, node: Node, rule: Rule, fy: int, target: str) -> str | No
     qs = [wide] if wide is not None else cx.operands(node, node.inputs[:1], dt)
     if qs is None:
         return "uncalibrated input"
-    cx.replace(node, target, qs, cx.table_width(node, dt, out) if table else out)
+    attrs = {k: v for k, v in node.attrs.items() if k in get_op(target).attrs and k not in out}
+    cx.replace(node, target, qs, {**(cx.table_width(node, dt, out) if table else out), **attrs})
     return None
 
 
