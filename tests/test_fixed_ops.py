@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from fractions import Fraction
+from itertools import product
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ import bevir
 from bevir import AffineQuant, DType, FixedPointQuant, TensorType
 from bevir.errors import InterpreterError, VerifyError
 from bevir.ops import get_op
+from bevir.ops.nn import pool_out_size
 from bevir.ops.numerics import (div_table, lut_table, quantize_multiplier, rshift_round,
                                 softmax_exp_table)
 
@@ -705,12 +707,43 @@ def test_declared_type_with_wrong_frac_bits_fails_verify():
     assert e.value.op == "fx_relu" and e.value.loc == "m"
 
 
+@pytest.mark.parametrize("kernel,strides,pads,ceil,include", [
+    ((3, 3), (1, 1), (1, 1, 1, 1), False, False), ((3, 3), (1, 1), (1, 1, 1, 1), False, True),
+    ((2, 2), (2, 2), (0, 0, 0, 0), True, False), ((3, 2), (2, 1), (1, 0, 0, 1), True, True)])
+@pytest.mark.parametrize("f_in,f_out", [(4, 4), (6, 3), (2, 7)])
+def test_avgpool_is_each_windows_sum_over_its_count_rounded_once(kernel, strides, pads, ceil,
+                                                                   include, f_in, f_out):
+    """y = round_half_up(sum * 2**(f_out - f_in) / count) in exact rationals, window by
+    window; the count as ONNX AveragePool counts (the input's taps, or with
+    count_include_pad the taps inside input + pads, ceil_mode's overhang never)."""
+    x = np.random.default_rng(5).integers(-128, 128, (2, 3, 7, 6)).astype(np.int8)
+    y = run("fx_avgpool2d", [(x, fx(x.shape, f_in))], out_frac_bits=f_out, kernel=kernel,
+            strides=strides, pads=pads, ceil_mode=ceil, count_include_pad=include)
+    windows = [_windows(n, k, s, lo, hi, ceil)
+               for n, k, s, lo, hi in zip(x.shape[2:], kernel, strides, pads[:2], pads[2:])]
+    want = np.zeros(y.shape, np.int64)
+    for (i, (h0, h1, hn)), (j, (w0, w1, wn)) in product(*map(enumerate, windows)):
+        total = x[:, :, h0:h1, w0:w1].astype(np.int64).sum(axis=(2, 3))
+        count = hn * wn if include else (h1 - h0) * (w1 - w0)
+        want[:, :, i, j] = [[sat(math.floor(Fraction(int(v)) * Fraction(2) ** (f_out - f_in)
+                                             / count + Fraction(1, 2))) for v in row]
+                            for row in total]
+    assert y.tolist() == want.tolist()
+
+
+def _windows(n: int, k: int, s: int, lo: int, hi: int, ceil: bool) -> list[tuple[int, int, int]]:
+    """Per output position along an axis of n: (first, end) of the window's taps inside the
+    input, and how many of its taps lie inside input + pads."""
+    starts = [o * s - lo for o in range(pool_out_size(n, k, s, lo, hi, 1, ceil))]
+    return [(max(a, 0), min(a + k, n), min(a + k, n + hi) - a) for a in starts]
+
+
 def test_every_fx_op_has_a_definition():
     names = {"fx_requantize", "fx_matmul", "fx_linear", "fx_conv2d", "fx_add", "fx_sub",
              "fx_mul", "fx_div", "fx_relu", "fx_sigmoid", "fx_exp", "fx_log",
              "fx_inverse_sigmoid", "fx_gelu", "fx_softmax", "fx_layer_norm", "fx_ms_deform_attn",
              "fx_reduce_sum", "fx_reduce_mean", "fx_quantize", "fx_dequantize", "fx_bridge",
-             "fx_silu", "fx_hardswish", "fx_hardsigmoid", "fx_tanh"}
+             "fx_silu", "fx_hardswish", "fx_hardsigmoid", "fx_tanh", "fx_avgpool2d"}
     assert names <= set(bevir.ops.all_ops())
     assert all(get_op(n).__doc__ for n in names)
 

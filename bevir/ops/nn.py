@@ -219,18 +219,24 @@ class AvgPool2d(OpDef):
         y = np.zeros(c.out_types[0].shape, _acc(x.dtype))
         for tap in window_taps(x, axes, c, out, 0):
             y += tap
-        # the divisor: the same windows over a mask of what counts
-        h, w = (x.shape[a] for a in axes)
-        top, left, bottom, right = c.pads
-        if c.count_include_pad:
-            mask, pads = np.ones((h + top + bottom, w + left + right), y.dtype), (0, 0)
-        else:
-            mask, pads = np.ones((h, w), y.dtype), (top, left)
-        count = sum(window_taps(mask, (0, 1), c, out, 0, pads))
-        shape = [1] * 4
-        shape[axes[0]], shape[axes[1]] = out
-        y /= np.maximum(count, 1).reshape(shape)    # a window covering nothing averages to 0
+        y /= avgpool_counts(c, t, y.dtype)    # a window covering nothing averages to 0
         return y.astype(x.dtype, copy=False)
+
+
+def avgpool_counts(c, t: TensorType, dtype) -> np.ndarray:
+    """Average pooling's divisor at each output position (at least 1), shaped to broadcast
+    against the output: the windows taken over a mask of what counts (the input, or the
+    input and its pads with count_include_pad)."""
+    axes, out = spatial_axes(t), pool_out(c, t)
+    h, w = (t.shape[a] for a in axes)
+    top, left, bottom, right = c.pads
+    if c.count_include_pad:
+        mask, pads = np.ones((h + top + bottom, w + left + right), dtype), (0, 0)
+    else:
+        mask, pads = np.ones((h, w), dtype), (top, left)
+    shape = [1] * 4
+    shape[axes[0]], shape[axes[1]] = out
+    return np.maximum(sum(window_taps(mask, (0, 1), c, out, 0, pads)), 1).reshape(shape)
 
 
 def mlas_global_mean(x: np.ndarray, channels_last: bool = False) -> np.ndarray:
