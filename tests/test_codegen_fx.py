@@ -141,6 +141,16 @@ def avgpool_case(layout, frac_in, frac_out, **attrs):
     return make
 
 
+def movement_case(op, **attrs):
+    """An op that moves or selects codes (reduce_max/min, squeeze, unsqueeze, flatten) on
+    every i8 code, its frac bits kept."""
+    def make(rng):
+        x = all_codes((4, 1, 8, 32))
+        return one_op(op, {"x": (x, fx(x.shape, 5))}, **attrs)
+    make.__name__ = f"{op}_{'_'.join(f'{k}{v}' for k, v in attrs.items())}"
+    return make
+
+
 def bridge_i16(rng):
     """onnxruntime's u8 codes handed to a 16-bit head, transposed."""
     x = all_codes((2, 8, 4, 8), np.uint8)
@@ -174,6 +184,10 @@ CASES = {f.__name__: f for f in (
     avgpool_case(Layout.nchw, 1, 7, kernel=(2, 2), strides=(2, 2), ceil_mode=True),
     wide_case("fx_silu", 12, 10, "i16"), wide_case("fx_hardswish", 9, 4, "i8", I8),
     wide_case("fx_tanh", 11, 7, "i8"), wide_case("fx_gelu", 10, 12, "i16"),
+    movement_case("reduce_max", axes=(2, 3), keepdims=True), movement_case("reduce_min", axes=(-1,),
+                                                                           keepdims=False),
+    movement_case("reduce_max", axes=None, keepdims=False), movement_case("squeeze", axes=(1,)),
+    movement_case("unsqueeze", axes=(0, 3)), movement_case("flatten", axis=2),
 )}
 
 

@@ -35,6 +35,7 @@ from .numerics import (MAX_REDUCTION, NORM_FRAC, RECIP_BITS, Rescale, bilinear_t
                        bridge_table, div_table, int_matmul, quantize_fixed,
                        rshift_round, rsqrt_fixed, saturate, softmax_exp_table)
 from .cost import per_element, sampling_work
+from .reduce import reduced_index
 from .onnx_export import bridge, divide_by_count, identity, linear, matmul_bias, ms_deform_attn, qdq
 
 I8, I16, I32 = DType.i8, DType.i16, DType.i32
@@ -682,12 +683,7 @@ class FxReduceSum(OpDef):
         n = self._count(t.shape, axes) if self.mean else 1
 
         def acc(i):
-            it, idx = iter(i), []   # result index -> operand index: reduced axes read their var
-            for a in range(t.rank):
-                if a in rs and c.keepdims:
-                    next(it)        # the kept axis of size 1
-                idx.append(rs[a] if a in rs else next(it))
-            v = L.i64(x[tuple(idx)])
+            v = L.i64(x[tuple(reduced_index(i, t.rank, rs, c.keepdims))])
             return L.sum(v, axis=list(rs.values())) if rs else v
         s = L.te.compute(c.out_types[0].shape, lambda *i: acc(i), name="acc")
 

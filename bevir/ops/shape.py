@@ -187,6 +187,8 @@ class Flatten(OpDef):
     def compute(self, c, x):
         return x.reshape(c.out_types[0].shape)
 
+    tvm_lowering = Reshape.tvm_lowering       # the same elements in the same order
+
 
 class Transpose(OpDef):
     name = "transpose"
@@ -246,6 +248,8 @@ class Squeeze(OpDef):
     def compute(self, c, x):
         return x.reshape(c.out_types[0].shape)
 
+    tvm_lowering = Reshape.tvm_lowering       # the same elements in the same order
+
 
 class Unsqueeze(OpDef):
     """Insert size-1 axes at ``axes``, positions in the result (ONNX semantics)."""
@@ -265,6 +269,8 @@ class Unsqueeze(OpDef):
 
     def compute(self, c, x):
         return x.reshape(c.out_types[0].shape)
+
+    tvm_lowering = Reshape.tvm_lowering       # the same elements in the same order
 
 
 class Gather(OpDef):
