@@ -112,6 +112,7 @@ class MaxPool2d(OpDef):
                                       "pads": "pads", "ceil_mode": "ceil_mode",
                                       "dilations": "dilations"})
     nhwc = NATIVE
+    fixed_point = FixedLowering("movement")       # the maximum of codes is the codes' maximum
     operands = ("x",)
     attrs = {**POOL_ATTRS, "dilations": Ints((1, 1))}
 
@@ -206,6 +207,7 @@ class AvgPool2d(OpDef):
                                           "count_include_pad": "count_include_pad",
                                           "dilations": "dilations"})
     nhwc = NATIVE
+    fixed_point = FixedLowering("avgpool")
     operands = ("x",)
     attrs = {**POOL_ATTRS, "count_include_pad": Bool(False), "dilations": Ints((1, 1))}
 
@@ -275,6 +277,7 @@ class GlobalAvgPool(OpDef):
     name = "global_avgpool"
     onnx_export = onnx_as("GlobalAveragePool")
     nhwc = NATIVE
+    fixed_point = FixedLowering("global_pool")
     operands = ("x",)
 
     def infer(self, c, x):
@@ -304,6 +307,7 @@ class BatchNorm(OpDef):
 
     name = "batch_norm"
     onnx_export = onnx_as("BatchNormalization", {"epsilon": "epsilon"})
+    fixed_point = FixedLowering("batch_norm")
     nhwc = NATIVE
     operands = ("x", "scale", "bias", "mean", "var")
     attrs = {"epsilon": Float(1e-5)}

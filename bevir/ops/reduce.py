@@ -95,11 +95,11 @@ ReduceSum = reduction("sum", lambda x, a, k: np.sum(x, axis=a, keepdims=k, dtype
                       fixed_point=FixedLowering("reduce", "fx_reduce_sum"))
 ReduceMax = reduction("max", lambda x, a, k: np.max(x, axis=a, keepdims=k,
                                                     initial=_bound(x.dtype, False)),
-                      keeps_quant=True,
+                      keeps_quant=True, fixed_point=FixedLowering("movement"),
                       tvm_lowering=_extreme("max"))
 ReduceMin = reduction("min", lambda x, a, k: np.min(x, axis=a, keepdims=k,
                                                     initial=_bound(x.dtype, True)),
-                      keeps_quant=True,
+                      keeps_quant=True, fixed_point=FixedLowering("movement"),
                       tvm_lowering=_extreme("min"))
 
 

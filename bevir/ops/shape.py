@@ -94,6 +94,7 @@ class Split(OpDef):
 
     name = "split"
     onnx_export = with_inputs("Split", "sizes", attrs={"axis": "axis"})
+    fixed_point = FixedLowering("split")
     nhwc = AXIS
     operands = ("x",)
     attrs = {"axis": Int(0), "sizes": Ints()}

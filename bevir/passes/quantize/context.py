@@ -18,6 +18,7 @@ import numpy as np
 
 from ...errors import PassError
 from ...ir.graph import Graph, Node, Value
+from ...ir.opdef import FixedLowering
 from ...ir.types import AffineQuant, DType, FixedPointQuant, TensorType
 from ...ops import get_op
 from ...ops.fixed_tables import FxLookup
@@ -346,10 +347,14 @@ class Context:
 
 # ---- the driver ----------------------------------------------------------------------------
 
+#: how data movement lowers (an op that moves data and names no lowering of its own)
+MOVEMENT = FixedLowering("movement")
+
+
 def _lowerings_of(node: Node) -> list[tuple[Lowering, str | None]]:
     """The patterns of ``node``'s op, then its own lowering, each with its fx target; an op
     naming a lowering nobody registered is an error naming the op."""
-    spec = node.opdef.fixed_point
+    spec = node.opdef.fixed_point or (MOVEMENT if node.opdef.moves_data else None)
     found = [(p, spec.target if spec else None) for p in PATTERNS.get(node.op, ())]
     if spec is not None:
         if spec.how not in LOWERINGS:
@@ -377,13 +382,14 @@ def lower_graph(cx: Context) -> None:
         if not cx.is_active(node):
             cx.stat("geometry-left")
             continue
-        if not node.outputs[0].type.dtype is DType.f32:
+        floats = [v.type.dtype is DType.f32 for v in (node.outputs[0], node.inputs[0]) if v]
+        if not any(floats):                     # integers already (or ids, masks)
             continue
         rule = cx.config.rule_for(node)
         if rule.activations == "affine":        # onnxruntime's scales: the INT8 import's
             cx.stat("affine-left")
             continue
-        fy = cx.frac(node.output) if len(node.outputs) == 1 else 0
+        fy = cx.frac(node.output) if len(node.outputs) == 1 and floats[0] else 0
         why = f"excluded by rule '{rule.name}'" if rule.exclude else \
             "uncalibrated result" if fy is None else _lower(cx, node, rule, fy, plans[node])
         if why is not None:

@@ -35,8 +35,33 @@ def binary(cx: Context, node: Node, rule: Rule, fy: int, target: str) -> str | N
     qs = cx.wide_operands(node) if exact else cx.operands(node, None, dt)
     if qs is None:
         return "uncalibrated input"
-    cx.replace(node, target, qs, cx.exact_width(node.output, qs) if exact else out)
+    out = cx.exact_width(node.output, qs) if exact else out
+    cx.replace(node, target, _within_reach(cx, node, qs, out["out_frac_bits"]), out)
     return None
+
+
+@lowers("add_relu")
+def add_relu(cx: Context, node: Node, rule: Rule, fy: int, target: None) -> str | None:
+    """relu(a + b): fx_add to the result's frac bits, then fx_relu."""
+    dt, out = cx.width(node, rule, fy, "fx_add", "fx_relu")
+    qs = cx.operands(node, None, dt)
+    if qs is None:
+        return "uncalibrated input"
+    cx.replace(node, "fx_add", _within_reach(cx, node, qs, fy), out, "fx_relu",
+               {"out_dtype": out["out_dtype"]} if "out_dtype" in out else None)
+    return None
+
+
+def _within_reach(cx: Context, node: Node, qs: list[Value], fy: int) -> list[Value]:
+    """``qs`` with any operand whose frac bits lie more than 31 above another's or the
+    result's (a value calibrated near zero) requantized to that reach: the bits it drops
+    lie 31 below what the sum keeps."""
+    reach = min(q.type.quant.frac_bits[0] for q in qs) + 31
+    reach = min(reach, fy + 31)
+    return [q if q.type.quant.frac_bits[0] <= reach else
+            cx.create("fx_requantize", [q], {"out_frac_bits": reach,
+                                             "out_dtype": q.type.dtype.value}, node)
+            for q in qs]
 
 
 @lowers("mul")
@@ -82,11 +107,17 @@ def clip(cx: Context, node: Node, rule: Rule, fy: int, target: None) -> str | No
     xq = cx.fixed(node.inputs[0], node)
     if xq is None:
         return "uncalibrated input"
-    f = xq.type.quant.frac_bits[0]
-    bounds = {k: float(np.clip(np.floor(node.attrs[k] * 2.0 ** f + 0.5), -128, 127))
-              for k in ("min", "max") if node.attrs.get(k) is not None}
+    bounds = code_bounds({k: node.attrs[k] for k in ("min", "max")}, xq.type)
     cx.swap(node, cx.create("clip", [xq], bounds, node))
     return None
+
+
+def code_bounds(bounds: dict[str, float | None], t) -> dict[str, float]:
+    """Clip bounds (``min``, ``max``; None for none) as codes of fixed type ``t``: rounded
+    half up to its frac bits, within its dtype."""
+    f, info = t.quant.frac_bits[0], np.iinfo(t.dtype.np)
+    return {k: float(np.clip(np.floor(v * 2.0 ** f + 0.5), info.min, info.max))
+            for k, v in bounds.items() if v is not None}
 
 
 def _integer_valued(v: Value) -> bool:

@@ -9,6 +9,7 @@ from ...ir.types import DType, TensorType
 from ...ops import get_op
 from ..quant_config import Rule
 from .context import F32, Context, lowers, quantize_weight
+from .elementwise import code_bounds
 
 
 @lowers("product")
@@ -16,11 +17,11 @@ def product(cx: Context, node: Node, rule: Rule, fy: int, target: None) -> str |
     conv = node.op in ("conv2d", "conv2d_act")
     x, w, b, trans_b = _conv_parts(node) if conv else _linear_parts(node)
     act = node.attrs.get("activation", "none")
-    if w is None:
-        return _activation_product(cx, node, fy)
-    spec = None if act == "none" else get_op(act).activation
+    spec = None if act in ("none", "clip") else get_op(act).activation
     if spec is not None and spec.fixed is None:
         return f"activation {act} has no fixed-point lowering"
+    if w is None:
+        return _activation_product(cx, node, fy, spec)
     target = "fx_conv2d" if conv else "fx_linear"
     dt, out = cx.width(node, rule, fy, target, *([spec.fixed] if spec else []))
     xq = cx.fixed(x, node, dt)
@@ -43,19 +44,36 @@ def product(cx: Context, node: Node, rule: Rule, fy: int, target: None) -> str |
     then_attrs = {a: node.attrs[f] for a, f in spec.attrs} if spec else {}
     if spec is not None and dt is DType.i16:
         then_attrs["out_dtype"] = "i16"
+    if act == "clip":
+        return _clipped(cx, node, target, inputs, {**out, **attrs})
     cx.replace(node, target, inputs, {**out, **attrs}, spec and spec.fixed, then_attrs)
     return None
 
 
-def _activation_product(cx: Context, node: Node, fy: int) -> str | None:
-    """matmul of two activations (attention scores, attention times values)."""
-    if node.op != "matmul" or any(v.is_const for v in node.inputs):
+def _clipped(cx: Context, node: Node, op: str, inputs: list[Value], attrs: dict) -> None:
+    """``op(inputs){attrs}`` clipped on its codes to the node's fused clip bounds (relu6:
+    [0, 6]), the bounds rounded to the result's frac bits."""
+    y = cx.create(op, inputs, attrs, node)
+    bounds = code_bounds({"min": node.attrs.get("clip_min"), "max": node.attrs.get("clip_max")},
+                         y.type)
+    cx.swap(node, cx.create("clip", [y], bounds, node))
+    return None
+
+
+def _activation_product(cx: Context, node: Node, fy: int, spec) -> str | None:
+    """A product of two activations (attention scores, attention times values), its fused
+    activation after it."""
+    if node.op not in ("matmul", "matmul_act") or any(v.is_const for v in node.inputs):
         return "not a product by a constant weight or of two activations"
+    if node.attrs.get("activation", "none") == "clip":
+        return "a product of two activations with a fused clip"
     a = cx.twin(node.inputs[0], DType.i16) or cx.fixed(node.inputs[0], node)
     b = cx.fixed(node.inputs[1], node)
     if a is None or b is None:
         return "uncalibrated input"
-    cx.replace(node, "fx_matmul", [a, b], {"out_frac_bits": fy, **cx.result_width(node, fy)})
+    then = {a_: node.attrs[f] for a_, f in spec.attrs} if spec else {}
+    out = {"out_frac_bits": fy, **(cx.result_width(node, fy) if spec is None else {})}
+    cx.replace(node, "fx_matmul", [a, b], out, spec and spec.fixed, then)
     return None
 
 
