@@ -423,3 +423,29 @@ def test_every_op_of_a_mobile_cnn_lowers_with_the_default_config():
     assert sqnr > 25, sqnr
     report = Program(g, "llvm").check(feed)
     assert report.ok and report.checked >= 10, report.mismatch
+
+
+def test_attention_scores_with_a_constant_mask_lower_to_a_product_and_an_add():
+    """matmul_act(q, k^T, mask) (an encoder's scores plus its attention mask, as fuse makes
+    them): fx_matmul, then fx_add of the mask's codes, 16 bits for the softmax; nothing
+    left in float, close to float."""
+    rng = np.random.default_rng(6)
+    b = Builder("scores")
+    q = b.input("q", TensorType((1, 2, 8, 16)))
+    k = b.input("k", TensorType((1, 2, 16, 8)))
+    mask = np.zeros((1, 1, 8, 8), np.float32)
+    mask[..., -2:] = -4.0                                  # the last two keys masked
+    s = b.matmul_act(q, k, b.const(mask, "mask"), activation="none")
+    b.output("p", b.softmax(s, axis=-1))
+    g = b.graph
+    ref = g.clone()
+    feeds = [{"q": rng.standard_normal((1, 2, 8, 16)).astype(np.float32),
+              "k": rng.standard_normal((1, 2, 16, 8)).astype(np.float32)} for _ in range(4)]
+    bevir.calibrate(g, feeds)
+    stats = quantize(g, QuantConfig())
+    assert stats.get("lowered-matmul_act") == 1 and "float-left" not in stats, stats
+    assert len(bevir.passes.float_ops_between(g, ["q", "k"])) == 0
+    add = next(n for n in g.nodes if n.op == "fx_add")
+    assert add.inputs[0].producer.op == "fx_matmul" and add.output.type.dtype.value == "i16"
+    sqnr, _, _ = layer_error(bevir.run(ref, feeds[0])["p"], bevir.run(g, feeds[0])["p"])
+    assert sqnr > 25, sqnr

@@ -36,7 +36,7 @@ def binary(cx: Context, node: Node, rule: Rule, fy: int, target: str) -> str | N
     if qs is None:
         return "uncalibrated input"
     out = cx.exact_width(node.output, qs) if exact else out
-    cx.replace(node, target, _within_reach(cx, node, qs, out["out_frac_bits"]), out)
+    cx.replace(node, target, within_reach(qs, out["out_frac_bits"], cx, node), out)
     return None
 
 
@@ -47,12 +47,12 @@ def add_relu(cx: Context, node: Node, rule: Rule, fy: int, target: None) -> str 
     qs = cx.operands(node, None, dt)
     if qs is None:
         return "uncalibrated input"
-    cx.replace(node, "fx_add", _within_reach(cx, node, qs, fy), out, "fx_relu",
+    cx.replace(node, "fx_add", within_reach(qs, fy, cx, node), out, "fx_relu",
                {"out_dtype": out["out_dtype"]} if "out_dtype" in out else None)
     return None
 
 
-def _within_reach(cx: Context, node: Node, qs: list[Value], fy: int) -> list[Value]:
+def within_reach(qs: list[Value], fy: int, cx: Context, node: Node) -> list[Value]:
     """``qs`` with any operand whose frac bits lie more than 31 above another's or the
     result's (a value calibrated near zero) requantized to that reach: the bits it drops
     lie 31 below what the sum keeps."""

@@ -9,7 +9,7 @@ from ...ir.types import DType, TensorType
 from ...ops import get_op
 from ..quant_config import Rule
 from .context import F32, Context, lowers, quantize_weight
-from .elementwise import code_bounds
+from .elementwise import code_bounds, within_reach
 
 
 @lowers("product")
@@ -62,18 +62,27 @@ def _clipped(cx: Context, node: Node, op: str, inputs: list[Value], attrs: dict)
 
 def _activation_product(cx: Context, node: Node, fy: int, spec) -> str | None:
     """A product of two activations (attention scores, attention times values), its fused
-    activation after it."""
-    if node.op not in ("matmul", "matmul_act") or any(v.is_const for v in node.inputs):
+    activation after it, or its constant bias (an attention mask) added to its codes."""
+    (x, y), bias = node.inputs[:2], node.inputs[2] if len(node.inputs) > 2 else None
+    if node.op not in ("matmul", "matmul_act") or x.is_const or y.is_const:
         return "not a product by a constant weight or of two activations"
-    if node.attrs.get("activation", "none") == "clip":
-        return "a product of two activations with a fused clip"
-    a = cx.twin(node.inputs[0], DType.i16) or cx.fixed(node.inputs[0], node)
-    b = cx.fixed(node.inputs[1], node)
+    if node.attrs.get("activation", "none") == "clip" or node.attrs.get("trans_b"):
+        return "a product of two activations with a fused clip or a transposed operand"
+    if bias is not None and (not bias.is_const or spec is not None):
+        return "a product of two activations with a computed bias, or a bias and an activation"
+    a = cx.twin(x, DType.i16) or cx.fixed(x, node)
+    b = cx.fixed(y, node)
     if a is None or b is None:
         return "uncalibrated input"
     then = {a_: node.attrs[f] for a_, f in spec.attrs} if spec else {}
     out = {"out_frac_bits": fy, **(cx.result_width(node, fy) if spec is None else {})}
-    cx.replace(node, "fx_matmul", [a, b], out, spec and spec.fixed, then)
+    if bias is None:
+        cx.replace(node, "fx_matmul", [a, b], out, spec and spec.fixed, then)
+        return None
+    dt = DType(out.get("out_dtype", "i8"))
+    scores = cx.create("fx_matmul", [a, b], out, node)     # at the masked scores' frac bits
+    qs = within_reach([scores, cx.fixed(bias, node, dt)], out["out_frac_bits"], cx, node)
+    cx.replace(node, "fx_add", qs, out)
     return None
 
 
