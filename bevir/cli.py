@@ -646,9 +646,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--inputs", required=True, metavar="FILE.safetensors",
                    help="one frame of the model's inputs: calibrated on, and the frame "
                    "--target is measured on")
-    s.add_argument("--config", default="reference-flow", metavar="PRESET|FILE.json",
+    s.add_argument("--config", default="default", metavar="PRESET|FILE.json",
                    help="the quantization config, or the search's start (default: "
-                   "reference-flow)")
+                   "default: per-channel weights, 8-bit activations)")
     s.add_argument("--target", metavar="METRIC>=VALUE",
                    help="search the config first: metrics sqnr (the lowest over the "
                    "outputs), OUTPUT_sqnr (dB against the float run) and cycles; the "

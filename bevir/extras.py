@@ -21,6 +21,9 @@ EXTRAS: dict[str, tuple[str, str]] = {
     "ray": ("scale", "running on Ray"),
     "pandas": ("scale", "running on Ray"),
     "pyarrow": ("scale", "running on Ray"),
+    "timm": ("hub", "the timm and transformers model zoo (bevir.testing.hub_zoo)"),
+    "transformers": ("hub", "the timm and transformers model zoo (bevir.testing.hub_zoo)"),
+    "torchvision": ("hub", "the timm and transformers model zoo (bevir.testing.hub_zoo)"),
 }
 
 

@@ -30,12 +30,13 @@ def torch_seed(request) -> None:
 
 
 def pytest_terminal_summary(terminalreporter):
-    """The zoo table (tests/test_zoo.py), when the zoo ran."""
+    """The zoo tables (tests/test_zoo.py, tests/test_hub_zoo.py), of the zoos that ran."""
     import sys
-    zoo = sys.modules.get("test_zoo")
-    if zoo is not None and zoo.ROWS:
-        terminalreporter.write_sep("-", "model zoo")
-        terminalreporter.write_line(zoo.table())
+    for module, title in (("test_zoo", "model zoo"), ("test_hub_zoo", "timm and transformers zoo")):
+        zoo = sys.modules.get(module)
+        if zoo is not None and zoo.ROWS:
+            terminalreporter.write_sep("-", title)
+            terminalreporter.write_line(zoo.table())
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,5 @@
 """Generated kernels of the fx ops with multi-stage lowerings (softmax, reductions, division,
-layer norm, deformable attention) against the golden model, llvm and C builds: 0 differing elements
+layer norm, deformable attention, average pooling) against the golden model, llvm and C builds: 0 differing elements
 on one-op graphs, whole and partitioned for 2 and 4 cores, with inputs at the edges (every
 code, ties, saturation, i16 softmax inputs, another axis, locations outside the map), and
 the ops that take 16-bit activations (products by i8 weights, relu, tables, requantize)."""
@@ -129,6 +129,28 @@ def wide_case(op, frac_in, frac_out, out_dtype, x_dtype=I16, **attrs):
     return make
 
 
+def avgpool_case(layout, frac_in, frac_out, **attrs):
+    """Average pooling of every i8 code (NCHW or NHWC): window sums, counts at the borders,
+    ceil_mode's overhang."""
+    def make(rng):
+        shape = (2, 6, 9, 11) if layout is Layout.nchw else (2, 9, 11, 6)
+        x = all_codes(shape)
+        return one_op("fx_avgpool2d", {"x": (x, fx(shape, frac_in, I8, layout))},
+                      out_frac_bits=frac_out, **attrs)
+    make.__name__ = f"avgpool_{layout.value}_{frac_in}_{frac_out}"
+    return make
+
+
+def movement_case(op, **attrs):
+    """An op that moves or selects codes (reduce_max/min, squeeze, unsqueeze, flatten) on
+    every i8 code, its frac bits kept."""
+    def make(rng):
+        x = all_codes((4, 1, 8, 32))
+        return one_op(op, {"x": (x, fx(x.shape, 5))}, **attrs)
+    make.__name__ = f"{op}_{'_'.join(f'{k}{v}' for k, v in attrs.items())}"
+    return make
+
+
 def bridge_i16(rng):
     """onnxruntime's u8 codes handed to a 16-bit head, transposed."""
     x = all_codes((2, 8, 4, 8), np.uint8)
@@ -156,6 +178,16 @@ CASES = {f.__name__: f for f in (
     wide_case("fx_sigmoid", 12, 15, "i16"), wide_case("fx_inverse_sigmoid", 15, 4, "i8"),
     wide_case("fx_requantize", 5, 12, "i16", I8), wide_case("fx_requantize", 12, 4, "i8"),
     bridge_i16,
+    avgpool_case(Layout.nchw, 4, 4, kernel=(3, 3), pads=(1, 1, 1, 1)),
+    avgpool_case(Layout.nhwc, 6, 2, kernel=(3, 2), strides=(2, 2), pads=(1, 0, 0, 1),
+                 ceil_mode=True, count_include_pad=True),
+    avgpool_case(Layout.nchw, 1, 7, kernel=(2, 2), strides=(2, 2), ceil_mode=True),
+    wide_case("fx_silu", 12, 10, "i16"), wide_case("fx_hardswish", 9, 4, "i8", I8),
+    wide_case("fx_tanh", 11, 7, "i8"), wide_case("fx_gelu", 10, 12, "i16"),
+    movement_case("reduce_max", axes=(2, 3), keepdims=True), movement_case("reduce_min", axes=(-1,),
+                                                                           keepdims=False),
+    movement_case("reduce_max", axes=None, keepdims=False), movement_case("squeeze", axes=(1,)),
+    movement_case("unsqueeze", axes=(0, 3)), movement_case("flatten", axis=2),
 )}
 
 

@@ -118,7 +118,7 @@ def int8_graph():
     g = b.graph
     bevir.calibrate(g, [{"x": RNG.normal(size=(1, 3, 16, 16)).astype(np.float32)}
                         for _ in range(2)])
-    bevir.quantize(g, "reference-flow")
+    bevir.quantize(g)
     return g
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from fractions import Fraction
+from itertools import product
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ import bevir
 from bevir import AffineQuant, DType, FixedPointQuant, TensorType
 from bevir.errors import InterpreterError, VerifyError
 from bevir.ops import get_op
+from bevir.ops.nn import pool_out_size
 from bevir.ops.numerics import (div_table, lut_table, quantize_multiplier, rshift_round,
                                 softmax_exp_table)
 
@@ -372,7 +374,12 @@ LUTS = [("fx_sigmoid", 4, 7, lambda v: 1 / (1 + math.exp(-v)), "sigmoid", {}),
         ("fx_inverse_sigmoid", 7, 5, lambda v: _inv_sigmoid(v, 0.01), None, {"eps": 0.01}),
         ("fx_gelu", 5, 5, _gelu, "gelu", {}),
         ("fx_gelu", 4, 6, lambda v: 0.5 * v * (1 + math.tanh(math.sqrt(2 / math.pi) * (
-            v + 0.044715 * v ** 3))), "gelu", {"approximate": "tanh"})]
+            v + 0.044715 * v ** 3))), "gelu", {"approximate": "tanh"}),
+        ("fx_silu", 4, 5, lambda v: v / (1 + math.exp(-v)), "silu", {}),
+        ("fx_hardswish", 4, 4, lambda v: v * min(max(v / 6 + 0.5, 0.0), 1.0), "hardswish", {}),
+        ("fx_hardsigmoid", 3, 7, lambda v: min(max(v / 6 + 0.5, 0.0), 1.0), "hardsigmoid",
+         {"alpha": 1 / 6, "beta": 0.5}),
+        ("fx_tanh", 5, 7, math.tanh, "tanh", {})]
 
 
 @pytest.mark.parametrize("op,fin,fout,ref,_f,attrs", LUTS, ids=lambda v: str(v)[:20])
@@ -700,11 +707,43 @@ def test_declared_type_with_wrong_frac_bits_fails_verify():
     assert e.value.op == "fx_relu" and e.value.loc == "m"
 
 
+@pytest.mark.parametrize("kernel,strides,pads,ceil,include", [
+    ((3, 3), (1, 1), (1, 1, 1, 1), False, False), ((3, 3), (1, 1), (1, 1, 1, 1), False, True),
+    ((2, 2), (2, 2), (0, 0, 0, 0), True, False), ((3, 2), (2, 1), (1, 0, 0, 1), True, True)])
+@pytest.mark.parametrize("f_in,f_out", [(4, 4), (6, 3), (2, 7)])
+def test_avgpool_is_each_windows_sum_over_its_count_rounded_once(kernel, strides, pads, ceil,
+                                                                   include, f_in, f_out):
+    """y = round_half_up(sum * 2**(f_out - f_in) / count) in exact rationals, window by
+    window; the count as ONNX AveragePool counts (the input's taps, or with
+    count_include_pad the taps inside input + pads, ceil_mode's overhang never)."""
+    x = np.random.default_rng(5).integers(-128, 128, (2, 3, 7, 6)).astype(np.int8)
+    y = run("fx_avgpool2d", [(x, fx(x.shape, f_in))], out_frac_bits=f_out, kernel=kernel,
+            strides=strides, pads=pads, ceil_mode=ceil, count_include_pad=include)
+    windows = [_windows(n, k, s, lo, hi, ceil)
+               for n, k, s, lo, hi in zip(x.shape[2:], kernel, strides, pads[:2], pads[2:])]
+    want = np.zeros(y.shape, np.int64)
+    for (i, (h0, h1, hn)), (j, (w0, w1, wn)) in product(*map(enumerate, windows)):
+        total = x[:, :, h0:h1, w0:w1].astype(np.int64).sum(axis=(2, 3))
+        count = hn * wn if include else (h1 - h0) * (w1 - w0)
+        want[:, :, i, j] = [[sat(math.floor(Fraction(int(v)) * Fraction(2) ** (f_out - f_in)
+                                             / count + Fraction(1, 2))) for v in row]
+                            for row in total]
+    assert y.tolist() == want.tolist()
+
+
+def _windows(n: int, k: int, s: int, lo: int, hi: int, ceil: bool) -> list[tuple[int, int, int]]:
+    """Per output position along an axis of n: (first, end) of the window's taps inside the
+    input, and how many of its taps lie inside input + pads."""
+    starts = [o * s - lo for o in range(pool_out_size(n, k, s, lo, hi, 1, ceil))]
+    return [(max(a, 0), min(a + k, n), min(a + k, n + hi) - a) for a in starts]
+
+
 def test_every_fx_op_has_a_definition():
     names = {"fx_requantize", "fx_matmul", "fx_linear", "fx_conv2d", "fx_add", "fx_sub",
              "fx_mul", "fx_div", "fx_relu", "fx_sigmoid", "fx_exp", "fx_log",
              "fx_inverse_sigmoid", "fx_gelu", "fx_softmax", "fx_layer_norm", "fx_ms_deform_attn",
-             "fx_reduce_sum", "fx_reduce_mean", "fx_quantize", "fx_dequantize", "fx_bridge"}
+             "fx_reduce_sum", "fx_reduce_mean", "fx_quantize", "fx_dequantize", "fx_bridge",
+             "fx_silu", "fx_hardswish", "fx_hardsigmoid", "fx_tanh", "fx_avgpool2d"}
     assert names <= set(bevir.ops.all_ops())
     assert all(get_op(n).__doc__ for n in names)
 

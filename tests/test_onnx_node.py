@@ -33,7 +33,7 @@ import pytest
 from onnx import numpy_helper
 
 import bevir
-from bevir.frontends.onnx import _CONVERTERS, NonConstantInputError, supported_ops
+from bevir.frontends.onnx import CONVERTERS, NonConstantInputError, supported_ops
 
 with warnings.catch_warnings():   # the case generators cast out-of-range values on purpose
     warnings.simplefilter("ignore")
@@ -259,7 +259,7 @@ def test_a_broken_converter_fails_its_node_cases(op_type, monkeypatch):
     def broken(c):
         raise bevir.UnsupportedError("broken on purpose", op=c.op_type, node=c.loc)
 
-    monkeypatch.setattr(_CONVERTERS[op_type], "fn", broken)
+    monkeypatch.setattr(CONVERTERS[op_type], "fn", broken)
     with pytest.raises(pytest.fail.Exception, match=f"newly refused: {case.name}: "):
         check_node_case(case)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import bevir
 from bevir.ops import all_ops, get_op, interface_table
 from bevir.ops.linalg import Contraction, Convolution, MatrixProduct
-from bevir.passes.quantize import STRATEGIES
+from bevir.passes.quantize import LOWERINGS
 
 OPS = all_ops()
 
@@ -28,7 +28,7 @@ def test_fixed_point_lowerings_name_strategies_and_registered_targets():
     for name, op in OPS.items():
         spec = op.fixed_point
         if spec is not None:
-            assert spec.how in STRATEGIES, name
+            assert spec.how in LOWERINGS, name
             assert spec.target is None or get_op(spec.target).name == spec.target
 
 
@@ -53,7 +53,7 @@ def test_an_unknown_lowering_strategy_is_an_error_naming_the_op(monkeypatch):
     bevir.calibrate(g, [{"x": np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3)}])
     monkeypatch.setattr(type(get_op("relu")), "fixed_point", FixedLowering("teleport"))
     try:
-        bevir.quantize(g, "reference-flow")
+        bevir.quantize(g)
     except bevir.PassError as e:
         assert "op 'relu' declares the fixed-point lowering 'teleport'" in str(e)
     else:

@@ -13,6 +13,7 @@ from bevir import Builder, TensorType
 from bevir.passes.quant_config import ConfigError, QuantConfig, Rule
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import examples.bevformer.quant  # noqa: E402,F401  (registers the reference-flow preset)
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +123,7 @@ def test_bad_files_and_presets(tmp_path):
     (tmp_path / "list.json").write_text(json.dumps([1]))
     with pytest.raises(ConfigError, match="expected a JSON object"):
         QuantConfig.load(tmp_path / "list.json")
-    with pytest.raises(ConfigError, match="presets: reference-flow"):
+    with pytest.raises(ConfigError, match="presets: default, reference-flow"):
         QuantConfig.preset("fast")
     assert issubclass(ConfigError, bevir.BevirError)
 

@@ -6,10 +6,12 @@ import pytest
 
 import bevir
 from bevir import Builder, PassError, TensorType
+from bevir.codegen.program import Program
 from bevir.ir.types import AffineQuant
 from bevir.passes.quant_config import QuantConfig
 from bevir.passes.quantize import frac_bits_for, quantize, quantize_weight
 from bevir.sim.compare import layer_error
+from examples.bevformer import quant as bevformer_quant  # noqa: F401  (its inverse_sigmoid pattern)
 
 
 def _mlp(seed=0):
@@ -180,7 +182,7 @@ def test_fused_linear_and_conv_with_activations(act):
     feeds = [{"x": rng.standard_normal((2, 3, 8, 8)).astype(np.float32)} for _ in range(3)]
     bevir.calibrate(g, feeds)
     stats = quantize(g, QuantConfig.build({"default": {"name": "all", "weights": "per_channel"}}))
-    assert stats == {"lowered-conv2d_act": 1, "lowered-matmul_act": 1}
+    assert stats == {"lowered-conv2d_act": 1, "lowered-reshape": 1, "lowered-matmul_act": 1}
     ops = [n.op for n in g.nodes]
     assert ops[:3] == ["fx_quantize", "fx_conv2d", "fx_relu"] and f"fx_{act}" in ops
     sqnr, _, cos = layer_error(bevir.run(ref, feeds[0])["y"], bevir.run(g, feeds[0])["y"])
@@ -369,3 +371,81 @@ def test_accumulators_are_bounded_statically_and_overflow_is_reported():
     with pytest.raises(PassError, match="1 accumulator") as e:
         check_accumulators(g)
     assert e.value.op == "fx_linear" and e.value.loc == "wide.fc"
+
+
+def _mobile_cnn(seed=0):
+    """A small CNN of the zoo's ops: fused SiLU and ReLU6 convolutions, a batch norm left
+    unfused, a residual add_relu, a channel shuffle (split, concat), max, average and global
+    average pooling, hard-swish, tanh, a flatten and a classifier."""
+    rng = np.random.default_rng(seed)
+    b = Builder("mobile")
+
+    def const(shape, scale, name):
+        return b.const((rng.standard_normal(shape) * scale).astype(np.float32), name)
+    x = b.input("x", TensorType((1, 3, 16, 16)))
+    c1 = b.conv2d_act(x, const((8, 3, 3, 3), 0.3, "w1"), const(8, 0.1, "b1"), pads=[1, 1, 1, 1],
+                      activation="silu")
+    c2 = b.conv2d_act(c1, const((8, 8, 3, 3), 0.15, "w2"), None, pads=[1, 1, 1, 1],
+                      activation="clip", clip_min=0.0, clip_max=6.0)
+    bn = b.batch_norm(c2, *(b.const(v.astype(np.float32), f"bn{i}") for i, v in enumerate((
+        rng.uniform(0.5, 1.5, 8), rng.standard_normal(8) * 0.1, rng.standard_normal(8) * 0.1,
+        rng.uniform(0.5, 1.5, 8)))))
+    lo, hi = b.split(b.add_relu(bn, c1), axis=1, sizes=(3, 5))
+    p = b.maxpool2d(b.concat(hi, lo, axis=1), kernel=[2, 2], strides=[2, 2])
+    a = b.avgpool2d(b.hardswish(p), kernel=[3, 3], pads=[1, 1, 1, 1])
+    g = b.global_avgpool(b.tanh(a))
+    f = b.reshape(g, shape=[1, 8])
+    b.output("y", b.matmul(f, const((8, 10), 0.3, "fc")))
+    return b.graph
+
+
+def test_every_op_of_a_mobile_cnn_lowers_with_the_default_config():
+    """The default config (naming no model) lowers each op of _mobile_cnn: nothing float
+    between the input and the output, close to float, and the kernels generated for it
+    agree with the golden model bit for bit."""
+    g = _mobile_cnn()
+    ref = g.clone()
+    rng = np.random.default_rng(3)
+    feeds = [{"x": rng.standard_normal((1, 3, 16, 16)).astype(np.float32)} for _ in range(4)]
+    bevir.calibrate(g, feeds)
+    stats = quantize(g, QuantConfig())
+    for op in ("batch_norm", "add_relu", "split", "concat", "maxpool2d", "avgpool2d",
+               "hardswish", "tanh", "global_avgpool", "reshape", "matmul"):
+        assert stats.get(f"lowered-{op}", 0) == 1, (op, stats)
+    assert stats["lowered-conv2d_act"] == 2
+    assert "float-left" not in stats, stats
+    bevir.verify(g)
+    assert len(bevir.passes.float_ops_between(g, ["x"])) == 0
+    assert {"fx_silu", "fx_hardswish", "fx_tanh", "fx_avgpool2d", "clip"} <= set(g.op_counts())
+    feed = {"x": rng.standard_normal((1, 3, 16, 16)).astype(np.float32)}
+    sqnr, _, _ = layer_error(bevir.run(ref, feed)["y"], bevir.run(g, feed)["y"])
+    print(f"mobile CNN INT8 vs float: SQNR {sqnr:.1f} dB")
+    assert sqnr > 25, sqnr
+    report = Program(g, "llvm").check(feed)
+    assert report.ok and report.checked >= 10, report.mismatch
+
+
+def test_attention_scores_with_a_constant_mask_lower_to_a_product_and_an_add():
+    """matmul_act(q, k^T, mask) (an encoder's scores plus its attention mask, as fuse makes
+    them): fx_matmul, then fx_add of the mask's codes, 16 bits for the softmax; nothing
+    left in float, close to float."""
+    rng = np.random.default_rng(6)
+    b = Builder("scores")
+    q = b.input("q", TensorType((1, 2, 8, 16)))
+    k = b.input("k", TensorType((1, 2, 16, 8)))
+    mask = np.zeros((1, 1, 8, 8), np.float32)
+    mask[..., -2:] = -4.0                                  # the last two keys masked
+    s = b.matmul_act(q, k, b.const(mask, "mask"), activation="none")
+    b.output("p", b.softmax(s, axis=-1))
+    g = b.graph
+    ref = g.clone()
+    feeds = [{"q": rng.standard_normal((1, 2, 8, 16)).astype(np.float32),
+              "k": rng.standard_normal((1, 2, 16, 8)).astype(np.float32)} for _ in range(4)]
+    bevir.calibrate(g, feeds)
+    stats = quantize(g, QuantConfig())
+    assert stats.get("lowered-matmul_act") == 1 and "float-left" not in stats, stats
+    assert len(bevir.passes.float_ops_between(g, ["q", "k"])) == 0
+    add = next(n for n in g.nodes if n.op == "fx_add")
+    assert add.inputs[0].producer.op == "fx_matmul" and add.output.type.dtype.value == "i16"
+    sqnr, _, _ = layer_error(bevir.run(ref, feeds[0])["p"], bevir.run(g, feeds[0])["p"])
+    assert sqnr > 25, sqnr

@@ -99,6 +99,26 @@ CASES = {
     "index_tensor": (Fn(lambda x, t: x[:, t.long()], torch.tensor([3.0, 0, 2, 2])),
                      [torch.randn(2, 5, 3)], "aten.index.Tensor"),
     "inplace_slice_assign": (Fn(lambda x: _assign(x)), [torch.randn(4, 6)], "aten.fill_"),
+    "embedding": (nn.Embedding(11, 6), [torch.tensor([[3, 0, 10], [5, 5, 1]])], "aten.embedding"),
+    "reshape_as": (Fn(lambda x, y: x.reshape_as(y) * y), [torch.randn(2, 6), torch.randn(3, 4)],
+                   "aten.reshape_as"),
+    "expand_as": (Fn(lambda x, y: x.expand_as(y) + y), [torch.randn(3, 1), torch.randn(3, 4)],
+                  "aten.expand_as"),
+    "swapaxes": (Fn(lambda x: x.swapaxes(1, 3)), [x4()], "aten.swapaxes"),
+    "vector_norm": (Fn(lambda x: F.normalize(x, dim=-1) + torch.linalg.vector_norm(x, 1, 1, True)
+                       + torch.linalg.vector_norm(x, float("inf"), -2, True)), [x4()],
+                    "aten.linalg_vector_norm"),
+    "cumsum": (Fn(lambda x: x.cumsum(2)), [x4()], "aten.cumsum"),
+    "cumsum_of_mask": (Fn(lambda t: (t != 1).int().cumsum(1) * (t != 1)),
+                       [torch.tensor([[1, 4, 1, 2, 2, 1]])], "aten.cumsum"),
+    "adaptive_avg_pool1d": (nn.AdaptiveAvgPool1d(1), [torch.randn(2, 5, 12)],
+                            "aten.adaptive_avg_pool1d"),
+    "adaptive_avg_pool1d_3": (nn.AdaptiveAvgPool1d(3), [torch.randn(2, 5, 12)],
+                              "aten.adaptive_avg_pool1d"),
+    "gather": (Fn(lambda x, i: torch.gather(x, 1, i), torch.tensor([[2, 0], [1, 1], [0, 2]])),
+               [torch.randn(3, 3)], "aten.gather"),
+    "isnan_guard": (Fn(lambda x: torch.where(torch.isnan(x.softmax(-1)), 0.0, x.softmax(-1))),
+                    [x4()], "aten.isnan"),
 }
 
 

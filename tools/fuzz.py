@@ -7,9 +7,9 @@ Targets (each takes one random byte string and derives its case from it):
   duplicated name;
 * ``text``: a printed IR text with characters mutated, deleted or duplicated;
 * ``load``: a saved graph whose constants file is corrupted or truncated;
-* ``config``: a QuantConfig JSON file (the reference-flow preset) with its bytes mutated
-  or one structural change (a value of another type, a key removed or added); a config
-  that loads holds every value as the file gave it (no "yes" for true);
+* ``config``: a QuantConfig JSON file (the BEVFormer example's reference-flow preset) with
+  its bytes mutated or one structural change (a value of another type, a key removed or
+  added); a config that loads holds every value as the file gave it (no "yes" for true);
 * ``ranges``: a saved calibration (ranges JSON + safetensors) with either file mutated
   (the JSON also structurally); ranges that load have low <= high;
 * ``tranges``: a ``bevir-tranges`` file mutated;
@@ -221,6 +221,7 @@ def _mutated_json(path: Path, rnd: random.Random) -> tuple[tuple, object] | None
 def target_config(rnd: random.Random) -> None:
     """A config's bytes mutated, or one structural change; a config that loads holds each
     value as the file gave it (no "yes" taken for true, no "1" for 1)."""
+    import examples.bevformer.quant  # noqa: F401  (registers the reference-flow preset)
     from bevir.passes.quant_config import QuantConfig
     with tempfile.TemporaryDirectory() as d:
         path = QuantConfig.preset("reference-flow").save(Path(d) / "q.json")

@@ -73,6 +73,7 @@ TARGETS: dict[str, tuple[str, ...]] = {
                               "tests/test_numerics_mutants.py"),
     "bevir/ops/fixed_point.py": ("tests/test_fixed_ops.py", "tests/test_bridge.py",
                                  "tests/test_numerics_mutants.py"),
+    "bevir/ops/fixed_tables.py": ("tests/test_fixed_ops.py", "tests/test_numerics_mutants.py"),
     "bevir/ops/qlinear.py": ("tests/test_quant.py", "tests/test_qdq.py", "tests/test_layout.py",
                              "tests/test_numerics_mutants.py"),
 }
@@ -81,7 +82,7 @@ SKIP: dict[str, tuple[str, ...]] = {
     "*": ("infer", "macs", "reduction", "weight_axes", "out_shape", "weight_axis",
           "check_attrs"),
     "bevir/ops/fixed_point.py": ("fixed_quant", "frac_of", "weight_quant", "fixed_type",
-                                 "_params", "check_bias", "_require_out_frac", "out_dtype",
+                                 "_params", "check_bias", "require_out_frac", "out_dtype",
                                  "_broadcast"),
     "bevir/ops/qlinear.py": ("affine", "_q8", "_qlinear_pair", "_out_type"),
 }

@@ -160,10 +160,10 @@ class LayoutRule:
 @dataclass(frozen=True)
 class FixedLowering:
     """What the quantize pass turns a float op into (its ``fixed_point`` interface).
-    ``how`` names one of the pass's lowering strategies (``product``, ``unary``, ``binary``,
-    ``mul``, ``div``, ``reduce``, ``clip``, ``log``, ``softmax``, ``concat``, ``layer_norm``,
-    ``deform_attn``; see bevir/passes/quantize.py), ``target`` the fx op it emits where the
-    strategy takes one."""
+    ``how`` names a lowering registered with ``bevir.passes.quantize.lowers`` (``product``,
+    ``unary``, ``binary``, ``mul``, ``div``, ``reduce``, ``clip``, ``softmax``, ``concat``,
+    ``layer_norm``, ``deform_attn``, ...; bevir/passes/quantize/), ``target`` the fx op it
+    emits where the lowering takes one."""
 
     how: str
     target: str | None = None

@@ -1,7 +1,7 @@
 """The op registry. Importing this package registers every op definition."""
 from ..ir.opdef import Attr, Bool, Ctx, Float, Floats, Int, Ints, OpDef, Str, Tensor, all_ops, get_op  # noqa: F401
 from . import attention, elementwise, linalg, nn, qlinear, reduce, shape  # noqa: F401  (registers the ops)
-from . import fixed_point  # noqa: F401  (the target fixed-point ops)
+from . import fixed_point, fixed_pool, fixed_tables  # noqa: F401  (the target fixed-point ops)
 from . import fused  # noqa: F401  (the fused ops of the fuse pass)
 from . import memory  # noqa: F401  (dma_copy, inserted by plan-memory)
 from . import multicore  # noqa: F401  (the ops of a graph partitioned across cores)

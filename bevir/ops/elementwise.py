@@ -169,9 +169,9 @@ class Relu(Unary):
 
 Sigmoid = unary("sigmoid", _sigmoid, "1 / (1 + exp(-x))",
                 fixed_point=FixedLowering("unary", "fx_sigmoid"), onnx_export=onnx_as("Sigmoid"))
-Tanh = unary("tanh", np.tanh, onnx_export=onnx_as("Tanh"))
+Tanh = unary("tanh", np.tanh, fixed_point=FixedLowering("unary", "fx_tanh"), onnx_export=onnx_as("Tanh"))
 Exp = unary("exp", np.exp, fixed_point=FixedLowering("unary", "fx_exp"), onnx_export=onnx_as("Exp"))
-Log = unary("log", np.log, fixed_point=FixedLowering("log", "fx_log"), onnx_export=onnx_as("Log"))
+Log = unary("log", np.log, fixed_point=FixedLowering("unary", "fx_log"), onnx_export=onnx_as("Log"))
 Sqrt = unary("sqrt", np.sqrt, onnx_export=onnx_as("Sqrt"))
 Erf = unary("erf", _erf, onnx_export=onnx_as("Erf"))
 Neg = unary("neg", np.negative, onnx_export=onnx_as("Neg"))
@@ -184,6 +184,7 @@ Cos = unary("cos", np.cos, onnx_export=onnx_as("Cos"))
 class Gelu(Unary):
     name = "gelu"
     activation = Activation(attrs=(("approximate", "approximate"),), fixed="fx_gelu")
+    fixed_point = FixedLowering("unary", "fx_gelu")
     attrs = {"approximate": Str("none", ("none", "tanh"))}
     onnx_export = onnx_as("Gelu", {"approximate": "approximate"})
 
@@ -201,7 +202,8 @@ class HardSigmoid(Unary):
     """clip(alpha * x + beta, 0, 1); torch's hardsigmoid is alpha = 1/6, beta = 1/2."""
 
     name = "hardsigmoid"
-    activation = Activation(attrs=(("alpha", "alpha"), ("beta", "beta")))
+    activation = Activation(attrs=(("alpha", "alpha"), ("beta", "beta")), fixed="fx_hardsigmoid")
+    fixed_point = FixedLowering("unary", "fx_hardsigmoid")
     attrs = {"alpha": Float(0.2), "beta": Float(0.5)}
     onnx_export = onnx_as("HardSigmoid", {"alpha": "alpha", "beta": "beta"})
 
@@ -210,7 +212,8 @@ class HardSigmoid(Unary):
 
 
 Hardswish = unary("hardswish", lambda x: x * _hardsigmoid(x, 1 / 6, 0.5),
-                  "x * hardsigmoid(x) (alpha 1/6, beta 1/2)", activation=Activation(),
+                  "x * hardsigmoid(x) (alpha 1/6, beta 1/2)", activation=Activation(fixed="fx_hardswish"),
+                  fixed_point=FixedLowering("unary", "fx_hardswish"),
                   onnx_export=onnx_as("HardSwish"))
 def _silu(x: np.ndarray) -> np.ndarray:
     x = np.asarray(x)
@@ -220,7 +223,8 @@ def _silu(x: np.ndarray) -> np.ndarray:
 
 
 Silu = unary("silu", _silu, "x * sigmoid(x) (swish)",
-             activation=Activation(), onnx_export=staticmethod(silu))
+             activation=Activation(fixed="fx_silu"), fixed_point=FixedLowering("unary", "fx_silu"),
+             onnx_export=staticmethod(silu))
 
 
 class Identity(OpDef):
@@ -422,6 +426,25 @@ Less = type("Less", (Compare,), {"name": "less", "fn": staticmethod(np.less),
                                  "onnx_export": onnx_as("Less")})
 Greater = type("Greater", (Compare,), {"name": "greater", "fn": staticmethod(np.greater),
                                        "onnx_export": onnx_as("Greater")})
+
+
+class IsNan(OpDef):
+    """Whether each element is NaN (bool). A fixed-point value never is: the quantize pass
+    lowers it on integer codes to all false (``fixed_point`` ``never_nan``), which is how
+    an exporter's guard after a softmax (``where(isnan(p), 0, p)``) leaves an INT8 graph."""
+
+    name = "isnan"
+    nhwc = ELEMENTWISE
+    operands = ("x",)
+    onnx_export = onnx_as("IsNaN")
+    fixed_point = FixedLowering("never_nan")
+
+    def infer(self, c, x):
+        float_operands(x)
+        return TensorType(x.shape, DType.bool, x.layout)
+
+    def compute(self, c, x):
+        return np.isnan(x)
 
 
 class Not(OpDef):

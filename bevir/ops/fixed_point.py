@@ -32,10 +32,11 @@ from .linalg import (CONV_ATTRS, NCHW_CHANNEL_LIMIT, Contraction, Convolution, M
                      batch_index, conv2d_nchw, conv2d_nhwc, conv_accumulator, from_nhwc, matmul_shape,
                      to_nhwc)
 from .numerics import (MAX_REDUCTION, NORM_FRAC, RECIP_BITS, Rescale, bilinear_taps,
-                       bridge_table, div_table, int_matmul, lut_table, quantize_fixed,
+                       bridge_table, div_table, int_matmul, quantize_fixed,
                        rshift_round, rsqrt_fixed, saturate, softmax_exp_table)
 from .cost import per_element, sampling_work
-from .onnx_export import bridge, divide_by_count, identity, inverse_sigmoid, linear, matmul_bias, ms_deform_attn, qdq
+from .reduce import reduced_index
+from .onnx_export import bridge, divide_by_count, identity, linear, matmul_bias, ms_deform_attn, qdq
 
 I8, I16, I32 = DType.i8, DType.i16, DType.i32
 INT_TYPES = (DType.i8, DType.i16, DType.i32, DType.i64, DType.u8)
@@ -111,15 +112,15 @@ def check_bias(b: TensorType | None, n: int, acc: Quant) -> None:
             f"bias quantization {b.quant} differs from the accumulator's {acc}")
 
 
-def _require_out_frac(frac: int, lo: int = -31, hi: int = 31) -> None:
+def require_out_frac(frac: int, lo: int = -31, hi: int = 31) -> None:
     require(lo <= frac <= hi, f"out_frac_bits {frac} outside [{lo}, {hi}]")
 
 
-_OUT = {"out_frac_bits": Int()}
+OUT = {"out_frac_bits": Int()}
 #: the result's integer type, where an op may widen (sampling locations: i32)
 _WIDE = {"out_dtype": Str("i8", ("i8", "i16", "i32"))}
 #: the result's integer type, where an op may give 16-bit activations
-_ACT_DTYPE = {"out_dtype": Str("i8", ("i8", "i16"))}
+ACT_DTYPE = {"out_dtype": Str("i8", ("i8", "i16"))}
 FIXED = (I8, I16, I32)
 
 
@@ -137,13 +138,13 @@ class FxRequantize(OpDef):
     onnx_export = qdq(identity)
     cycle_cost = per_element(4)    # multiply, round, shift, saturate
     operands = ("x",)
-    attrs = {**_OUT, **_WIDE}
+    attrs = {**OUT, **_WIDE}
     splits = ("rows",)
 
     def infer(self, c, x):
         require(x.dtype in (I8, I16, I32), f"x must be i8/i16/i32, got {x}")
         require(x.quant is not None, f"x must carry quantization, got {x}")
-        _require_out_frac(c.out_frac_bits)
+        require_out_frac(c.out_frac_bits)
         Rescale.of(x.quant, c.out_frac_bits)
         return fixed_type(x.shape, c.out_frac_bits, x.layout, out_dtype(c))
 
@@ -169,12 +170,12 @@ class FxQuantize(OpDef):
     onnx_export = qdq(identity)
     cycle_cost = per_element(4)
     operands = ("x",)
-    attrs = {**_OUT, **_WIDE}
+    attrs = {**OUT, **_WIDE}
     splits = ("rows",)
 
     def infer(self, c, x):
         require(x.dtype is DType.f32, f"x must be f32, got {x}")
-        _require_out_frac(c.out_frac_bits)
+        require_out_frac(c.out_frac_bits)
         return fixed_type(x.shape, c.out_frac_bits, x.layout, out_dtype(c))
 
     def compute(self, c, x):
@@ -237,14 +238,14 @@ class FxBridge(OpDef):
     name = "fx_bridge"
     onnx_export = staticmethod(bridge)
     operands = ("x",)
-    attrs = {"out_frac_bits": Int(), "perm": Ints(()), **_ACT_DTYPE}
+    attrs = {"out_frac_bits": Int(), "perm": Ints(()), **ACT_DTYPE}
 
     def infer(self, c, x):
         require(x.dtype in (DType.u8, I8), f"x must be u8/i8, got {x}")
         q = x.quant
         require(isinstance(q, AffineQuant) and q.axis is None,
                 f"x must carry per-tensor affine quantization, got {x}")
-        _require_out_frac(c.out_frac_bits)
+        require_out_frac(c.out_frac_bits)
         Rescale.of(AffineQuant(q.scale, (0,)), c.out_frac_bits)
         if not c.perm:
             return fixed_type(x.shape, c.out_frac_bits, x.layout, out_dtype(c))
@@ -280,7 +281,7 @@ class _FxProduct(Contraction):
     Rescale to out_dtype (default i8; i16 for 16-bit activations, and attention scores
     kept fine for a softmax)."""
 
-    attrs = {**_OUT, **_WIDE}
+    attrs = {**OUT, **_WIDE}
 
     def weight_axis(self, w: TensorType) -> int | None:
         """The axis of w along which it may be quantized per output channel."""
@@ -310,7 +311,7 @@ class _FxProduct(Contraction):
         channels = shape[self.channel_axis(shape, x)] if shape else 1
         require(acc.channels in (1, channels), "per-channel weight parameters do not fit")
         check_bias(b, channels, acc)
-        _require_out_frac(c.out_frac_bits)
+        require_out_frac(c.out_frac_bits)
         Rescale.of(acc, c.out_frac_bits)
         return fixed_type(shape, c.out_frac_bits, x.layout, out_dtype(c))
 
@@ -461,7 +462,7 @@ class FxConv2d(_FxProduct, Convolution):
     name = "fx_conv2d"
     onnx_export = qdq("conv2d", product_bias=True)
     operands = ("x", "w", "b?")
-    attrs = {**CONV_ATTRS, **_OUT, **_WIDE}
+    attrs = {**CONV_ATTRS, **OUT, **_WIDE}
 
     def weight_axis(self, w):
         return 0
@@ -498,7 +499,7 @@ class _FxAddSub(OpDef):
     cycle_cost = per_element(3)    # align shifts, add, saturate
 
     operands = ("a", "b")
-    attrs = {**_OUT, **_WIDE}
+    attrs = {**OUT, **_WIDE}
     sign = 1
     splits = ("rows",)
     x_dtypes = FIXED
@@ -506,7 +507,7 @@ class _FxAddSub(OpDef):
     def infer(self, c, a, b):
         fa, fb = frac_of(a, "a", self.x_dtypes), frac_of(b, "b", self.x_dtypes)
         require(abs(fa - fb) <= 31, f"frac bits {fa} and {fb} differ by more than 31")
-        _require_out_frac(c.out_frac_bits)
+        require_out_frac(c.out_frac_bits)
         Rescale.of(FixedPointQuant((max(fa, fb),)), c.out_frac_bits)
         t = _broadcast(a, b)
         return fixed_type(t.shape, c.out_frac_bits, t.layout, out_dtype(c))
@@ -554,13 +555,13 @@ class FxMul(OpDef):
     onnx_export = qdq("mul")
     cycle_cost = per_element(3)    # multiply, rounding shift, saturate
     operands = ("a", "b")
-    attrs = {**_OUT, **_WIDE}
+    attrs = {**OUT, **_WIDE}
     splits = ("rows",)
     x_dtypes = FIXED
 
     def infer(self, c, a, b):
         fa, fb = frac_of(a, "a", self.x_dtypes), frac_of(b, "b", (I8, I16))
-        _require_out_frac(c.out_frac_bits)
+        require_out_frac(c.out_frac_bits)
         Rescale.of(FixedPointQuant((fa + fb,)), c.out_frac_bits)
         t = _broadcast(a, b)
         return fixed_type(t.shape, c.out_frac_bits, t.layout, out_dtype(c))
@@ -587,7 +588,7 @@ class FxDiv(OpDef):
     onnx_export = qdq(divide_by_count)
     cycle_cost = per_element(12)   # fixed-point division: reciprocal steps
     operands = ("x", "count")
-    attrs = {**_OUT, "max_count": Int(255)}
+    attrs = {**OUT, "max_count": Int(255)}
     splits = ("rows",)
 
     def _shifts(self, c, fx: int) -> tuple[int, int]:
@@ -602,7 +603,7 @@ class FxDiv(OpDef):
         require(np.broadcast_shapes(x.shape, count.shape) == x.shape,
                 f"count {list(count.shape)} does not broadcast to x {list(x.shape)}")
         require(1 <= c.max_count <= 1 << 16, f"max_count {c.max_count} outside [1, 65536]")
-        _require_out_frac(c.out_frac_bits)
+        require_out_frac(c.out_frac_bits)
         xs, ds = self._shifts(c, fx)
         require(xs <= 31 and div_table(c.max_count, ds)[2] <= 54,
                 f"frac bits {fx} -> {c.out_frac_bits} with max_count {c.max_count}: "
@@ -645,14 +646,14 @@ class FxReduceSum(OpDef):
     onnx_export = qdq("reduce_sum")
     cycle_cost = per_element(1, "reduce")
     operands = ("x",)
-    attrs = {"axes": Ints(), "keepdims": Bool(True), **_OUT}
+    attrs = {"axes": Ints(), "keepdims": Bool(True), **OUT}
     mean = False
 
     def infer(self, c, x):
         frac_of(x, "x")
         axes = {norm_axis(a, x.rank) for a in c.axes}
         require(self._count(x.shape, axes) < 1 << 24, "reduction longer than 2**24")
-        _require_out_frac(c.out_frac_bits)
+        require_out_frac(c.out_frac_bits)
         shape = [1 if i in axes else s for i, s in enumerate(x.shape)]
         if not c.keepdims:
             shape = [s for i, s in enumerate(shape) if i not in axes]
@@ -682,12 +683,7 @@ class FxReduceSum(OpDef):
         n = self._count(t.shape, axes) if self.mean else 1
 
         def acc(i):
-            it, idx = iter(i), []   # result index -> operand index: reduced axes read their var
-            for a in range(t.rank):
-                if a in rs and c.keepdims:
-                    next(it)        # the kept axis of size 1
-                idx.append(rs[a] if a in rs else next(it))
-            v = L.i64(x[tuple(idx)])
+            v = L.i64(x[tuple(reduced_index(i, t.rank, rs, c.keepdims))])
             return L.sum(v, axis=list(rs.values())) if rs else v
         s = L.te.compute(c.out_types[0].shape, lambda *i: acc(i), name="acc")
 
@@ -716,7 +712,7 @@ class FxRelu(OpDef):
     onnx_export = qdq("relu")
     cycle_cost = per_element(1)
     operands = ("x",)
-    attrs = {"out_frac_bits": Int(None), **_ACT_DTYPE}
+    attrs = {"out_frac_bits": Int(None), **ACT_DTYPE}
     splits = ("rows",)
     x_dtypes = (I8, I16)
 
@@ -726,7 +722,7 @@ class FxRelu(OpDef):
     def infer(self, c, x):
         fx = frac_of(x, "x", self.x_dtypes)
         fy = self._out_frac(c, fx)
-        _require_out_frac(fy)
+        require_out_frac(fy)
         Rescale.of(FixedPointQuant((fx,)), fy)
         return fixed_type(x.shape, fy, x.layout, out_dtype(c))
 
@@ -740,102 +736,6 @@ class FxRelu(OpDef):
         return L.compute(c.out_types[0], lambda *i: L.saturate(L.rshift_round(
             L.max(L.i64(x[i]), L.i64(0)), fx - self._out_frac(c, fx)),
             out_dtype(c).np))
-
-
-# ---- lookup tables -----------------------------------------------------------------------
-
-
-class FxLookup(OpDef):
-    """An elementwise function of i8 or i16 fixed x as a table with one entry per input
-    code (lut_table: 256 or 65536 entries), giving out_dtype (i8, default, or i16) fixed."""
-
-    cycle_cost = per_element(2, "table")   # index, load
-    operands = ("x",)
-    attrs = {**_OUT, **_ACT_DTYPE}
-    splits = ("rows",)
-    x_dtypes = (I8, I16)
-
-    def real(self, v: np.ndarray, **attrs) -> np.ndarray:
-        """The function in float64."""
-        raise NotImplementedError
-
-    def infer(self, c, x):
-        frac_of(x, "x", self.x_dtypes)
-        _require_out_frac(c.out_frac_bits)
-        return fixed_type(x.shape, c.out_frac_bits, x.layout, out_dtype(c))
-
-    def table(self, c) -> tuple[np.ndarray, int]:
-        """(the table, the index of code 0 in it)."""
-        x = c.in_types[0]
-        attrs = {k: v for k, v in c.attrs.items() if k not in ("out_frac_bits", "out_dtype")}
-        table = lut_table(self.name, x.quant.frac_bits[0], c.out_frac_bits, x.dtype.np,
-                          out_dtype(c).np, **attrs)
-        return table, -int(np.iinfo(x.dtype.np).min)
-
-    def compute(self, c, x):
-        table, zero = self.table(c)
-        return table[x.astype(np.intp) + zero]
-
-    def tvm_lowering(self, c, L, x):
-        table, zero = self.table(c)
-        t = L.const(table, "lut")
-        return L.compute(c.out_types[0], lambda *i: t[L.cast(x[i], "int32") + zero])
-
-
-class FxSigmoid(FxLookup):
-    """1 / (1 + exp(-x)) as a table."""
-
-    name = "fx_sigmoid"
-    onnx_export = qdq("sigmoid")
-
-    def real(self, v):
-        return 0.5 * (1.0 + np.tanh(0.5 * v))
-
-
-class FxExp(FxLookup):
-    """exp(x) as a table (saturating)."""
-
-    name = "fx_exp"
-    onnx_export = qdq("exp")
-
-    def real(self, v):
-        return np.exp(v)
-
-
-class FxLog(FxLookup):
-    """log(x) as a table; x <= 0 gives -128."""
-
-    name = "fx_log"
-    onnx_export = qdq("log")
-
-    def real(self, v):
-        return np.log(v)
-
-
-class FxInverseSigmoid(FxLookup):
-    """BEVFormer's inverse_sigmoid: x clamped to [0, 1], log(max(x, eps) / max(1 - x, eps)),
-    as a table."""
-
-    name = "fx_inverse_sigmoid"
-    onnx_export = qdq(inverse_sigmoid)
-    attrs = {**_OUT, **_ACT_DTYPE, "eps": Float(1e-5)}
-
-    def real(self, v, eps):
-        x = np.clip(v, 0.0, 1.0)
-        return np.log(np.maximum(x, eps) / np.maximum(1.0 - x, eps))
-
-
-class FxGelu(FxLookup):
-    """GELU (erf, or the tanh approximation) as a table."""
-
-    name = "fx_gelu"
-    onnx_export = qdq("gelu")
-    attrs = {**_OUT, **_ACT_DTYPE, "approximate": Str("none", ("none", "tanh"))}
-
-    def real(self, v, approximate):
-        if approximate == "tanh":
-            return 0.5 * v * (1 + np.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v ** 3)))
-        return 0.5 * v * (1 + np.array([math.erf(t / math.sqrt(2)) for t in v]))
 
 
 # ---- softmax -----------------------------------------------------------------------------
@@ -865,7 +765,7 @@ class FxSoftmax(OpDef):
         require(1 <= x.shape[axis] < 1 << 16, f"softmax length {x.shape[axis]} outside [1, 65535]")
         dtype = out_dtype(c)
         require(dtype in (I8, I16), f"out_dtype {dtype} must be i8 or i16")
-        _require_out_frac(c.out_frac_bits, 1, 7 if dtype is I8 else 15)
+        require_out_frac(c.out_frac_bits, 1, 7 if dtype is I8 else 15)
         return fixed_type(x.shape, c.out_frac_bits, x.layout, dtype)
 
     def compute(self, c, x):
@@ -963,7 +863,7 @@ class FxLayerNorm(OpDef):
     # sum, d = C*x - sum, d*d, rsqrt share, d*R, shift, *g, +b, shift, saturate
     cycle_cost = per_element(10, "norm")
     operands = ("x", "scale?", "bias?")
-    attrs = {"epsilon": Float(1e-5), **_OUT, **_ACT_DTYPE}
+    attrs = {"epsilon": Float(1e-5), **OUT, **ACT_DTYPE}
     splits = ("rows",)
     x_dtypes = (I8, I16)
 
@@ -992,7 +892,7 @@ class FxLayerNorm(OpDef):
                     f"bias frac bits {fb} cannot be aligned to {NORM_FRAC + fg}")
         require(0 < c.epsilon and _ln_eps(c.epsilon, fx, ch) < 1 << 60,
                 f"epsilon {c.epsilon} must be positive and below 2**60 in x's squared units")
-        _require_out_frac(c.out_frac_bits)
+        require_out_frac(c.out_frac_bits)
         Rescale.of(FixedPointQuant((NORM_FRAC + fg,)), c.out_frac_bits)
         return fixed_type(x.shape, c.out_frac_bits, x.layout, out_dtype(c))
 
@@ -1065,7 +965,7 @@ class FxMsDeformAttn(OpDef):
     name = "fx_ms_deform_attn"
     onnx_export = qdq(ms_deform_attn)
     operands = ("value", "sampling_locations", "attention_weights")
-    attrs = {"spatial_shapes": Ints(), **_OUT, "weight_bits": Int(8),
+    attrs = {"spatial_shapes": Ints(), **OUT, "weight_bits": Int(8),
              "coordinates": Str("normalized", ("normalized", "pixel"))}
     #: by batch (value, locations and weights of those batch entries), by queries (their
     #: locations and weights; the value replicated)
@@ -1097,7 +997,7 @@ class FxMsDeformAttn(OpDef):
         samples = loc.shape[3] * loc.shape[4]
         require(128 * samples * (128 * (1 << c.weight_bits) + 2) < 1 << 31,
                 f"{samples} samples per output could overflow the int32 accumulator")
-        _require_out_frac(c.out_frac_bits)
+        require_out_frac(c.out_frac_bits)
         Rescale.of(FixedPointQuant((fv + fa + c.weight_bits,)), c.out_frac_bits)
         return fixed_type((loc.shape[0], loc.shape[1], value.shape[2] * value.shape[3]),
                           c.out_frac_bits)

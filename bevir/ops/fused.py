@@ -165,6 +165,7 @@ class AddRelu(OpDef):
 
     name = "add_relu"
     onnx_export = then_activation(onnx_as("Add"), "relu")
+    fixed_point = FixedLowering("add_relu")
     nhwc = ELEMENTWISE
     operands = ("a", "b")
 

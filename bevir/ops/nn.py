@@ -112,6 +112,7 @@ class MaxPool2d(OpDef):
                                       "pads": "pads", "ceil_mode": "ceil_mode",
                                       "dilations": "dilations"})
     nhwc = NATIVE
+    fixed_point = FixedLowering("movement")       # the maximum of codes is the codes' maximum
     operands = ("x",)
     attrs = {**POOL_ATTRS, "dilations": Ints((1, 1))}
 
@@ -206,6 +207,7 @@ class AvgPool2d(OpDef):
                                           "count_include_pad": "count_include_pad",
                                           "dilations": "dilations"})
     nhwc = NATIVE
+    fixed_point = FixedLowering("avgpool")
     operands = ("x",)
     attrs = {**POOL_ATTRS, "count_include_pad": Bool(False), "dilations": Ints((1, 1))}
 
@@ -219,18 +221,24 @@ class AvgPool2d(OpDef):
         y = np.zeros(c.out_types[0].shape, _acc(x.dtype))
         for tap in window_taps(x, axes, c, out, 0):
             y += tap
-        # the divisor: the same windows over a mask of what counts
-        h, w = (x.shape[a] for a in axes)
-        top, left, bottom, right = c.pads
-        if c.count_include_pad:
-            mask, pads = np.ones((h + top + bottom, w + left + right), y.dtype), (0, 0)
-        else:
-            mask, pads = np.ones((h, w), y.dtype), (top, left)
-        count = sum(window_taps(mask, (0, 1), c, out, 0, pads))
-        shape = [1] * 4
-        shape[axes[0]], shape[axes[1]] = out
-        y /= np.maximum(count, 1).reshape(shape)    # a window covering nothing averages to 0
+        y /= avgpool_counts(c, t, y.dtype)    # a window covering nothing averages to 0
         return y.astype(x.dtype, copy=False)
+
+
+def avgpool_counts(c, t: TensorType, dtype) -> np.ndarray:
+    """Average pooling's divisor at each output position (at least 1), shaped to broadcast
+    against the output: the windows taken over a mask of what counts (the input, or the
+    input and its pads with count_include_pad)."""
+    axes, out = spatial_axes(t), pool_out(c, t)
+    h, w = (t.shape[a] for a in axes)
+    top, left, bottom, right = c.pads
+    if c.count_include_pad:
+        mask, pads = np.ones((h + top + bottom, w + left + right), dtype), (0, 0)
+    else:
+        mask, pads = np.ones((h, w), dtype), (top, left)
+    shape = [1] * 4
+    shape[axes[0]], shape[axes[1]] = out
+    return np.maximum(sum(window_taps(mask, (0, 1), c, out, 0, pads)), 1).reshape(shape)
 
 
 def mlas_global_mean(x: np.ndarray, channels_last: bool = False) -> np.ndarray:
@@ -269,6 +277,7 @@ class GlobalAvgPool(OpDef):
     name = "global_avgpool"
     onnx_export = onnx_as("GlobalAveragePool")
     nhwc = NATIVE
+    fixed_point = FixedLowering("global_pool")
     operands = ("x",)
 
     def infer(self, c, x):
@@ -298,6 +307,7 @@ class BatchNorm(OpDef):
 
     name = "batch_norm"
     onnx_export = onnx_as("BatchNormalization", {"epsilon": "epsilon"})
+    fixed_point = FixedLowering("batch_norm")
     nhwc = NATIVE
     operands = ("x", "scale", "bias", "mean", "var")
     attrs = {"epsilon": Float(1e-5)}

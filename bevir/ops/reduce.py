@@ -10,8 +10,9 @@ import numpy as np
 
 from ..ir.types import Layout, TensorType
 from .common import float_operands, require
-from ..ir.opdef import Bool, FixedLowering, Ints, OpDef
+from ..ir.opdef import Bool, FixedLowering, Int, Ints, OpDef
 from .shape import norm_axes
+from .common import norm_axis
 from .cost import per_element
 from .onnx_export import with_inputs
 
@@ -52,6 +53,33 @@ class Reduce(OpDef):
         return np.asarray(y).astype(x.dtype, copy=False)
 
 
+def reduced_index(i: tuple, rank: int, rs: dict, keepdims: bool) -> list:
+    """The operand index read at result index ``i`` of a reduction over ``rs`` (axis ->
+    its reduce variable): reduced axes read their variable, kept ones skip their size-1
+    result axis."""
+    it, idx = iter(i), []
+    for a in range(rank):
+        if a in rs and keepdims:
+            next(it)
+        idx.append(rs[a] if a in rs else next(it))
+    return idx
+
+
+def _extreme(kind: str):
+    """The kernel of an integer max or min: te's reducer, whose identity is the dtype's
+    lowest or highest value, as the golden model's ``initial``."""
+    def tvm_lowering(self, c, L, x):
+        t = c.in_types[0]
+        axes = range(t.rank) if c.axes is None else norm_axes(c.axes, t.rank)
+        rs = {a: L.reduce_axis(t.shape[a], f"r{a}") for a in axes}
+
+        def fn(*i):
+            v = x[tuple(reduced_index(i, t.rank, rs, c.keepdims))]
+            return getattr(L.te, kind)(v, axis=list(rs.values())) if rs else v
+        return L.te.compute(c.out_types[0].shape, fn, name=kind)     # x's dtype
+    return tvm_lowering
+
+
 def reduction(name: str, fn, floats_only: bool = False, keeps_quant: bool = False,
               doc: str = "", **interfaces) -> type[Reduce]:
     return type("Reduce" + name.title(), (Reduce,), {
@@ -67,7 +95,36 @@ ReduceSum = reduction("sum", lambda x, a, k: np.sum(x, axis=a, keepdims=k, dtype
                       fixed_point=FixedLowering("reduce", "fx_reduce_sum"))
 ReduceMax = reduction("max", lambda x, a, k: np.max(x, axis=a, keepdims=k,
                                                     initial=_bound(x.dtype, False)),
-                      keeps_quant=True)
+                      keeps_quant=True, fixed_point=FixedLowering("movement"),
+                      tvm_lowering=_extreme("max"))
 ReduceMin = reduction("min", lambda x, a, k: np.min(x, axis=a, keepdims=k,
                                                     initial=_bound(x.dtype, True)),
-                      keeps_quant=True)
+                      keeps_quant=True, fixed_point=FixedLowering("movement"),
+                      tvm_lowering=_extreme("min"))
+
+
+class CumSum(OpDef):
+    """Running sums along ``axis`` (ONNX CumSum, torch.cumsum): ``exclusive`` leaves each
+    element out of its own sum, ``reverse`` sums from the end. Floats add in order, one
+    element after the other, as numpy's cumsum does."""
+
+    name = "cumsum"
+    onnx_export = with_inputs("CumSum", "axis", attrs={"exclusive": "exclusive",
+                                                      "reverse": "reverse"})
+    operands = ("x",)
+    attrs = {"axis": Int(), "exclusive": Bool(False), "reverse": Bool(False)}
+    cycle_cost = per_element(1, "reduce")
+
+    def infer(self, c, x):
+        require(x.dtype.is_float or x.dtype.is_int, f"expects a numeric operand, got {x.dtype}")
+        norm_axis(c.axis, x.rank)
+        return TensorType(x.shape, x.dtype, Layout.plain if x.rank == 4 else x.layout)
+
+    def compute(self, c, x):
+        axis = norm_axis(c.axis, x.ndim)
+        y = np.flip(x, axis) if c.reverse else x
+        s = np.cumsum(y, axis=axis, dtype=x.dtype)
+        if c.exclusive:
+            s = np.concatenate([np.zeros_like(np.take(s, [0], axis)),
+                                np.delete(s, -1, axis)], axis)
+        return np.ascontiguousarray(np.flip(s, axis) if c.reverse else s)

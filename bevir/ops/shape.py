@@ -94,6 +94,7 @@ class Split(OpDef):
 
     name = "split"
     onnx_export = with_inputs("Split", "sizes", attrs={"axis": "axis"})
+    fixed_point = FixedLowering("split")
     nhwc = AXIS
     operands = ("x",)
     attrs = {"axis": Int(0), "sizes": Ints()}
@@ -187,6 +188,8 @@ class Flatten(OpDef):
     def compute(self, c, x):
         return x.reshape(c.out_types[0].shape)
 
+    tvm_lowering = Reshape.tvm_lowering       # the same elements in the same order
+
 
 class Transpose(OpDef):
     name = "transpose"
@@ -246,6 +249,8 @@ class Squeeze(OpDef):
     def compute(self, c, x):
         return x.reshape(c.out_types[0].shape)
 
+    tvm_lowering = Reshape.tvm_lowering       # the same elements in the same order
+
 
 class Unsqueeze(OpDef):
     """Insert size-1 axes at ``axes``, positions in the result (ONNX semantics)."""
@@ -265,6 +270,8 @@ class Unsqueeze(OpDef):
 
     def compute(self, c, x):
         return x.reshape(c.out_types[0].shape)
+
+    tvm_lowering = Reshape.tvm_lowering       # the same elements in the same order
 
 
 class Gather(OpDef):
@@ -299,6 +306,45 @@ class Gather(OpDef):
             k = L.cast(idx[i[axis:axis + it.rank]], "int64")
             k = L.cast(L.select(k < 0, k + L.i64(n), k), "int32")    # numpy wraps negatives
             return x[i[:axis] + (k,) + i[axis + it.rank:]]
+        return L.compute(c.out_types[0], fn)
+
+
+class GatherElements(OpDef):
+    """ONNX GatherElements / torch.gather: ``numpy.take_along_axis`` along ``axis``; the
+    result has the indices' shape; negative indices count from the end."""
+
+    name = "gather_elements"
+    onnx_export = onnx_as("GatherElements", {"axis": "axis"})
+    moves_data = True
+    operands = ("x", "indices")
+    attrs = {"axis": Int(0)}
+
+    def infer(self, c, x, idx):
+        require(idx.dtype in (DType.i32, DType.i64), f"indices must be i32 or i64, got {idx.dtype}")
+        require(idx.rank == x.rank, f"indices of rank {idx.rank} for data of rank {x.rank}")
+        axis = norm_axis(c.axis, x.rank)
+        require(all(i <= d for k, (i, d) in enumerate(zip(idx.shape, x.shape)) if k != axis),
+                f"indices {idx.shape} exceed data {x.shape} off axis {axis}")
+        return moved(x, idx.shape, Layout.plain)
+
+    def compute(self, c, x, idx):
+        axis = norm_axis(c.axis, x.ndim)
+        n = x.shape[axis]
+        if idx.size and not (-n <= idx.min() and idx.max() < n):
+            raise ValueError(f"gather_elements index out of range [{-n}, {n}) on axis {axis}: "
+                             f"min {idx.min()}, max {idx.max()}")
+        lead = tuple(slice(0, d) for d in idx.shape)
+        lead = lead[:axis] + (slice(None),) + lead[axis + 1:]
+        return np.take_along_axis(x[lead], np.where(idx < 0, idx + n, idx), axis=axis)
+
+    def tvm_lowering(self, c, L, x, idx):
+        n = c.in_types[0].shape[norm_axis(c.axis, c.in_types[0].rank)]
+        axis = norm_axis(c.axis, c.in_types[0].rank)
+
+        def fn(*i):
+            k = L.cast(idx[i], "int64")
+            k = L.cast(L.select(k < 0, k + L.i64(n), k), "int32")
+            return x[i[:axis] + (k,) + i[axis + 1:]]
         return L.compute(c.out_types[0], fn)
 
 

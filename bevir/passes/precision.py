@@ -2,7 +2,7 @@
 local (teacher-forced) error more precision until a target metric holds.
 
     target = Target.parse("cls_sqnr>=30")
-    steps = search(QuantConfig.preset("reference-flow"), evaluate, target)
+    steps = search(QuantConfig.preset("default"), evaluate, target)
     best(steps, target).config.save("quant_config.json")     # reproduces that step
 
 For any graph, :func:`sqnr_evaluator` (graph, inputs) is such an ``evaluate``: SQNR of

@@ -2,13 +2,14 @@
 
 A :class:`QuantConfig` is an ordered list of :class:`Rule` s; the first rule that selects a
 node (by op kind and by a glob on its provenance, the ONNX node name or torch module path)
-decides its scheme, else ``default`` does. The reference flow's strategy is the preset
-``reference-flow``::
+decides its scheme, else ``default`` does. The preset ``default`` names no model
+(per-channel weights, 8-bit activations); a model's own presets are registered with
+:func:`register_preset`::
 
-    cfg = QuantConfig.preset("reference-flow")
+    cfg = QuantConfig.preset("default")
     plan = cfg.plan(graph)                   # node -> rule, for every weighted op
     print(plan.table())
-    cfg = cfg.override("decoder-attention", weights="per_channel")
+    cfg = cfg.override("default", activations="fixed16")
 
 Configs are pydantic models: they validate on creation (unknown fields, bad choices,
 empty groups and values of the wrong JSON type, such as ``"yes"`` for a boolean, are
@@ -107,7 +108,7 @@ class QuantConfig(BaseModel):
 
     @classmethod
     def preset(cls, name: str) -> QuantConfig:
-        """A shipped config: ``reference-flow`` (the vendor flow's strategy)."""
+        """A shipped or registered config (:data:`PRESETS`)."""
         if name not in PRESETS:
             raise ConfigError(f"no preset '{name}'; presets: {', '.join(PRESETS)}")
         return cls.build(PRESETS[name])
@@ -185,30 +186,17 @@ def _describe(e: pydantic.ValidationError) -> str:
     return "invalid quantization config: " + "; ".join(parts)
 
 
-_HEAD = "pts_bbox_head"
-_DECODER = f"{_HEAD}.transformer.decoder.layers.*"
-
-#: the shipped configs, as JSON-like data (what a user's file would hold)
+#: the shipped configs, as JSON-like data (what a user's file would hold); a model's own
+#: presets are added with :func:`register_preset`
 PRESETS: dict[str, dict] = {
-    "reference-flow": {
-        "sources": ["img", "feats", "prev_bev"],
-        "rules": [
-            # the reference flow's host post-processing: the last reference update, sigmoid
-            # and denormalization of the boxes to metres (8 bits would be ~0.8 m steps)
-            {"name": "box-decoding", "where": [_HEAD], "exclude": True},
-            {"name": "backbone", "where": ["/img_backbone/*", "/img_neck/*"],
-             "weights": "per_tensor", "activations": "affine"},
-            {"name": "encoder", "where": [f"{_HEAD}.transformer.encoder.layers.*"],
-             "weights": "per_channel"},
-            {"name": "decoder-attention", "where": [f"{_DECODER}.attentions.*"],
-             "weights": "per_tensor"},
-            {"name": "decoder-ffn", "where": [f"{_DECODER}.ffns.*"],
-             "weights": "per_channel"},
-            {"name": "heads", "where": [f"{_HEAD}.cls_branches.*", f"{_HEAD}.reg_branches.*"],
-             "weights": "per_channel"},
-        ],
-        # the rest of the head (decoder norms, reference-point refinement, box decoding);
-        # the geometry, which does not depend on the sources, stays float
-        "default": {"name": "other", "weights": "per_channel"},
-    },
+    # names no model: every weighted op per output channel, every activation 8-bit fixed
+    # point (per tensor), the whole graph from its inputs
+    "default": {"default": {"name": "default", "weights": "per_channel"}},
 }
+
+
+def register_preset(name: str, data: dict) -> None:
+    """Add the preset ``name`` (JSON-like ``data``, validated now) for
+    :meth:`QuantConfig.preset`, ``bevir.quantize(graph, name)`` and ``--config name``."""
+    QuantConfig.build(data)
+    PRESETS[name] = data

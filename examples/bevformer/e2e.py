@@ -53,6 +53,7 @@ from .decode import (FOUND_WITHIN_M, compare_detections, decode, found_objects, 
 from .inputs import make_inputs, save_test_vectors, scene_boxes  # noqa: E402
 from .model import BEVFormer, split_model  # noqa: E402
 from .report import SYNTHETIC_NOTE, reference_note, threshold_note  # noqa: E402
+from . import quant  # noqa: E402,F401  (registers the reference-flow preset and inverse_sigmoid)
 from .weights import PRESETS, build_model, save_checkpoint  # noqa: E402
 
 HEAD_INPUTS = ("feats", "lidar2img", "can_bus", "prev_bev")

@@ -1,0 +1,154 @@
+"""Fixed-point lowerings of elementwise ops: tables (unary), sums, products and quotients,
+clips, logarithms, and the NaN test (never true of integer codes)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ...ir.graph import Node, Value
+from ...ir.types import DType
+from ...ops import get_op
+from ..quant_config import Rule
+from .context import Context, exact_sum, is_table, lowers
+
+
+@lowers("unary")
+def unary(cx: Context, node: Node, rule: Rule, fy: int, target: str) -> str | None:
+    dt, out = cx.width(node, rule, fy, target)
+    table = is_table(target)
+    wide = cx.twin(node.inputs[0], DType.i16) if table else None
+    qs = [wide] if wide is not None else cx.operands(node, node.inputs[:1], dt)
+    if qs is None:
+        return "uncalibrated input"
+    attrs = {k: v for k, v in node.attrs.items() if k in get_op(target).attrs and k not in out}
+    cx.replace(node, target, qs, {**(cx.table_width(node, dt, out) if table else out), **attrs})
+    return None
+
+
+@lowers("binary")
+def binary(cx: Context, node: Node, rule: Rule, fy: int, target: str) -> str | None:
+    if all(v.is_const for v in node.inputs):
+        return "both operands are constants"
+    dt, out = cx.width(node, rule, fy, target)
+    exact = dt is DType.i8 and exact_sum(node)
+    qs = cx.wide_operands(node) if exact else cx.operands(node, None, dt)
+    if qs is None:
+        return "uncalibrated input"
+    out = cx.exact_width(node.output, qs) if exact else out
+    cx.replace(node, target, within_reach(qs, out["out_frac_bits"], cx, node), out)
+    return None
+
+
+@lowers("add_relu")
+def add_relu(cx: Context, node: Node, rule: Rule, fy: int, target: None) -> str | None:
+    """relu(a + b): fx_add to the result's frac bits, then fx_relu."""
+    dt, out = cx.width(node, rule, fy, "fx_add", "fx_relu")
+    qs = cx.operands(node, None, dt)
+    if qs is None:
+        return "uncalibrated input"
+    cx.replace(node, "fx_add", within_reach(qs, fy, cx, node), out, "fx_relu",
+               {"out_dtype": out["out_dtype"]} if "out_dtype" in out else None)
+    return None
+
+
+def within_reach(qs: list[Value], fy: int, cx: Context, node: Node) -> list[Value]:
+    """``qs`` with any operand whose frac bits lie more than 31 above another's or the
+    result's (a value calibrated near zero) requantized to that reach: the bits it drops
+    lie 31 below what the sum keeps."""
+    reach = min(q.type.quant.frac_bits[0] for q in qs) + 31
+    reach = min(reach, fy + 31)
+    return [q if q.type.quant.frac_bits[0] <= reach else
+            cx.create("fx_requantize", [q], {"out_frac_bits": reach,
+                                             "out_dtype": q.type.dtype.value}, node)
+            for q in qs]
+
+
+@lowers("mul")
+def mul(cx: Context, node: Node, rule: Rule, fy: int, target: None) -> str | None:
+    a, b = node.inputs
+    if a.is_const:
+        a, b = b, a
+    if a.is_const:
+        return "both operands are constants"
+    dt, out = cx.width(node, rule, fy, "fx_mul")
+    aq = cx.fixed(a, node, dt)
+    bq = cx.const(b, np.int16) if b.is_const else cx.fixed(b, node, dt)
+    if aq is None or bq is None:
+        return "uncalibrated input"
+    cx.replace(node, "fx_mul", [aq, bq], out)
+    return None
+
+
+@lowers("div")
+def div(cx: Context, node: Node, rule: Rule, fy: int, target: None) -> str | None:
+    x, d = node.inputs
+    xq = cx.fixed(x, node) if not x.is_const else None
+    if xq is None:
+        return "uncalibrated or constant dividend"
+    if d.is_const:
+        if np.any(d.const == 0):
+            return "divides by a constant with zeros"
+        cx.replace(node, "fx_mul", [xq, cx.const(d, np.int16, reciprocal=True)],
+                   {"out_frac_bits": fy})
+        return None
+    e = cx.ranges.get(d)
+    if not _integer_valued(d) or e is None or e.hi > 1 << 16:
+        return "the divisor is neither a constant nor a count"
+    count = cx.create("cast", [d], {"to": "i32", "saturate": True}, node)
+    cx.replace(node, "fx_div", [xq, count], {"out_frac_bits": fy,
+                                             "max_count": max(255, math.ceil(e.hi))})
+    return None
+
+
+@lowers("clip")
+def clip(cx: Context, node: Node, rule: Rule, fy: int, target: None) -> str | None:
+    """clip on the codes, the bounds rounded to the input's frac bits."""
+    xq = cx.fixed(node.inputs[0], node)
+    if xq is None:
+        return "uncalibrated input"
+    bounds = code_bounds({k: node.attrs[k] for k in ("min", "max")}, xq.type)
+    cx.swap(node, cx.create("clip", [xq], bounds, node))
+    return None
+
+
+def code_bounds(bounds: dict[str, float | None], t) -> dict[str, float]:
+    """Clip bounds (``min``, ``max``; None for none) as codes of fixed type ``t``: rounded
+    half up to its frac bits, within its dtype."""
+    f, info = t.quant.frac_bits[0], np.iinfo(t.dtype.np)
+    return {k: float(np.clip(np.floor(v * 2.0 ** f + 0.5), info.min, info.max))
+            for k, v in bounds.items() if v is not None}
+
+
+def _integer_valued(v: Value) -> bool:
+    """Whether ``v`` holds integers by construction: a cast of integers or booleans, an
+    integral constant, or max/min/sum/add of such (e.g. a count of cameras)."""
+    if v.is_const:
+        return bool(np.all(np.mod(v.const, 1) == 0))
+    p = v.producer
+    if p is None:
+        return False
+    if p.op == "cast":
+        return not p.inputs[0].type.dtype.is_float
+    return p.op in ("max", "min", "add", "reduce_sum", "reduce_max", "reduce_min") and all(
+        _integer_valued(x) for x in p.inputs if x is not None)
+
+
+@lowers("never_nan")
+def never_nan(cx: Context, node: Node, rule: Rule, fy: int, target: None) -> str | None:
+    """isnan of a value dequantized from integer codes is all false: the node becomes a
+    constant, and a ``where`` it guards (an exporter's ``where(isnan(p), 0, p)`` after a
+    softmax) its other operand."""
+    x = node.inputs[0]
+    if cx.twin(x, DType.i8) is None and cx.twin(x, DType.i16) is None:
+        return "its operand is computed in float"
+    g = cx.graph
+    false = g.add_const(np.zeros(node.output.type.shape, bool), g.unique_name(f"{node.output.name}.never"))
+    for user, i in list(node.output.uses):
+        if user.op == "where" and i == 0 and user.output.type == user.inputs[2].type:
+            g.replace_all_uses(user.output, user.inputs[2])
+            g.erase(user)
+    g.replace_all_uses(node.output, false)
+    g.erase(node)
+    cx.stat(f"lowered-{node.op}")
+    return None

@@ -1,0 +1,65 @@
+"""Fixed-point lowerings of data movement: ops that only move, select or order values
+(reshape, transpose, split, gather, max pooling) run on the codes; concatenation."""
+from __future__ import annotations
+
+from ...ir.graph import Node, Value
+from ...ir.types import DType
+from ..quant_config import Rule
+from .context import Context, lowers, read_by_tables
+
+
+@lowers("concat")
+def concat(cx: Context, node: Node, rule: Rule, fy: int, target: None) -> str | None:
+    """concat on the codes, each operand requantized to the result's frac bits; in 16
+    bits, keeping every bit, where some operands are exact sums on their way to a table
+    (see Context.exact_width)."""
+    qs = cx.wide_operands(node) if read_by_tables(node.output) else cx.operands(node)
+    if qs is None:
+        return "uncalibrated input"
+    out = {"out_frac_bits": fy} if all(q.type.dtype is DType.i8 for q in qs) else \
+        cx.exact_width(node.output, qs)
+    qs = [q if (q.type.quant.frac_bits[0], q.type.dtype.value) ==
+          (out["out_frac_bits"], out.get("out_dtype", "i8")) else
+          cx.create("fx_requantize", [q], out, node) for q in qs]
+    cx.swap(node, cx.create("concat", qs, node.attrs, node))
+    return None
+
+
+@lowers("movement")
+def movement(cx: Context, node: Node, rule: Rule, fy: int, target: None) -> str | None:
+    """The op on the codes of its data operand (operand 0), the frac bits kept: where that
+    operand has codes already (its producer was lowered) or is a constant (an embedding
+    table, quantized per tensor); the other operands (indices) as they are."""
+    q, why = _codes(cx, node)
+    if q is None:
+        return why
+    new = cx.graph.create_node(node.op, [q, *node.inputs[1:]], node.attrs, loc=node.loc,
+                               before=node)
+    cx.swap_all(node, list(new.outputs))
+    return None
+
+
+@lowers("split")
+def split(cx: Context, node: Node, rule: Rule, fy: int, target: None) -> str | None:
+    """A split as one slice of the codes per piece (a kernel has one result)."""
+    q, why = _codes(cx, node)
+    if q is None:
+        return why
+    axis, start, pieces = node.attrs["axis"], 0, []
+    for size in node.attrs["sizes"]:
+        pieces.append(cx.create("slice", [q], {"starts": [start], "ends": [start + size],
+                                               "axes": [axis], "steps": [1]}, node))
+        start += size
+    cx.swap_all(node, pieces)
+    return None
+
+
+def _codes(cx: Context, node: Node) -> tuple[Value | None, str]:
+    """(the codes of ``node``'s data operand, or None and why not)."""
+    x = node.inputs[0]
+    q = cx.fixed(x, node) if x.is_const else (cx.twin(x, DType.i8) or cx.twin(x, DType.i16))
+    if q is None:
+        return None, "its data is computed in float" if not x.is_const else "uncalibrated table"
+    if q.type.quant.axis is not None:
+        return None, "its codes are quantized per channel"
+    return q, ""
