@@ -424,8 +424,8 @@ def _export(module: nn.Module, args: tuple, how: str) -> torch.export.ExportedPr
 
 
 def _data_dependent(e: Exception) -> bool:
-    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
-    return isinstance(e, GuardOnDataDependentSymNode) or "data-dependent" in str(e)
+    shapes = require("torch.fx.experimental.symbolic_shapes")
+    return isinstance(e, shapes.GuardOnDataDependentSymNode) or "data-dependent" in str(e)
 
 
 def _draft_export(module: nn.Module, args: tuple) -> torch.export.ExportedProgram:
