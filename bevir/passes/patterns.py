@@ -280,10 +280,6 @@ def get_pattern(name: str) -> type[RewritePattern]:
         raise PassError(f"unknown pattern '{name}'; known: {', '.join(sorted(_PATTERNS))}") from None
 
 
-def registered_patterns() -> dict[str, type[RewritePattern]]:
-    return dict(sorted(_PATTERNS.items()))
-
-
 class Rewriter:
     """What a pattern's ``rewrite`` uses to change the graph. New nodes go before the
     match's root and carry the match's provenance (``loc``) and the root's meta entries
