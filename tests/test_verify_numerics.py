@@ -15,6 +15,7 @@ from bevir.cli import main
 from bevir.passes import (Canonicalize, Pass, PassManager, VerifyEach, VerifyNumerics,
                           parse_pipeline, probe_inputs)
 from bevir.passes.canonicalize import RemoveIdentity
+from bevir.passes import patterns
 from bevir.passes import instruments as instruments_module
 from bevir.passes.rewrites import limit_rewrites, rewrite_permitted
 
@@ -289,7 +290,7 @@ def test_unbudgeted_pass_cannot_be_narrowed_down():
 class ReluIsIdentity(RemoveIdentity):
     """Wrong on purpose: relu(x) is not x."""
     name = "test-vn-relu-is-identity"
-    pattern = bevir.passes.patterns.op("relu", ...)
+    pattern = patterns.op("relu", ...)
 
 
 def test_wrong_canonicalization_is_bisected_to_its_rewrite(monkeypatch):
