@@ -80,7 +80,7 @@ def test_opt_writes_an_optimized_model(tmp_path, capsys):
     assert rc == 0
     err = capsys.readouterr().err
     assert "Execution time report" in err and "Total" in err
-    for name in ("canonicalize", "cse", "dce", "folded"):
+    for name in ("canonicalize", "cse", "dce", "fold-constants"):
         assert name in err
     assert len(list(dump.iterdir())) == 4                      # input + one per pass
     g = bevir.load(out)

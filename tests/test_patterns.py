@@ -145,6 +145,30 @@ def test_benefit_orders_patterns():
     assert stats["test-add-zero"].applied == stats["test-add-zero"].tries == 0
 
 
+def test_benefit_orders_patterns_for_every_op_against_those_for_one():
+    class ReluAnywhere(RewritePattern):       # no roots: tried on every node
+        name = "test-relu-anywhere"
+        benefit = 5
+
+        def match(self, node):
+            return match_pattern(op("relu", "x"), node)
+
+        def rewrite(self, rw, m):
+            rw.replace(m.root, m["x"])
+
+    stats = {}
+    apply_patterns(_graph(relus=1), [ReluToClip(), ReluAnywhere()], stats=stats)
+    assert stats["test-relu-anywhere"].applied == 1 and stats["test-relu-to-clip"].tries == 0
+
+
+def test_a_new_pattern_in_a_subclass_brings_its_roots():
+    class AddZeroOnSub(AddZero):
+        name = "test-add-zero-on-sub"
+        pattern = op("sub", "x", const("zero"))
+
+    assert AddZero.roots == ("add",) and AddZeroOnSub.roots == ("sub",)
+
+
 def test_non_convergence_names_the_patterns():
     g = _graph(relus=1)
     with pytest.raises(ConvergenceError) as e:

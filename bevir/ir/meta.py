@@ -2,10 +2,9 @@
 
 ``graph.meta``, ``node.meta`` and ``value.meta`` are :class:`Meta` dicts. Analyses and
 backend passes write their results there (``graph.meta["ranges"]`` holds the calibrated
-ranges; partitioning and memory planning will write e.g. ``node.meta["core"]`` and
-``value.meta["ocm_offset"]``). Meta is carried through :meth:`Graph.clone` (copied, so a
-clone's meta is independent), :func:`compose`, rewrites and save/load; it never changes
-the default printed text.
+ranges; partitioning writes ``node.meta["core"]``, memory planning ``value.meta["ocm"]``).
+Meta is carried through :meth:`Graph.clone` (copied, so a clone's meta is independent),
+:func:`compose`, rewrites and save/load; it never changes the default printed text.
 
 A key is registered once, by the module that owns it (the IR imports no pass)::
 
@@ -87,10 +86,6 @@ def register_meta_key(name: str, type: type | tuple[type, ...],
 def meta_key(name: str) -> MetaKey | None:
     """The registered declaration of ``name``, or None."""
     return _KEYS.get(name)
-
-
-def registered_meta_keys() -> dict[str, MetaKey]:
-    return dict(sorted(_KEYS.items()))
 
 
 def copy_entry(name: str, value: Any) -> Any:

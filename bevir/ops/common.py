@@ -54,10 +54,6 @@ def check_windows(in_hw, out_hw, kernel, strides, dilations) -> None:
                              f"{tuple(out_hw)}")
 
 
-def cast_like(x: np.ndarray, t: TensorType) -> np.ndarray:
-    return np.asarray(x, dtype=t.dtype.np)
-
-
 def read_only(a) -> bool:
     """Nothing can write to ``a``: it and every array it views are read-only (a graph
     constant)."""

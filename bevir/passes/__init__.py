@@ -23,7 +23,7 @@ from . import quantize  # noqa: F401  (registers quantize)
 from . import partition  # noqa: F401  (registers partition)
 from .quantize import float_ops_between  # noqa: F401
 from .layout import ToNHWC, count_layout_transforms  # noqa: F401  (registers to-nhwc)
-from .canonicalize import Canonicalize, canonicalization  # noqa: F401
+from .canonicalize import Canonicalize  # noqa: F401
 from .cse import CSE  # noqa: F401
 from .dce import DCE  # noqa: F401
 from .calibrate import Calibrate, Calibration, CalibrationError, Ranges  # noqa: F401

@@ -248,7 +248,8 @@ class RewritePattern:
 
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)
-        if cls.roots is None and cls.pattern is not None:
+        if cls.pattern is not None and "roots" not in cls.__dict__ and (
+                cls.roots is None or "pattern" in cls.__dict__):    # a new pattern, new roots
             cls.roots = cls.pattern.ops
         if "name" in cls.__dict__:
             _PATTERNS[cls.name] = cls
@@ -279,10 +280,6 @@ def get_pattern(name: str) -> type[RewritePattern]:
         raise PassError(f"unknown pattern '{name}'; known: {', '.join(sorted(_PATTERNS))}") from None
 
 
-def registered_patterns() -> dict[str, type[RewritePattern]]:
-    return dict(sorted(_PATTERNS.items()))
-
-
 class Rewriter:
     """What a pattern's ``rewrite`` uses to change the graph. New nodes go before the
     match's root and carry the match's provenance (``loc``) and the root's meta entries
@@ -294,6 +291,7 @@ class Rewriter:
         self.match = m
         self.loc = fused_loc(n.loc for n in reversed(m.nodes))
         self.created: list[Node] = []
+        self._consts: list[Value] = []
         self._renames: list[tuple[Value, str]] = []
         self.changed = False
 
@@ -312,10 +310,13 @@ class Rewriter:
 
     def const(self, array: np.ndarray, name: str | None = None,
               type: TensorType | None = None) -> Value:
-        """A new constant."""
+        """A new constant (a replacement by it takes over the replaced result's name)."""
+        array = np.asarray(array)
+        v = self.graph.add_const(array if array.flags.c_contiguous else np.ascontiguousarray(array),
+                                 self.graph.unique_name(name or "c"), type)
+        self._consts.append(v)
         self.changed = True
-        return self.graph.add_const(np.ascontiguousarray(array), self.graph.unique_name(name or "c"),
-                                    type)
+        return v
 
     def replace(self, old: Node | Value, new: Node | Value | Sequence[Value]) -> None:
         """Redirect the uses of ``old`` (a value, or a node's results) to ``new``. New
@@ -325,7 +326,7 @@ class Rewriter:
             [new] if isinstance(new, Value) else list(new))
         if len(olds) != len(news):
             raise PassError(f"replace: {len(olds)} results by {len(news)} values")
-        created = {id(v) for n in self.created for v in n.outputs}
+        created = {id(v) for n in self.created for v in n.outputs} | set(map(id, self._consts))
         for o, n in zip(olds, news):
             if o.type != n.type:
                 raise PassError(f"replace: %{o.name} is {o.type}, its replacement {n.type}")
@@ -415,7 +416,7 @@ def apply_patterns(graph: Graph, patterns: Sequence[RewritePattern], *,
         queued.discard(node)
         if node.graph is not graph:
             continue
-        for p in by_op.get(node.op, []) + by_op.get(None, []):
+        for p in by_op.get(node.op, by_op[None]):
             outcome = _try(graph, p, node, stats[p.name])
             if outcome is None:
                 continue
@@ -434,10 +435,13 @@ def apply_patterns(graph: Graph, patterns: Sequence[RewritePattern], *,
 
 
 def _index(patterns: Sequence[RewritePattern]) -> dict[str | None, list[RewritePattern]]:
-    by_op: dict[str | None, list[RewritePattern]] = {}
+    """Op -> the patterns to try on its nodes, by decreasing benefit (patterns without
+    roots, under None, try every op)."""
+    anywhere = [p for p in patterns if not p.roots]
+    by_op: dict[str | None, list[RewritePattern]] = {None: anywhere}
     for p in patterns:
-        for root in p.roots or (None,):
-            by_op.setdefault(root, []).append(p)
+        for root in p.roots or ():
+            by_op.setdefault(root, list(anywhere)).append(p)
     for ps in by_op.values():
         ps.sort(key=lambda p: (-p.benefit, p.name))
     return by_op

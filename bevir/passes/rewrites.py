@@ -1,6 +1,6 @@
 """The rewrite budget: every rewriting driver asks before each rewrite.
 
-Drivers (canonicalize, cse, dce, pattern rewriting, decompose) call
+Drivers (pattern rewriting, canonicalize included; cse, dce, decompose) call
 :func:`rewrite_permitted` right before they change the graph for one rewrite; when it says
 False they skip that rewrite and try no further ones. Under :func:`limit_rewrites` only the
 first ``limit`` rewrites are permitted and each is logged, which lets numeric verification
@@ -8,7 +8,7 @@ bisect a pass down to the first rewrite that changed a result::
 
     with limit_rewrites(3) as log:
         bevir.optimize(graph, "canonicalize")
-    print(log.entries[-1])  # rewrite #3 canonicalize:fold on node %y (op 'add', loc 'model/add')
+    print(log.entries[-1])  # rewrite #3 fold-constants on node %y (op 'add', loc 'model/add')
 
 Budgets nest: the innermost active one decides and logs. The budget is per context (a
 :class:`contextvars.ContextVar`), so threads do not share it. Without an active budget
@@ -28,8 +28,8 @@ from ..ir.graph import Node, Value
 @dataclass(frozen=True)
 class RewriteRecord:
     """One permitted rewrite: its 1-based ``index`` within the budget, ``what`` did it
-    (``canonicalize:fold``, a pattern name, ...) and the node it started from (display
-    name ``%x``, op, loc; empty strings when the driver gave no node)."""
+    (a pattern name such as ``fold-constants``, ``cse:merge``, ...) and the node it started
+    from (display name ``%x``, op, loc; empty strings when the driver gave no node)."""
     index: int
     what: str
     node: str

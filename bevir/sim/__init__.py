@@ -1,2 +1,3 @@
-"""Execution: the golden interpreter (and, later, the GPNPU performance model)."""
+"""Execution: the golden interpreter, per-layer comparison of two runs and 3D-detection
+decoding (the GPNPU performance model is :mod:`bevir.target.cycles`)."""
 from .interpreter import Interpreter, run  # noqa: F401
