@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -10,9 +11,11 @@ from ..errors import VerifyError
 from ..ir.types import DType, Layout, TensorType
 
 
-def require(cond: bool, message: str) -> None:
+def require(cond: bool, message: str | Callable[[], str]) -> None:
+    """VerifyError(message) unless ``cond``; a callable message is formatted only then
+    (for messages that print large types)."""
     if not cond:
-        raise VerifyError(message)
+        raise VerifyError(message() if callable(message) else message)
 
 
 def same_dtype(*types: TensorType) -> DType:

@@ -104,7 +104,7 @@ def pieces_at(node: Node, axis: int, ranges: list[tuple[int, int]]) -> list[Piec
                                              types[i])
         attrs = opdef.check_attrs({**node.attrs, **piece.attrs})
         detached = _detached(node.op, types, attrs, [])
-        got = opdef.infer_node(detached)
+        got = _infer(detached)
         want = out.with_(shape=out.shape[:axis] + (size,) + out.shape[axis + 1:])
         if got != [want]:
             raise VerifyError(f"piece [{start}, {start + size}) of axis {axis} infers "
@@ -112,6 +112,21 @@ def pieces_at(node: Node, axis: int, ranges: list[tuple[int, int]]) -> list[Piec
         detached.outputs = [Value("out", want, producer=detached)]
         specs.append(PieceSpec(piece.operands, attrs, detached))
     return specs
+
+
+_INFERRED: dict[tuple, list] = {}
+
+
+def _infer(node: Node) -> list:
+    """``node``'s result types, remembered by op, attributes and operand types (pieces of
+    equal shape are common, and some type rules check accumulator bounds at length)."""
+    key = (node.op, repr(sorted(node.attrs.items())),
+           tuple(None if v is None else v.type for v in node.inputs))
+    if key not in _INFERRED:
+        if len(_INFERRED) > 4096:
+            _INFERRED.clear()
+        _INFERRED[key] = node.opdef.infer_node(node)
+    return _INFERRED[key]
 
 
 @dataclass
@@ -395,9 +410,19 @@ class Search:
         self.router = Router(self.decisions)
         self.users = {id(n): list(dict.fromkeys(u for v in n.outputs for u, _ in v.uses))
                       for n in graph.nodes}
+        self.operands = {id(n): [v for v in n.inputs if v is not None and not v.is_const]
+                         for n in graph.nodes}
+        self._costs: dict[tuple, int] = {}
 
-    def cost(self, node: Node) -> int:
-        return node_cost(node, self.decisions.get(id(node), NONE), self.router, self.coster)
+    def cost(self, node: Node, d: Decision | None = None) -> int:
+        """``node``'s cost as ``d`` (default: its decision), its producers as decided
+        (remembered by the decisions it depends on)."""
+        d = self.decisions.get(id(node), NONE) if d is None else d
+        key = (id(node), id(d), tuple(id(self.router.decision(v)) for v in self.operands[id(node)]))
+        cost = self._costs.get(key)
+        if cost is None:
+            cost = self._costs[key] = node_cost(node, d, self.router, self.coster)
+        return cost
 
     def local(self, node: Node, d: Decision) -> int:
         """``node`` as ``d``, and its consumers as they are."""
@@ -438,8 +463,7 @@ class Search:
         self.decisions[id(node)] = d
         total = self.cost(node)
         for u in self.users[id(node)]:
-            total += min(node_cost(u, o, self.router, self.coster)
-                         for o in self.options.get(id(u)) or [NONE])
+            total += min(self.cost(u, o) for o in self.options.get(id(u)) or [NONE])
         del self.decisions[id(node)]
         return total
 
