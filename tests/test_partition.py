@@ -180,12 +180,16 @@ def test_partitioned_graph_is_bit_identical(rng, name, cores):
             assert [p.meta["core"] for p in pieces] == list(range(len(pieces))) and pieces
 
 
-def forced(plan: dict, node: str, kind: str) -> dict:
-    """``plan`` with node's choice set to ``kind`` (the others unsplit)."""
+def forced(plan: dict, node: str, kind: str, axis: int | None = None) -> dict:
+    """``plan`` with node's choice set to ``kind`` (along ``axis``; default the first it
+    cuts), the others unsplit."""
     plan = copy.deepcopy(plan)
     assert node in [e["node"] for e in plan["ops"]]
     for e in plan["ops"]:
         e["choice"] = kind if e["node"] == node else "none"
+        e.pop("axis", None)
+        if e["node"] == node and axis is not None:
+            e["axis"] = axis
     return plan
 
 
@@ -204,11 +208,12 @@ def test_every_declared_split_is_bit_identical(rng, tmp_path, name, kind):
     for cores in (2, 3, 4):
         plan = search(graph, FREE_SYNC.with_cores(cores))
         for entry in plan["ops"]:
-            cand = next(c for c in entry["candidates"] if c["split"] == kind)
-            if not cand["applies"]:
+            cand = next((c for c in entry["candidates"] if c["split"] == kind
+                         and c["applies"]), None)
+            if cand is None:
                 continue
             path = tmp_path / f"{entry['node'][1:]}-{kind}-{cores}.json"
-            save_plan(forced(plan, entry["node"], kind), path)
+            save_plan(forced(plan, entry["node"], kind, cand["axis"]), path)
             g = partitioned(graph, cores, plan=str(path))
             assert len(split_entries(g)) == 1
             pieces = [n for n in g.nodes if n.op == entry["op"]
@@ -277,7 +282,11 @@ def test_plan_lists_every_candidate_its_cycles_the_choice_and_why(rng):
     for e, node in zip(plan["ops"], graph.nodes):
         assert e["reason"] and e["candidates"][0]["split"] == "none"
         if node.opdef.splits and all(v.type.dtype.is_int for v in node.inputs + node.outputs):
-            assert [c["split"] for c in e["candidates"][1:]] == list(node.opdef.splits)
+            kinds = [c["split"] for c in e["candidates"][1:]]     # each kind, per axis it cuts
+            assert list(dict.fromkeys(kinds)) == list(node.opdef.splits)
+            axes = node.opdef.region_axes(node.opdef.ctx(node))
+            assert [(c["split"], c["axis"]) for c in e["candidates"][1:] if "axis" in c] == \
+                [(k, a) for k in node.opdef.splits for a in sorted(axes) if axes[a] == k]
         applies = [c for c in e["candidates"] if c["applies"]]
         best = min(c["cycles"] for c in applies)
         chosen = next(c for c in applies if c["split"] == e["choice"])
@@ -332,7 +341,7 @@ def test_partition_is_deterministic(rng):
     (lambda p: p["ops"][0].update(op="fx_mul"), "entry 0 is ('%y', 'fx_mul')"),
     (lambda p: p["ops"][0].update(choice="heads"), "split 'heads' is not one of the op's"),
     (lambda p: p["ops"][0]["candidates"][2].update(sizes=[3, 3, 3, 3]), "do not cut axis 1"),
-    (lambda p: p["ops"][0]["candidates"][2].update(axis=2), "cuts axis 2, the op's axis is 1"),
+    (lambda p: p["ops"][0]["candidates"][2].update(axis=2), "cuts axis 2, the op's axes are [1]"),
     (lambda p: p.update(format="other"), "not a bevir-partition plan"),
 ])
 def test_a_plan_that_does_not_fit_is_a_clear_error(rng, tmp_path, break_it, message):

@@ -297,6 +297,32 @@ class OpDef:
         out = c.out_types[0]
         return Piece(tuple(aligned_range(t, out, axis, start, stop) for t in c.in_types))
 
+    def region_axes(self, c: Ctx) -> dict[int, str]:
+        """The result axes a range of which this node computes alone, and the split kind
+        that cuts each: every declared kind's axis, and for the default "rows" every row
+        axis (an elementwise op cuts any leading axis)."""
+        axes: dict[int, str] = {}
+        for kind in self.splits:
+            axis = self.split_axis(c, kind)
+            if axis is not None:
+                axes.setdefault(axis, kind)
+        if "rows" in self.splits and type(self).split_piece is OpDef.split_piece:
+            for axis in self.row_axes(c):
+                axes.setdefault(axis, "rows")
+        return axes
+
+    def region(self, c: Ctx, axis: int, start: int, stop: int) -> Piece | None:
+        """What computes result range [start, stop) along result ``axis`` alone (a split's
+        piece, a cascade's stripe): the operand ranges and changed attributes; None where
+        the node cannot (:meth:`region_axes`)."""
+        kind = self.region_axes(c).get(axis)
+        if kind is None:
+            return None
+        if self.split_axis(c, kind) == axis:
+            return self.split_piece(c, kind, start, stop)
+        out = c.out_types[0]
+        return Piece(tuple(aligned_range(t, out, axis, start, stop) for t in c.in_types))
+
     # ---- derived -----------------------------------------------------------------------
     def interfaces(self) -> list[str]:
         """The interfaces this op implements, by name (see the class attributes above)."""

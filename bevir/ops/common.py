@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -10,9 +11,11 @@ from ..errors import VerifyError
 from ..ir.types import DType, Layout, TensorType
 
 
-def require(cond: bool, message: str) -> None:
+def require(cond: bool, message: str | Callable[[], str]) -> None:
+    """VerifyError(message) unless ``cond``; a callable message is formatted only then
+    (for messages that print large types)."""
     if not cond:
-        raise VerifyError(message)
+        raise VerifyError(message() if callable(message) else message)
 
 
 def same_dtype(*types: TensorType) -> DType:
@@ -83,3 +86,15 @@ class ArrayCache:
         key = id(a)
         self._entries[key] = (weakref.ref(a, lambda _: self._entries.pop(key, None)), value)
         return value
+
+
+def window_rows(c, axis: int, kh: int, start: int, stop: int) -> tuple[tuple, tuple]:
+    """The input rows (axis, lo, hi) that output rows [start, stop) of a sliding window
+    (a convolution, a pooling; ``c.strides``, ``c.pads``, ``c.dilations``, kernel height
+    ``kh``) read, and the piece's pads: it pads only where its window passes the border."""
+    h = c.in_types[0].shape[axis]
+    top, left, bottom, right = c.pads
+    dilation = getattr(c, "dilations", (1, 1))[0]
+    lo = start * c.strides[0] - top
+    hi = (stop - 1) * c.strides[0] - top + (kh - 1) * dilation + 1
+    return (axis, max(lo, 0), min(hi, h)), (max(-lo, 0), left, max(hi - h, 0), right)

@@ -18,6 +18,7 @@ in float64 (exact below 2**53). No integer numpy matmul.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import numpy as np
@@ -67,13 +68,13 @@ def frac_of(t: TensorType, what: str, dtypes=(I8,)) -> int:
 def weight_quant(t: TensorType, what: str, axis: int | None) -> Quant:
     """An i8 weight's quantization: fixed point or symmetric affine, per tensor or per
     channel along ``axis``."""
-    require(t.dtype is I8, f"{what} must be i8, got {t}")
+    require(t.dtype is I8, lambda: f"{what} must be i8, got {t}")
     q = t.quant
     if isinstance(q, AffineQuant):
         require(all(z == 0 for z in q.zero_point),
-                f"{what} must be symmetric (zero point 0), got {t}")
-        require(q.axis is None or q.axis == axis, f"{what} must be quantized per tensor or per "
-                f"channel on axis {axis}, got {t}")
+                lambda: f"{what} must be symmetric (zero point 0), got {t}")
+        require(q.axis is None or q.axis == axis, lambda: f"{what} must be quantized per "
+                f"tensor or per channel on axis {axis}, got {t}")
         return q
     return fixed_quant(t, what, (I8,), axis)
 
@@ -85,6 +86,7 @@ def fixed_type(shape, frac: int, layout: Layout = Layout.plain, dtype: DType = I
                       FixedPointQuant((frac,)))
 
 
+@functools.lru_cache(maxsize=4096)
 def acc_quant(x_frac: int, wq: Quant) -> Quant:
     """The quantization of the int32 accumulator of an x (frac ``x_frac``) by w product,
     one parameter per tensor or per output channel."""
@@ -107,9 +109,9 @@ def check_bias(b: TensorType | None, n: int, acc: Quant) -> None:
     the accumulator (per tensor or per channel on axis 0)."""
     if b is None:
         return
-    require(b.dtype is I32 and b.shape == (n,), f"bias must be i32 [{n}], got {b}")
+    require(b.dtype is I32 and b.shape == (n,), lambda: f"bias must be i32 [{n}], got {b}")
     require(b.quant is None or _params(b.quant, n) == _params(acc, n),
-            f"bias quantization {b.quant} differs from the accumulator's {acc}")
+            lambda: f"bias quantization {b.quant} differs from the accumulator's {acc}")
 
 
 def require_out_frac(frac: int, lo: int = -31, hi: int = 31) -> None:

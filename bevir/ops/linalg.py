@@ -11,7 +11,8 @@ from numpy.lib.stride_tricks import as_strided
 from ..ir.types import Layout, TensorType
 from ..ir.opdef import Bool, FixedLowering, Float, Int, Ints, OpDef, Piece, aligned_range
 from . import native
-from .common import ArrayCache, check_windows, float_operands, read_only, require
+from .common import (ArrayCache, check_windows, float_operands, read_only, require,
+                     window_rows)
 from .cost import REQUANTIZE_OPS, PEMapping, Work
 from .layout_rules import NATIVE
 from .onnx_export import onnx_as
@@ -641,15 +642,9 @@ class Convolution(Contraction):
             if len(ranges) > 2 and c.in_types[2] is not None:
                 ranges[2] = (0, start, stop)
             return Piece(tuple(ranges))
-        # rows: input rows lo..hi of the padded input feed output rows start..stop; the
-        # piece pads only where that window passes the border
-        x, (_, _, kh, _) = c.in_types[0], c.in_types[1].shape
-        h = nchw_dims(x)[2]
-        top, left, bottom, right = c.pads
-        lo = start * c.strides[0] - top
-        hi = (stop - 1) * c.strides[0] - top + (kh - 1) * c.dilations[0] + 1
-        ranges[0] = (self.split_axis(c, "rows"), max(lo, 0), min(hi, h))
-        return Piece(tuple(ranges), {"pads": (max(-lo, 0), left, max(hi - h, 0), right)})
+        kh = c.in_types[1].shape[2]
+        ranges[0], pads = window_rows(c, self.split_axis(c, "rows"), kh, start, stop)
+        return Piece(tuple(ranges), {"pads": pads})
 
     def pe_mappings(self, c):
         """Output stationary: one output pixel per PE (OH over rows, OW over columns),

@@ -11,10 +11,10 @@ from itertools import product
 import numpy as np
 
 from ..ir.types import DType, Layout, TensorType
-from ..ir.opdef import (Bool, Ctx, FixedLowering, Float, Floats, Int, Ints, LayoutRule, OpDef,
+from ..ir.opdef import (Bool, Ctx, FixedLowering, Float, Floats, Int, Ints, LayoutRule, OpDef, Piece,
                         Str)
 from . import native
-from .common import float_operands, norm_axis, require
+from .common import float_operands, norm_axis, require, window_rows
 from .layout_rules import NATIVE, size_attr
 from .shape import moved
 from .cost import Work, per_element
@@ -124,6 +124,21 @@ class MaxPool2d(OpDef):
         """One compare per window tap and result."""
         kh, kw = c.kernel
         return Work("reduce", alu_ops=c.out_types[0].numel * kh * kw)
+
+    #: by images, by output rows (each piece reads the halo rows its windows need), by
+    #: channels (each channel pools alone)
+    splits = ("batch", "rows", "channels")
+
+    def split_axis(self, c, kind):
+        nhwc = c.in_types[0].layout is Layout.nhwc
+        return {"batch": 0, "rows": 1 if nhwc else 2, "channels": 3 if nhwc else 1}[kind]
+
+    def split_piece(self, c, kind, start, stop):
+        axis = self.split_axis(c, kind)
+        if kind != "rows":
+            return Piece(((axis, start, stop),))
+        rows, pads = window_rows(c, axis, c.kernel[0], start, stop)
+        return Piece((rows,), {"pads": pads})
 
     def compute(self, c, x):
         fill = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min

@@ -90,20 +90,21 @@ class Rescale:
     shift: tuple[int, ...]
 
     @staticmethod
+    @functools.lru_cache(maxsize=4096)
     def of(acc: Quant, out_frac: int) -> Rescale:
         """From the accumulator's quantization to frac bits ``out_frac`` (raises VerifyError
         for shifts or ratios out of range, or an affine zero point)."""
         if isinstance(acc, FixedPointQuant):
             shifts = tuple(f - out_frac for f in acc.frac_bits)
             require(all(-31 <= s <= 62 for s in shifts),
-                    f"requantization shift {shifts} from frac bits {list(acc.frac_bits)} to "
-                    f"{out_frac} is outside [-31, 62]")
+                    lambda: f"requantization shift {shifts} from frac bits "
+                    f"{list(acc.frac_bits)} to {out_frac} is outside [-31, 62]")
             return Rescale((1,) * len(shifts), shifts)
-        require(all(z == 0 for z in acc.zero_point), "affine quantization must be symmetric "
-                f"(zero point 0), got zero points {list(acc.zero_point)}")
+        require(all(z == 0 for z in acc.zero_point), lambda: "affine quantization must be "
+                f"symmetric (zero point 0), got zero points {list(acc.zero_point)}")
         pairs = [quantize_multiplier(math.ldexp(s, out_frac)) for s in acc.scale]
-        require(all(1 <= n <= 62 for _, n in pairs), f"requantization ratio of scale "
-                f"{list(acc.scale)} to frac bits {out_frac} is out of range")
+        require(all(1 <= n <= 62 for _, n in pairs), lambda: f"requantization ratio of "
+                f"scale {list(acc.scale)} to frac bits {out_frac} is out of range")
         return Rescale(tuple(m for m, _ in pairs), tuple(n for _, n in pairs))
 
     def apply(self, acc: np.ndarray, axis: int | None = None, dtype=np.int8) -> np.ndarray:

@@ -76,14 +76,28 @@ def _detached(op: str, types: list, attrs: Mapping[str, Any], out_types: list) -
     return node
 
 
-def pieces_of(node: Node, kind: str, axis: int, sizes: list[int]) -> list[PieceSpec]:
-    """The pieces of ``node`` split by ``kind`` into ``sizes`` along result ``axis``, type
-    checked: each infers the type of its range of the result (VerifyError otherwise)."""
+def pieces_of(node: Node, axis: int, sizes: list[int]) -> list[PieceSpec]:
+    """The pieces of ``node`` cut into ``sizes`` along result ``axis``
+    (:meth:`OpDef.region`), type checked: each infers the type of its range of the result
+    (VerifyError otherwise)."""
+    ranges, start = [], 0
+    for size in sizes:
+        ranges.append((start, start + size))
+        start += size
+    return pieces_at(node, axis, ranges)
+
+
+def pieces_at(node: Node, axis: int, ranges: list[tuple[int, int]]) -> list[PieceSpec]:
+    """The pieces of ``node`` computing result ranges ``ranges`` (any, overlapping or not)
+    along result ``axis``, type checked."""
     opdef, out = node.opdef, node.output.type
     ctx = opdef.ctx(node)
-    specs, start = [], 0
-    for size in sizes:
-        piece = opdef.split_piece(ctx, kind, start, start + size)
+    specs = []
+    for start, stop in ranges:
+        size = stop - start
+        piece = opdef.region(ctx, axis, start, stop)
+        if piece is None:
+            raise VerifyError(f"op '{node.op}' cannot compute a range of result axis {axis}")
         types = [None if v is None else v.type for v in node.inputs]
         for i, r in enumerate(piece.operands):
             if r is not None and types[i] is not None:
@@ -91,15 +105,29 @@ def pieces_of(node: Node, kind: str, axis: int, sizes: list[int]) -> list[PieceS
                                              types[i])
         attrs = opdef.check_attrs({**node.attrs, **piece.attrs})
         detached = _detached(node.op, types, attrs, [])
-        got = opdef.infer_node(detached)
+        got = _infer(detached)
         want = out.with_(shape=out.shape[:axis] + (size,) + out.shape[axis + 1:])
         if got != [want]:
             raise VerifyError(f"piece [{start}, {start + size}) of axis {axis} infers "
                               f"{', '.join(map(str, got))}, not {want}")
         detached.outputs = [Value("out", want, producer=detached)]
         specs.append(PieceSpec(piece.operands, attrs, detached))
-        start += size
     return specs
+
+
+_INFERRED: dict[tuple, list] = {}
+
+
+def _infer(node: Node) -> list:
+    """``node``'s result types, remembered by op, attributes and operand types (pieces of
+    equal shape are common, and some type rules check accumulator bounds at length)."""
+    key = (node.op, repr(sorted(node.attrs.items())),
+           tuple(None if v is None else v.type for v in node.inputs))
+    if key not in _INFERRED:
+        if len(_INFERRED) > 4096:
+            _INFERRED.clear()
+        _INFERRED[key] = node.opdef.infer_node(node)
+    return _INFERRED[key]
 
 
 @dataclass
@@ -339,24 +367,26 @@ def unsplittable(node: Node, cores: int) -> str | None:
 
 
 def candidates(node: Node, cores: int) -> tuple[list[Decision], list[dict]]:
-    """The decisions ``node`` may take (none first) and notes on the kinds that do not
+    """The decisions ``node`` may take (none first: then each declared kind along each
+    result axis it cuts, :meth:`OpDef.region_axes`) and notes on the kinds that do not
     apply."""
     out, notes = [NONE], []
+    axes = node.opdef.region_axes(node.opdef.ctx(node))
     for kind in node.opdef.splits:
-        try:
-            axis = node.opdef.split_axis(node.opdef.ctx(node), kind)
-            if axis is None:
-                notes.append({"split": kind, "applies": False, "note": "no axis to split"})
-                continue
-            sizes = balanced(node.output.type.shape[axis], cores)
-            if len(sizes) < 2:
-                notes.append({"split": kind, "applies": False,
-                              "note": f"axis {axis} has one index"})
-                continue
-            out.append(Decision(kind, axis, tuple(sizes), pieces_of(node, kind, axis, sizes)))
-        except (VerifyError, ValueError, IndexError) as e:
-            notes.append({"split": kind, "applies": False,
-                          "note": e.message if isinstance(e, BevirError) else str(e)})
+        kind_axes = [a for a, k in sorted(axes.items()) if k == kind]
+        if not kind_axes:
+            notes.append({"split": kind, "applies": False, "note": "no axis to split"})
+        for axis in kind_axes:
+            try:
+                sizes = balanced(node.output.type.shape[axis], cores)
+                if len(sizes) < 2:
+                    notes.append({"split": kind, "axis": axis, "applies": False,
+                                  "note": f"axis {axis} has one index"})
+                    continue
+                out.append(Decision(kind, axis, tuple(sizes), pieces_of(node, axis, sizes)))
+            except (VerifyError, ValueError, IndexError) as e:
+                notes.append({"split": kind, "axis": axis, "applies": False,
+                              "note": e.message if isinstance(e, BevirError) else str(e)})
     return out, notes
 
 
@@ -381,9 +411,19 @@ class Search:
         self.router = Router(self.decisions)
         self.users = {id(n): list(dict.fromkeys(u for v in n.outputs for u, _ in v.uses))
                       for n in graph.nodes}
+        self.operands = {id(n): [v for v in n.inputs if v is not None and not v.is_const]
+                         for n in graph.nodes}
+        self._costs: dict[tuple, int] = {}
 
-    def cost(self, node: Node) -> int:
-        return node_cost(node, self.decisions.get(id(node), NONE), self.router, self.coster)
+    def cost(self, node: Node, d: Decision | None = None) -> int:
+        """``node``'s cost as ``d`` (default: its decision), its producers as decided
+        (remembered by the decisions it depends on)."""
+        d = self.decisions.get(id(node), NONE) if d is None else d
+        key = (id(node), id(d), tuple(id(self.router.decision(v)) for v in self.operands[id(node)]))
+        cost = self._costs.get(key)
+        if cost is None:
+            cost = self._costs[key] = node_cost(node, d, self.router, self.coster)
+        return cost
 
     def local(self, node: Node, d: Decision) -> int:
         """``node`` as ``d``, and its consumers as they are."""
@@ -424,8 +464,7 @@ class Search:
         self.decisions[id(node)] = d
         total = self.cost(node)
         for u in self.users[id(node)]:
-            total += min(node_cost(u, o, self.router, self.coster)
-                         for o in self.options.get(id(u)) or [NONE])
+            total += min(self.cost(u, o) for o in self.options.get(id(u)) or [NONE])
         del self.decisions[id(node)]
         return total
 
@@ -452,13 +491,13 @@ class Search:
                                             "cycles": self.cost(n)}]})
                 continue
             d = self.decisions.get(id(n), NONE)
-            found = {o.kind: {"split": o.kind, "applies": True, "cycles": self.local(n, o),
-                              **({"axis": o.axis, "sizes": list(o.sizes)} if o.split else {})}
-                     for o in self.options[id(n)]}
-            found.update((e["split"], e) for e in self.notes[id(n)])
-            cands = [found[k] for k in ("none", *n.opdef.splits)]      # declared order
-            ops.append({**entry, "choice": d.kind, "candidates": cands,
-                        "reason": _reason(d, cands)})
+            cands = [{"split": o.kind, "applies": True, "cycles": self.local(n, o),
+                      **({"axis": o.axis, "sizes": list(o.sizes)} if o.split else {})}
+                     for o in self.options[id(n)]] + self.notes[id(n)]
+            order = {k: i for i, k in enumerate(("none", *n.opdef.splits))}
+            cands.sort(key=lambda c: (order[c["split"]], c.get("axis", -1)))   # declared order
+            ops.append({**entry, "choice": d.kind, **({"axis": d.axis} if d.split else {}),
+                        "candidates": cands, "reason": _reason(d, cands)})
         return {"format": PLAN_FORMAT, "version": PLAN_VERSION, "graph": self.graph.name,
                 "cores": self.cores, "ops": ops}
 
@@ -471,11 +510,17 @@ def search(graph: Graph, hw: HWConfig | None = None, cores: int = 0) -> dict:
     return {**s.plan(), "hw": hw.option_text(), "hw_hash": hw.hash}
 
 
+def _label(c: dict) -> str:
+    """A candidate's name: its kind, with the axis where the kind cuts several."""
+    return c["split"] if "axis" not in c else f"{c['split']}@{c['axis']}"
+
+
 def _reason(d: Decision, cands: list[dict]) -> str:
-    cost = {c["split"]: c["cycles"] for c in cands if c["applies"]}
+    cost = {_label(c): c["cycles"] for c in cands if c["applies"]}
+    cost["none"] = next(c["cycles"] for c in cands if c["split"] == "none")
     if d.split:
-        return (f"{d.kind} x{len(d.sizes)}: {cost[d.kind]:,} cycles with its consumers vs "
-                f"{cost['none']:,} on one core")
+        return (f"{d.kind}@{d.axis} x{len(d.sizes)}: {cost[f'{d.kind}@{d.axis}']:,} cycles "
+                f"with its consumers vs {cost['none']:,} on one core")
     splits = {k: c for k, c in cost.items() if k != "none"}
     if not splits:
         return "no declared split applies"
@@ -614,18 +659,20 @@ def check_plan(plan: Any, graph: Graph, cores: int, source: str) -> dict[int, De
         if choice not in node.opdef.splits:
             fail(f"split '{choice}' is not one of the op's {list(node.opdef.splits)}", node)
         chosen = next((c for c in entry.get("candidates", ()) if isinstance(c, dict)
-                       and c.get("split") == choice), {})
+                       and c.get("split") == choice and c.get("applies")
+                       and c.get("axis") == entry.get("axis", c.get("axis"))), {})
         axis, sizes = chosen.get("axis"), chosen.get("sizes")
-        want = node.opdef.split_axis(node.opdef.ctx(node), choice)
-        if axis != want:
-            fail(f"split '{choice}' cuts axis {axis!r}, the op's axis is {want!r}", node)
+        cuts = [a for a, k in node.opdef.region_axes(node.opdef.ctx(node)).items()
+                if k == choice]
+        if axis not in cuts:
+            fail(f"split '{choice}' cuts axis {axis!r}, the op's axes are {cuts}", node)
         dim = node.output.type.shape[axis]
         if not (isinstance(sizes, list) and 2 <= len(sizes) <= cores
                 and all(isinstance(s, int) and s >= 1 for s in sizes) and sum(sizes) == dim):
             fail(f"sizes {sizes!r} do not cut axis {axis} ({dim}) into 2..{cores} pieces", node)
         try:
             decisions[id(node)] = Decision(choice, axis, tuple(sizes),
-                                           pieces_of(node, choice, axis, sizes))
+                                           pieces_of(node, axis, sizes))
         except VerifyError as e:
             fail(f"cannot split by '{choice}': {e.message}", node)
     return decisions
@@ -716,7 +763,7 @@ def format_plan(plan: dict) -> str:
                      f"{plan['cores']} ({m['one_core'] / max(m['partitioned'], 1):.2f}x)"
                      + ("" if m["kept"] else "; the split is not kept (not faster)"))
     for e in considered:
-        cands = "  ".join(f"{c['split']} {c['cycles']}" if c["applies"] else f"{c['split']} -"
+        cands = "  ".join(f"{_label(c)} {c['cycles']}" if c["applies"] else f"{_label(c)} -"
                           for c in e["candidates"])
         lines += [f"  {e['op']} {e['node']}" + (f"  ({e['loc']})" if e["loc"] else ""),
                   f"      -> {'none: ' * (e['choice'] == 'none')}{e['reason']}",
