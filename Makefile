@@ -1,9 +1,8 @@
 # `make demo` and `make test` work on a fresh machine: they create .venv and install
-# everything first. torch is pinned to its CPU build before the package is installed (a
-# wheel of it on disk, or PyTorch's CPU index: without it pip takes the CUDA build and its
-# 2.7 GB of libraries), so that the package's own torch requirement is already satisfied,
-# with the torchvision made for it (timm needs torchvision; a newer one would pull a newer
-# torch); then the package with all its extras and the test tools.
+# everything first. torch is pinned (2.13.0: its CPU build where the machine's wheels hold
+# it) before the package is installed, so that the package's own torch requirement is
+# already satisfied, with the torchvision made for it (timm needs torchvision; a newer one
+# would pull a newer torch); then the package with all its extras and the test tools.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -14,7 +13,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q torch==2.13.0 torchvision==0.28.0 --extra-index-url https://download.pytorch.org/whl/cpu
+	$(PY) -m pip install -q torch==2.13.0 torchvision==0.28.0
 	$(PY) -m pip install -q -e '.[all,test]'
 	touch $(STAMP)
 
