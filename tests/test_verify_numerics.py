@@ -16,6 +16,8 @@ from bevir.passes import (Canonicalize, Pass, PassManager, VerifyEach, VerifyNum
                           parse_pipeline, probe_inputs)
 from bevir.passes.canonicalize import RemoveIdentity
 from bevir.passes import patterns
+from bevir.passes.fuse import FusionPattern
+from bevir.passes.patterns import PatternPass
 from bevir.passes import instruments as instruments_module
 from bevir.passes.rewrites import limit_rewrites, rewrite_permitted
 
@@ -376,3 +378,72 @@ def test_cli_numerics_atol(tmp_path, capsys):
     assert main(["opt", model, "-p", "test-vn-scale{factor=1.01}", "--verify-numerics"]) == 1
     capsys.readouterr()
     assert main(["opt", model, "-p", "test-vn-scale{factor=1.01}", "--numerics-atol", "10"]) == 0
+
+
+# ---- each rewrite held to its own pattern's claim ------------------------------------------
+class ExpLogIsIdentity(FusionPattern):
+    """exp(log(v)) -> v, claiming bit-identity: wrong in the last bits on purpose."""
+    name = "test-vn-exp-log"
+    pattern = patterns.op("exp", patterns.op("log", "v"))
+
+    def replacement(self, m):
+        return "identity", [m["v"]], {}
+
+
+class SqrtOfSquare(FusionPattern):
+    """sqrt(a * a) -> abs(a), claiming a small tolerance (as a reassociating fusion does)."""
+    name = "test-vn-sqrt-square"
+    tolerance = 1e-3
+    pattern = patterns.op("sqrt", patterns.op("mul", "a", "b"))
+
+    def replacement(self, m):
+        return "abs", [m["a"]], {}
+
+
+class Mixed(PatternPass):
+    """A pass of one pattern claiming exactness and one claiming a tolerance."""
+    name = "test-vn-mixed"
+    patterns = (ExpLogIsIdentity, SqrtOfSquare)
+    tolerance = 1e-3
+
+
+def mixed_graph(exp_log: bool = True, sqrt: bool = True) -> bevir.Graph:
+    b = Builder("mixed")
+    x = b.input("x", TensorType((256,)))
+    v = b.add(b.mul(x, x), b.const(np.float32(1.0)))
+    if exp_log:
+        b.output("y", b.exp(b.log(v), loc="m/exp"))
+    if sqrt:
+        b.output("z", b.sqrt(b.mul(x, x)))
+    return b.graph
+
+
+def test_an_exact_rewrite_beside_a_loose_one_is_held_to_bit_identity():
+    """The pass as a whole may change floats by 1e-3, but the exp-log rewrite claims
+    exactness: checked alone, its last-bit error fails and is bisected to it."""
+    vn = VerifyNumerics()
+    with pytest.raises(PassError, match=r"output 'y' max abs diff \S+ \(must be bit-identical\)"
+                       ) as info:
+        bevir.optimize(mixed_graph(), "test-vn-mixed", instruments=[vn])
+    whole, part = vn.checks
+    assert whole.ok and 0 < whole.diffs["y"] <= whole.bounds["y"]      # hidden before
+    assert part.pass_text == "test-vn-mixed{disable=test-vn-sqrt-square}"
+    assert part.bounds["y"] == 0.0 and part.diffs["y"] > 0
+    assert info.value.rewrite.what == "test-vn-exp-log" and info.value.loc == "m/exp"
+
+
+def test_a_pass_claims_only_what_its_fired_patterns_claim():
+    vn = VerifyNumerics()                        # only the exact pattern fires: bit-identity
+    with pytest.raises(PassError, match="must be bit-identical"):
+        bevir.optimize(mixed_graph(sqrt=False), "test-vn-mixed", instruments=[vn])
+    assert vn.checks[0].bounds == {"y": 0.0}
+    vn = VerifyNumerics()                        # only the loose one: its tolerance
+    bevir.optimize(mixed_graph(exp_log=False), "test-vn-mixed", instruments=[vn])
+    (check,) = vn.checks
+    assert check.ok and check.bounds["z"] > 0
+
+
+def test_no_exact_part_is_checked_where_no_exact_rewrite_fired():
+    vn = VerifyNumerics()
+    bevir.optimize(mixed_graph(), "test-vn-mixed{disable=test-vn-exp-log}", instruments=[vn])
+    assert [c.pass_text for c in vn.checks] == ["test-vn-mixed{disable=test-vn-exp-log}"]

@@ -66,7 +66,9 @@ class Pass:
     pass may make to a float output, relative to that output's magnitude: at most
     ``tolerance * max|output|`` per element (e.g. a reassociating fusion). Integer and
     boolean outputs, and every output of a quantized graph, must stay bit-identical
-    whatever the tolerance.
+    whatever the tolerance. A pass made of parts with their own claims (patterns) says,
+    after a run, what that run claims (:meth:`claimed_tolerance`) and which part must be
+    checked alone (:meth:`exact_part`).
     """
 
     name: ClassVar[str]
@@ -93,6 +95,18 @@ class Pass:
         for f in dataclasses.fields(self):
             t = _option_type(type(self), f)
             setattr(self, f.name, _check_option(self, f.name, t, getattr(self, f.name)))
+
+    @property
+    def claimed_tolerance(self) -> float:
+        """The tolerance the last run claims (a pass of patterns: its loosest pattern that
+        rewrote something); by default ``tolerance``."""
+        return self.tolerance
+
+    def exact_part(self) -> Pass | None:
+        """After a run that mixed rewrites claiming bit-identity with looser ones: a copy of
+        the pass running only the exact ones, which VerifyNumerics checks on their own (so
+        a loose rewrite beside them cannot hide their error); else None."""
+        return None
 
     # ---- to be defined by passes -------------------------------------------------------
     def run(self, graph: Graph, am: AnalysisManager) -> None:

@@ -26,6 +26,7 @@ root must have no users outside the match, so a rewrite can replace all of it.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -577,6 +578,25 @@ class PatternPass(Pass):
     @property
     def pattern_stats(self) -> dict[str, PatternStats]:
         return dict(self.__dict__.get("pattern_stats", {}))
+
+    def _fired(self) -> dict[str, float]:
+        """The patterns of the last run that rewrote something, with their tolerances."""
+        claims = {p.name: getattr(p, "tolerance", 0.0) for p in self.patterns}
+        return {name: claims[name] for name, st in self.pattern_stats.items() if st.applied}
+
+    @property
+    def claimed_tolerance(self) -> float:
+        if "pattern_stats" not in self.__dict__:     # not run yet: what its patterns may claim
+            return self.tolerance
+        return max(self._fired().values(), default=0.0)
+
+    def exact_part(self) -> PatternPass | None:
+        fired = self._fired()
+        exact = {name for name, tol in fired.items() if tol == 0.0}
+        if not exact or len(exact) == len(fired):
+            return None
+        others = {p.name for p in self.patterns} - exact
+        return dataclasses.replace(self, disable="|".join(sorted(others)))
 
 
 def _names(text: str) -> set[str]:
