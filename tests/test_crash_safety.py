@@ -397,6 +397,7 @@ def _load_ranges(path: Path):
 
 
 def _save_config(exclude: bool, path: Path) -> None:
+    import examples.bevformer.quant  # noqa: F401  (registers the reference-flow preset)
     from bevir.passes.quant_config import QuantConfig
     QuantConfig.preset("reference-flow").override("other", exclude=exclude).save(path)
 

@@ -356,11 +356,17 @@ class LayerNorm(OpDef):
     (both broadcast over those axes). Two-pass mean and variance in (at least) float32."""
 
     name = "layer_norm"
-    onnx_export = onnx_as("LayerNormalization", {"axis": "axis", "epsilon": "epsilon"})
     cycle_cost = per_element(10, "norm")
     fixed_point = FixedLowering("layer_norm")
     operands = ("x", "scale?", "bias?")
     attrs = {"axis": Int(-1), "epsilon": Float(1e-5)}
+
+    def onnx_export(self, e, node, ins, outs):
+        """ONNX LayerNormalization, whose scale is not optional: ones where it is absent."""
+        scale = node.inputs[1] if len(node.inputs) > 1 else None
+        ins = [ins[0], ins[1] if scale is not None else _ones_scale(e, node)] + ins[2:]
+        attrs = {k: node.attrs[k] for k in ("axis", "epsilon") if node.attrs.get(k) is not None}
+        e.emit("LayerNormalization", ins, outs, **attrs)
 
     def infer(self, c, x, scale=None, bias=None):
         float_operands(x, *(p for p in (scale, bias) if p is not None))
@@ -379,6 +385,15 @@ class LayerNorm(OpDef):
         if bias is not None:
             y += bias
         return y.astype(x.dtype, copy=False)
+
+
+def _ones_scale(e, node):
+    """A scale of ones over the normalized axes of ``node``'s first operand (ONNX
+    LayerNormalization needs one), float32 where the operand is codes (a QDQ export)."""
+    x = node.inputs[0].type
+    axis = norm_axis(node.attrs.get("axis", -1), x.rank)
+    dtype = x.dtype.np if x.dtype.np.kind == "f" else np.float32
+    return e.const(np.ones(x.shape[axis:], dtype), "scale")
 
 
 def _moments(x: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -401,11 +416,10 @@ class LayerNormStats(OpDef):
     attrs = {"axis": Int(-1), "epsilon": Float(1e-5)}
 
     def onnx_export(self, e, node, ins, outs):
-        x = node.inputs[0].type
-        axis = norm_axis(node.attrs["axis"], x.rank)
-        ones = e.const(np.ones(x.shape[axis:], x.dtype.np), "scale")
-        e.emit("LayerNormalization", [ins[0], ones], [e.fresh("normalized")] + outs, axis=axis,
-               epsilon=node.attrs["epsilon"], stash_type=1)
+        axis = norm_axis(node.attrs["axis"], node.inputs[0].type.rank)
+        e.emit("LayerNormalization", [ins[0], _ones_scale(e, node)],
+               [e.fresh("normalized")] + outs, axis=axis, epsilon=node.attrs["epsilon"],
+               stash_type=1)
 
     def infer(self, c, x):
         float_operands(x)
