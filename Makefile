@@ -2,7 +2,8 @@
 # everything first. torch is pinned (2.13.0: its CPU build where the machine's wheels hold
 # it) before the package is installed, so that the package's own torch requirement is
 # already satisfied, with the torchvision made for it (timm needs torchvision; a newer one
-# would pull a newer torch); then the package with all its extras and the test tools.
+# would pull a newer torch); then the package with all its extras and the test tools
+# (without setuptools' banner about editable installs).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -14,7 +15,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0 torchvision==0.28.0
-	$(PY) -m pip install -q -e '.[all,test]'
+	PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install -q -e '.[all,test]'
 	touch $(STAMP)
 
 demo: $(STAMP)
