@@ -373,6 +373,7 @@ def cmd_run(args) -> int:
 def cmd_compile(args) -> int:
     import time
     from .flows.target import compile as compile_program
+    from .target.schedule import host_round_trips
     graph = load_graph(args.model)
     t0 = time.perf_counter()
     hw = _hw(args.hw) if args.hw else None
@@ -385,6 +386,12 @@ def cmd_compile(args) -> int:
          f"{len(m['kernels'])} kernels, {steps} program steps, DDR {m['ddr_bytes']:,} bytes, "
          f"OCM {', '.join(f'{b:,}' for b in m['ocm_bytes'])} bytes "
          f"({time.perf_counter() - t0:.1f}s); stages (nodes): {stages}")
+    trips = host_round_trips(program.graph)
+    if trips:
+        first = [f"{n.op} '{n.loc or n.name}'" for nodes in trips for n in nodes][:3]
+        _out(f"note: {len(trips)} host round trip(s) between device stages, through float "
+             f"ops the quantization left: {', '.join(first)}"
+             + (", ..." if sum(map(len, trips)) > 3 else ""))
     return 0
 
 

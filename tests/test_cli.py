@@ -501,7 +501,9 @@ class Broken(Pass):
 CUSTOM_OP_GRAPH = """graph @g(%x: tensor<2x4xf32>) {
   %h = cli_test.halve(%x) : tensor<2x4xf32>
   %y = relu(%h) : tensor<2x4xf32>
-  return %y
+  %q = fx_quantize(%y) {out_frac_bits = 4} : tensor<2x4xi8, fixed<frac_bits=4>>
+  %z = fx_relu(%q) {out_frac_bits = 4} : tensor<2x4xi8, fixed<frac_bits=4>>
+  return %y as "y", %z as "z"
 }
 """
 

@@ -289,3 +289,42 @@ def test_a_second_process_compiles_from_the_cache_and_builds_nothing(rng, tmp_pa
     assert warm["built"] == {}
     assert sorted(p.relative_to(cache) for p in cache.rglob("*")) == entries
     assert_bit_exact(CompiledProgram.load(tmp_path / "b").run(inputs), bevir.run(graph, inputs))
+
+
+def test_a_float_graph_is_refused_naming_its_ops(tmp_path, capsys):
+    """Nothing for the device (a float model): one line naming the ops, no folder."""
+    from bevir.cli import main
+    b = bevir.Builder("floaty")
+    x = b.input("x", bevir.TensorType((4, 8)))
+    b.output("y", b.relu(b.add(x, x)))
+    with pytest.raises(bevir.BevirError, match=r"@floaty has nothing to run on the device: "
+                       r"none of its 2 nodes is integer \((add x1, relu x1|relu x1, add x1)\)"):
+        compile(b.graph, tmp_path / "prog")
+    assert not (tmp_path / "prog").exists()
+    bevir.save(b.graph, tmp_path / "f.bevir")
+    assert main(["compile", str(tmp_path / "f.bevir"), "-o", str(tmp_path / "p")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "quantize it first" in err
+
+
+def test_compile_names_the_host_round_trips(rng, tmp_path, capsys):
+    """A float op left between two integer parts: two device stages, and compile says
+    which op makes the round trip through the host."""
+    from bevir import DType, TensorType
+    from bevir.cli import main
+    from bevir.ir.types import FixedPointQuant
+    from bevir.target.schedule import host_round_trips
+    fx = TensorType((64,), DType.i8, quant=FixedPointQuant((4,)))
+    b = bevir.Builder("trip")
+    h = b.fx_relu(b.input("a", fx), out_frac_bits=4)
+    f = b.sigmoid(b.fx_dequantize(h), loc="head/sigmoid")
+    b.output("y", b.fx_relu(b.fx_quantize(f, out_frac_bits=6), out_frac_bits=6))
+    assert [[n.op for n in nodes] for nodes in host_round_trips(b.graph)] == [["sigmoid"]]
+    inputs = {"a": rng.integers(-128, 128, 64).astype(np.int8)}
+    assert_bit_exact(compile(b.graph, tmp_path / "prog").run(inputs), bevir.run(b.graph, inputs))
+    bevir.save(b.graph, tmp_path / "t.bevir")
+    assert main(["compile", str(tmp_path / "t.bevir"), "-o", str(tmp_path / "p")]) == 0
+    out = capsys.readouterr().out
+    assert "stages (nodes): device 2, host 1, device 2" in out
+    assert "note: 1 host round trip(s) between device stages, through float ops the " \
+           "quantization left: sigmoid 'head/sigmoid'" in out

@@ -11,14 +11,17 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+from collections import Counter
 from pathlib import Path
 
 from ..errors import CodegenError
+from ..extras import require
 from ..fsutil import building_folder
 from ..ir.graph import Graph
 from ..passes.target import plan_for_target, plan_key
 from ..target.cycles import Profile, model
 from ..target.hw import HWConfig
+from ..target.schedule import lowerable
 
 DEFAULT_HW = "qc-u"
 
@@ -60,6 +63,8 @@ def compile(graph: Graph, out: str | Path, hw: str | HWConfig | None = None,
     from ..codegen.lower import code_digest, op_code_key
     from ..ops.native import cache_dir
     out = Path(out)
+    require("tvm")                  # code generation's extra, named before anything else
+    _check_device_work(graph)
     check_target(out)
     config = hw_config(hw, cores) if hw is not None or cores else None
     ops = sorted({n.op: n.opdef for n in graph.nodes}.items())
@@ -81,6 +86,19 @@ def compile(graph: Graph, out: str | Path, hw: str | HWConfig | None = None,
             if attempt:
                 raise
             shutil.rmtree(built, ignore_errors=True)    # a damaged cache entry: build again
+
+
+def _check_device_work(graph: Graph) -> None:
+    """Refuse a graph with nothing for the device (a float model: it would compile to no
+    kernel and 'run' on the host), naming its ops."""
+    if any(lowerable(n) for n in graph.nodes):
+        return
+    ops = Counter(n.op for n in graph.nodes)
+    listed = ", ".join(f"{op} x{k}" for op, k in ops.most_common(5))
+    raise CodegenError(f"@{graph.name} has nothing to run on the device: none of its "
+                       f"{len(graph.nodes)} nodes is integer ({listed}"
+                       f"{', ...' if len(ops) > 5 else ''}); quantize it first "
+                       "(bevir quantize, bevir.quantize)")
 
 
 def _digest(*parts: str) -> str:

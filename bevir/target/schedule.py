@@ -82,6 +82,14 @@ def stages(graph: Graph) -> list[tuple[bool, list[Node]]]:
     return [(dev, nodes) for dev, nodes in out if nodes]
 
 
+def host_round_trips(graph: Graph) -> list[list[Node]]:
+    """The host stages between two device stages: each a round trip from the device to the
+    host and back (float ops a quantization left in the network)."""
+    st = stages(graph)
+    return [nodes for k, (dev, nodes) in enumerate(st)
+            if not dev and any(d for d, _ in st[:k]) and any(d for d, _ in st[k + 1:])]
+
+
 def reads_in_place(node: Node, v: Value) -> bool:
     """Whether ``node`` reads operand ``v`` where it lies in DDR instead of from its core's
     OCM: a ranged op (``core_slice``, ``core_gather``) reading a value made on another
