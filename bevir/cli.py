@@ -258,7 +258,22 @@ def cmd_quantize(args) -> int:
     _out(f"wrote {args.output}: {len(graph.nodes)} nodes, {lowered} ops lowered to fixed "
          f"point, {stats.get('activations-i16', 0)} at 16 bits, "
          f"{stats.get('float-left', 0)} left in float")
+    _out(host_note(graph))
+    note = round_trips_note(graph)
+    if note:
+        _out(f"note: {note}")
     return 0
+
+
+def host_note(graph) -> str:
+    """What of ``graph`` runs on the host (float ops, by op), as the compiled program will
+    run it."""
+    from collections import Counter
+    from .target.schedule import lowerable
+    host = Counter(n.op for n in graph.nodes if not lowerable(n))
+    ops = ", ".join(f"{op} {k}" for op, k in host.most_common(8))
+    return (f"on the host (float): {sum(host.values())} node(s)"
+            + (f" ({ops}{', ...' if len(host) > 8 else ''})" if host else ""))
 
 
 # ---- run ---------------------------------------------------------------------------------
@@ -373,7 +388,6 @@ def cmd_run(args) -> int:
 def cmd_compile(args) -> int:
     import time
     from .flows.target import compile as compile_program
-    from .target.schedule import host_round_trips
     graph = load_graph(args.model)
     t0 = time.perf_counter()
     hw = _hw(args.hw) if args.hw else None
@@ -386,13 +400,23 @@ def cmd_compile(args) -> int:
          f"{len(m['kernels'])} kernels, {steps} program steps, DDR {m['ddr_bytes']:,} bytes, "
          f"OCM {', '.join(f'{b:,}' for b in m['ocm_bytes'])} bytes "
          f"({time.perf_counter() - t0:.1f}s); stages (nodes): {stages}")
-    trips = host_round_trips(program.graph)
-    if trips:
-        first = [f"{n.op} '{n.loc or n.name}'" for nodes in trips for n in nodes][:3]
-        _out(f"note: {len(trips)} host round trip(s) between device stages, through float "
-             f"ops the quantization left: {', '.join(first)}"
-             + (", ..." if sum(map(len, trips)) > 3 else ""))
+    note = round_trips_note(program.graph)
+    if note:
+        _out(f"note: {note}")
     return 0
+
+
+def round_trips_note(graph) -> str | None:
+    """The host round trips between device stages of ``graph`` (values sent to the host
+    and back through float ops a quantization left), with the first ops that make them."""
+    from .target.schedule import host_round_trips
+    trips = host_round_trips(graph)
+    if not trips:
+        return None
+    ops = [n for nodes in trips for n in nodes]
+    first = ", ".join(f"{n.op} '{n.loc or n.name}'" for n in ops[:3])
+    return (f"{len(trips)} host round trip(s) between device stages, through float ops the "
+            f"quantization left: {first}{', ...' if len(ops) > 3 else ''}")
 
 
 def cmd_export(args) -> int:

@@ -461,6 +461,26 @@ def test_quantize_and_search_a_target(tmp_path, capsys):
     assert np.array_equal(bevir.run(bevir.load(again), feed)["y"], got)
 
 
+def test_quantize_says_what_stays_on_the_host(tmp_path, capsys):
+    """The middle layer excluded: quantize names the host's float nodes and the round trip
+    they make between the device's stages, and compile says the same."""
+    model, inputs = mlp_model(tmp_path)
+    cfg = QuantConfig.build({"rules": [{"name": f"layer{k}", "where": [f"layer{k}"],
+                                        "exclude": k == 1} for k in range(3)]})
+    cfg.save(tmp_path / "mid.json")
+    q = tmp_path / "q.bevir"
+    assert main(["quantize", str(model), "--inputs", str(inputs), "-o", str(q),
+                 "--config", str(tmp_path / "mid.json")]) == 0
+    out = capsys.readouterr().out
+    assert "on the host (float): 2 node(s) (matmul 1, relu 1)" in out
+    assert "note: 1 host round trip(s) between device stages, through float ops the " \
+           "quantization left: matmul 'layer1', relu 'layer1'" in out
+    assert main(["quantize", str(model), "--inputs", str(inputs), "-o", str(q),
+                 "--config", str(tmp_path / "start.json")]) == 0
+    out = capsys.readouterr().out
+    assert "on the host (float): 0 node(s)" in out and "round trip" not in out
+
+
 @pytest.mark.parametrize("extra, problem", [
     (["--target", "sqnr=>3"], "expected METRIC>=VALUE"),
     (["--target", "nosuch_sqnr>=3"], "target metric 'nosuch_sqnr' is not measured"),
