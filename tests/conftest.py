@@ -29,6 +29,22 @@ def torch_seed(request) -> None:
     torch.manual_seed(stable_seed(request.node.nodeid))
 
 
+#: the test files that take most of the suite's time (model zoos, the end-to-end flow and the
+#: BEVFormer model, crash and concurrency tests, Ray, the notebook, fuzzing): marked ``slow``
+#: with every test that builds a BEVFormer graph; ``make test-fast`` leaves them out
+SLOW_FILES = {"test_hub_zoo", "test_zoo", "test_int8_cnn", "test_scale", "test_crash_safety",
+              "test_bevformer_e2e", "test_bevformer_model", "test_walkthrough", "test_sequence",
+              "test_precision", "test_determinism", "test_decompose", "test_fuzz",
+              "test_backbone_flow"}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.path.stem in SLOW_FILES or "bevformer" in item.name \
+                or "bevformer_int8" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
+
+
 def pytest_terminal_summary(terminalreporter):
     """The zoo tables (tests/test_zoo.py, tests/test_hub_zoo.py), of the zoos that ran."""
     import sys
