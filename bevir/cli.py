@@ -362,7 +362,7 @@ def write_results(results: dict, path: str | None,
         check()
     if path:
         try:
-            save_arrays({k: np.ascontiguousarray(v) for k, v in results.items()}, path)
+            save_arrays(results, path)
         except (SafetensorError, OSError) as e:
             raise CliError(f"cannot write {path}: {e}") from None
         _out(f"wrote {path}: {len(results)} tensors")

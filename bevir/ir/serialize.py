@@ -63,8 +63,7 @@ def save(graph: Graph, path: str | os.PathLike) -> Path:
     header = []
     if graph.constants:
         sidecar = constants_path(path)
-        digest = save_arrays({k: np.ascontiguousarray(v.const) for k, v in graph.constants.items()},
-                             sidecar)
+        digest = save_arrays({k: v.const for k, v in graph.constants.items()}, sidecar)
         header.append(f"// constants: {sidecar.name} sha256:{digest}")
     header.append(f"// meta: {_save_meta(path, meta_doc, meta_arrays)}")
     write_atomic(path, "\n".join(header) + "\n" + print_graph(graph, constants="external"))

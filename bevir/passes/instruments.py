@@ -177,8 +177,7 @@ class Reproducer(Instrument):
             text = print_graph(graph_before, constants="inline")
         else:
             text = print_graph(graph_before, constants="external")
-            save_arrays({k: np.ascontiguousarray(v.const)
-                         for k, v in graph_before.constants.items()}, sidecar)
+            save_arrays({k: v.const for k, v in graph_before.constants.items()}, sidecar)
         write_atomic(self.path, reproducer_text(pass_, text, error))
         self.written = self.path
 
@@ -462,8 +461,7 @@ class VerifyNumerics(Instrument):
         save(self._before, path / "graph.bevir")
         for name, arrays in (("inputs", self.probe), ("expected", self._reference),
                              ("actual", actual)):
-            save_arrays({k: np.ascontiguousarray(v) for k, v in arrays.items()},
-                        path / f"{name}.safetensors")
+            save_arrays(arrays, path / f"{name}.safetensors")
         write_atomic(path / "pipeline.txt", f"{pass_}\n")
         write_atomic(path / "rewrite.txt", 
             f"{message}\n\nreplay: bevir opt {path / 'graph.bevir'} -p '{pass_}' "

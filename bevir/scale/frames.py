@@ -93,8 +93,7 @@ class FrameWriter:
         if not self._pending:
             return
         name = f"shard-{len(self.shards):05d}.safetensors"
-        stacked = {k: np.ascontiguousarray(np.stack([f[k] for f in self._pending]))
-                   for k in self._pending[0]}
+        stacked = {k: np.stack([f[k] for f in self._pending]) for k in self._pending[0]}
         digest = save_arrays(stacked, self.path / name)
         first = sum(s["frames"] for s in self.shards)
         self.shards.append({"file": name, "first": first, "frames": len(self._pending),
