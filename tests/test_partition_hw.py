@@ -94,9 +94,9 @@ def test_plan_memory_takes_ocm_cores_and_shared_from_the_config(rng):
     hw = HWConfig.parse(QCU)
     assert (options["ocm"], options["cores"], options["shared"]) == (hw.ocm_bytes, 4, False)
     assert options["hw_hash"] == hw.hash
-    small = bevir.optimize(graph.clone(), 'plan-memory{hw="QC-U 160KB 16MAC x1 shared"}')
+    small = bevir.optimize(graph.clone(), 'plan-memory{hw="QC-U 128KB 16MAC x1 shared"}')
     assert small.meta["memory_plan"]["options"]["shared"] is True
-    assert any(n.op == "dma_copy" for n in small.nodes)       # 160 KB: x waits in DDR
+    assert any(n.op == "dma_copy" for n in small.nodes)       # 128 KB: x waits in DDR
     for planned in (g, small):
         out = bevir.run(planned, feed)
         assert all(np.array_equal(out[k], reference[k]) for k in reference)

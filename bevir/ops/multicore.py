@@ -49,6 +49,13 @@ def gathered_quant(types: list[TensorType], axis: int) -> Quant | None:
     return dataclasses.replace(qs[0], **{f: sum((getattr(q, f) for q in qs), ()) for f in fields})
 
 
+def _off_axis_rows(c) -> tuple[int, ...]:
+    """The "rows" of a core_slice or core_gather: every leading axis but its own, which it
+    cuts or joins (a piece of another axis reads the same range of each operand)."""
+    own = norm_axis(c.axis, c.out_types[0].rank)
+    return tuple(a for a in range(c.out_types[0].rank - 1) if a != own)
+
+
 class CoreSlice(OpDef):
     """The range [start, stop) of x along ``axis`` that one core holds: a slice keeping x's
     layout and quantization (per-channel parameters along ``axis`` sliced with it)."""
@@ -58,6 +65,8 @@ class CoreSlice(OpDef):
     in_place_ranges = True
     operands = ("x",)
     attrs = {"axis": Int(), "start": Int(), "stop": Int()}
+    splits = ("rows",)
+    row_axes = staticmethod(_off_axis_rows)
 
     def infer(self, c, x):
         axis = norm_axis(c.axis, x.rank)
@@ -89,6 +98,8 @@ class CoreGather(OpDef):
     in_place_ranges = True
     operands = ("*pieces",)
     attrs = {"axis": Int()}
+    splits = ("rows",)
+    row_axes = staticmethod(_off_axis_rows)
 
     def infer(self, c, *xs):
         require(len(xs) >= 1, "core_gather takes at least one piece")

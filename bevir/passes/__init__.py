@@ -20,7 +20,7 @@ from . import fuse  # noqa: F401  (registers fuse)
 from . import fold_qdq  # noqa: F401  (registers fold-qdq)
 from . import bridge, sink_dequantize  # noqa: F401  (registers insert-bridges, sink-dequantize)
 from . import quantize  # noqa: F401  (registers quantize)
-from . import partition  # noqa: F401  (registers partition)
+from . import partition, stripe  # noqa: F401  (registers partition, stripe-images)
 from .quantize import float_ops_between  # noqa: F401
 from .layout import ToNHWC, count_layout_transforms  # noqa: F401  (registers to-nhwc)
 from .canonicalize import Canonicalize  # noqa: F401

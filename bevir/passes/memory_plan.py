@@ -3,8 +3,9 @@
 The timeline is the graph's node order: step ``t`` runs node ``t``, which reads its
 operands and writes its results, all in OCM at once. A buffer (a value on one core) is
 live from the first step that touches it to the last; graph inputs from step 0, graph
-outputs to the last step. Constants kept on chip are resident for the whole run and sit
-in one static block above the activations.
+outputs to the last step. A constant, as any value made elsewhere, is loaded at its first
+use on a core and lives until its last: the weights of the layers that ran give their room
+to the next ones (a layer run image by image keeps its weights for all its images).
 
 Plan: start with every value in OCM. While a core's live bytes at some step exceed its
 OCM (the lower bound ``max_t sum(live bytes)``), or the placement does not fit, move one
@@ -144,7 +145,7 @@ def graph_timeline(graph: Graph, cores: int = 1, shared: bool = False, align: in
              for n in graph.nodes]
     sizes = {key(v): _align(v.type.nbytes, align) for v in graph.values()}
     sizes.update({_stage_key(n): n.meta["stream"]["size"] for n in stages})
-    return _buffers(steps, sizes, [key(v) for v in graph.constants.values() if ocm(v)],
+    return _buffers(steps, sizes, [],
                     [key(v) for v in graph.inputs if ocm(v)],
                     [key(v) for v in graph.outputs.values() if ocm(v)])
 
@@ -160,8 +161,7 @@ class _Timeline:
     (its load is node ``i``'s operand), one after it a subset of node ``i``'s results, so the
     live bytes peak at node steps and a placement without conflicts there has none at the
     DMA steps either. A value in OCM is live on each core that touches it from that core's
-    first touch to its last (graph inputs from step 0, outputs to the last step, resident
-    constants always); a value in DDR is a load buffer at each node that reads it (from the
+    first touch to its last (graph inputs from step 0, outputs to the last step); a value in DDR is a load buffer at each node that reads it (from the
     node before, when prefetched) and, with a producer, its result buffer until the store."""
 
     def __init__(self, graph: Graph, cores: int, shared: bool, align: int, ocm: int,
@@ -188,7 +188,7 @@ class _Timeline:
                     self.readers[v.name].append(i)
         self.producer = {v.name: index[id(v.producer)] for v in self.values.values()
                          if v.producer is not None}
-        self.static = {v.name for v in graph.constants.values()}
+        self.static: set[str] = set()
         self.pinned_in = {v.name for v in graph.inputs}
         self.pinned_out = {v.name for v in graph.outputs.values()}
         for v in list(graph.inputs) + list(graph.outputs.values()):
@@ -214,9 +214,26 @@ class _Timeline:
         for i, n in enumerate(self.nodes):
             working = sum(self.size[v.name] for v in set(held_tensors(n)))
             if working > ocm:
-                stripes = -(-working // max(ocm // 4, 1))
-                out[i] = (stripes, 2 * _align(-(-working // stripes), self.align))
+                out[i] = self._stage(working, ocm)
         return out
+
+    def _stage(self, working: int, ocm: int) -> tuple[int, int]:
+        stripes = -(-working // max(ocm // 4, 1))
+        return stripes, 2 * _align(-(-working // stripes), self.align)
+
+    def stream(self, i: int, ocm: int) -> None:
+        """Stream node ``i`` (a node whose tensors fit the OCM only without fragments)."""
+        held = {v.name for v in held_tensors(self.nodes[i])}
+        moved = [name for name in held if name in self.ddr]
+        for name in moved:
+            self._add(self.ddr_intervals(name), -1)
+        self.stages[i] = self._stage(sum(self.size[name] for name in held), ocm)
+        self.live[self.core[i]][i] += self.stages[i][1]
+        for name in moved:
+            self._add(self.ddr_intervals(name), +1)
+        self.streamed_values |= held
+        for name in held - set(moved):
+            self.to_ddr(name)
 
     def _see(self, v: Value, align: int) -> None:
         if v.name not in self.values:
@@ -492,7 +509,13 @@ class PlanMemory(Pass):
             top = max(dyn, key=lambda b: b.offset + b.size)
             live = tl.live[core][top.start:top.end + 1]
             peak = top.offset + top.size + sum(b.size for b in bufs if b.core == core and b.static)
-            tl.to_ddr(self._victim(tl, core, top.start + int(live.argmax()), need=peak - self.ocm))
+            t = top.start + int(live.argmax())
+            victim = self._candidate(tl, core, t, peak - self.ocm)
+            if victim is None and tl.core[t] == core and t not in tl.stages:
+                tl.stream(t, self.ocm)       # its own tensors fill the OCM: stream them
+                self.stat("fragmentation-streams")
+                continue
+            tl.to_ddr(self._victim(tl, core, t, need=peak - self.ocm))
             self.stat("fragmentation-spills")
 
     def _victim(self, tl: _Timeline, core: int, t: int | None = None, need: int = 0) -> str:

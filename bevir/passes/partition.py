@@ -562,11 +562,13 @@ class Splitter:
     def pieces(self, node: Node, d: Decision) -> None:
         name = node.output.name
         outs = []
-        for core, spec in enumerate(d.pieces):
+        operands = []            # every core's operands first: a core cutting a range for
+        for core, spec in enumerate(d.pieces):       # another does so before its own piece
             ranges = list(spec.ranges) + [None] * (len(node.inputs) - len(spec.ranges))
-            inputs = [None if v is None else
-                      self.operand(v, r, core, node, f"{name}.c{core}.{i}")
-                      for i, (v, r) in enumerate(zip(node.inputs, ranges))]
+            operands.append([None if v is None else
+                             self.operand(v, r, core, node, f"{name}.c{core}.{i}")
+                             for i, (v, r) in enumerate(zip(node.inputs, ranges))])
+        for core, (spec, inputs) in enumerate(zip(d.pieces, operands)):
             p = self.graph.create_node(node.op, inputs, spec.attrs, loc=node.loc,
                                        names=[f"{name}.c{core}"], before=node)
             p.meta.update(node.meta)
@@ -595,11 +597,19 @@ class Splitter:
         if split is not None and r[0] == split[0].axis:
             d, pieces = split
             axis, lo, hi = r
-            parts = [self.slice(pieces[k], axis, max(lo, a) - a, min(hi, b) - a, core, node,
+            parts = [self.slice(pieces[k], axis, max(lo, a) - a, min(hi, b) - a, k, node,
                                 f"{name}.p{k}")
                      for k, (a, b) in enumerate(d.ranges()) if a < hi and lo < b]
             return parts[0] if len(parts) == 1 else self.join(parts, axis, core, node, name)
-        return self.slice(v, *r, core, node, name)
+        return self.slice(v, *r, self.home(v, core), node, name)
+
+    @staticmethod
+    def home(v: Value, core: int) -> int:
+        """Where a range of ``v`` for ``core`` is cut: on the core that makes ``v`` (only
+        the range crosses to ``core``), or on ``core`` itself for what the host or DDR
+        holds (graph inputs, constants, host results: it reads the range in place)."""
+        p = v.producer
+        return p.meta.get("core", 0) if p is not None and lowerable(p) else core
 
     def slice(self, v: Value, axis: int, lo: int, hi: int, core: int, node: Node,
               name: str) -> Value:

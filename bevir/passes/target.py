@@ -5,7 +5,8 @@
 
 On a copy of the lowered graph it runs :func:`target_pipeline`: the epilogues fused into
 their producers (``fuse{enable=fuse-qlinear-clip}``: a relu or clip of a QLinear op's codes
-clamps its result, bit for bit), ``partition{hw=...}`` and ``plan-memory{hw=...}``. The
+clamps its result, bit for bit), ``stripe-images{hw=...}`` (layers too large for the OCM
+run image by image), ``partition{hw=...}`` and ``plan-memory{hw=...}``. The
 partition is kept only where it pays: the graph is also planned on one core, both are
 modelled (bevir/target/cycles.py), and the faster one is the plan (a partitioned graph is
 never slower than one core); the figures are in ``graph.meta["partition"]["modelled"]``.
@@ -38,7 +39,8 @@ EPILOGUES = "fuse-qlinear-clip"
 
 def target_pipeline(hw: HWConfig, cores: int = 0) -> list[Pass]:
     """The passes that plan a lowered graph for ``hw`` (``cores``: 0 for the config's)."""
-    return [make_pass("fuse", enable=EPILOGUES), make_pass("partition", hw=hw, cores=cores),
+    return [make_pass("fuse", enable=EPILOGUES), make_pass("stripe-images", hw=hw, cores=cores),
+            make_pass("partition", hw=hw, cores=cores),
             make_pass("plan-memory", hw=hw)]
 
 
