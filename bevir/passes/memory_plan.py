@@ -90,7 +90,6 @@ class Buffer:
     size: int
     start: int
     end: int
-    static: bool = False          # a resident constant (live over the whole run)
     offset: int = -1
 
 
@@ -108,7 +107,7 @@ def _distinct(keys: Iterable[BufferKey]) -> tuple[BufferKey, ...]:
     return tuple(dict.fromkeys(keys))
 
 
-def _buffers(steps: Sequence[Step], sizes: dict[BufferKey, int], static: Iterable[BufferKey],
+def _buffers(steps: Sequence[Step], sizes: dict[BufferKey, int],
              pinned_in: Iterable[BufferKey], pinned_out: Iterable[BufferKey]) -> list[Buffer]:
     """The buffers of a timeline, in order of first touch (the order ties break by)."""
     last = max(len(steps) - 1, 0)
@@ -120,10 +119,8 @@ def _buffers(steps: Sequence[Step], sizes: dict[BufferKey, int], static: Iterabl
                 bufs[s.core, k] = Buffer(k, s.core, sizes[k], t, t)
             else:
                 b.end = t
-    static, pinned_in, pinned_out = set(static), list(pinned_in), list(pinned_out)
+    pinned_in, pinned_out = list(pinned_in), list(pinned_out)
     for b in bufs.values():
-        if b.key in static:
-            b.start, b.end, b.static = 0, last, True
         if b.key in pinned_in:
             b.start = 0
         if b.key in pinned_out:
@@ -145,7 +142,7 @@ def graph_timeline(graph: Graph, cores: int = 1, shared: bool = False, align: in
              for n in graph.nodes]
     sizes = {key(v): _align(v.type.nbytes, align) for v in graph.values()}
     sizes.update({_stage_key(n): n.meta["stream"]["size"] for n in stages})
-    return _buffers(steps, sizes, [],
+    return _buffers(steps, sizes,
                     [key(v) for v in graph.inputs if ocm(v)],
                     [key(v) for v in graph.outputs.values() if ocm(v)])
 
@@ -188,7 +185,6 @@ class _Timeline:
                     self.readers[v.name].append(i)
         self.producer = {v.name: index[id(v.producer)] for v in self.values.values()
                          if v.producer is not None}
-        self.static: set[str] = set()
         self.pinned_in = {v.name for v in graph.inputs}
         self.pinned_out = {v.name for v in graph.outputs.values()}
         for v in list(graph.inputs) + list(graph.outputs.values()):
@@ -240,31 +236,28 @@ class _Timeline:
             self.values[v.name], self.size[v.name] = v, _align(v.type.nbytes, align)
             self.touches[v.name], self.readers[v.name] = {}, []
 
-    # ---- intervals (core, start, end, key, static) of one value -------------------------
+    # ---- intervals (core, start, end, key) of one value -------------------------------
     def ocm_intervals(self, name: str) -> list[tuple]:
         out = []
         for c, steps in self.touches[name].items():
-            if name in self.static:
-                out.append((c, 0, self.last, BufferKey(name), True))
-                continue
             start = 0 if name in self.pinned_in or not steps else steps[0]
             end = self.last if name in self.pinned_out or not steps else steps[-1]
-            out.append((c, start, end, BufferKey(name), False))
+            out.append((c, start, end, BufferKey(name)))
         return out
 
     def ddr_intervals(self, name: str) -> list[tuple]:
-        out = [(self.core[i], i - ((name, i) in self.prefetch), i, BufferKey(name, load=i), False)
+        out = [(self.core[i], i - ((name, i) in self.prefetch), i, BufferKey(name, load=i))
                for i in self.readers[name] if i not in self.stages]
         p = self.producer.get(name)
         if p is not None and p not in self.stages:
-            out.append((self.core[p], p, p, BufferKey(name), False))   # its result, until stored
+            out.append((self.core[p], p, p, BufferKey(name)))   # its result, until stored
         return out
 
     def intervals(self, name: str) -> list[tuple]:
         return self.ddr_intervals(name) if name in self.ddr else self.ocm_intervals(name)
 
     def _add(self, intervals: list[tuple], sign: int) -> None:
-        for c, start, end, key, _ in intervals:
+        for c, start, end, key in intervals:
             self.live[c][start:end + 1] += sign * self.size[key.value]
 
     def fits(self, ocm: int) -> bool:
@@ -303,8 +296,8 @@ class _Timeline:
 
     def buffers(self) -> list[Buffer]:
         """Every buffer (in order of first touch), for placement."""
-        out = [Buffer(key, c, self.size[key.value], start, end, static)
-               for name in self.values for c, start, end, key, static in self.intervals(name)]
+        out = [Buffer(key, c, self.size[key.value], start, end)
+               for name in self.values for c, start, end, key in self.intervals(name)]
         out += [Buffer(_stage_key(self.nodes[i]), self.core[i], size, i, i)
                 for i, (_, size) in self.stages.items()]
         return sorted(out, key=lambda b: (b.start, b.end))
@@ -316,7 +309,7 @@ def _stage_key(node: Node) -> BufferKey:
 
 # ---- bounds and placement -----------------------------------------------------------------
 def live_bytes(bufs: Sequence[Buffer], num_steps: int) -> list[int]:
-    """Bytes live at each step (static buffers included)."""
+    """Bytes live at each step."""
     diff = [0] * (num_steps + 1)
     for b in bufs:
         diff[b.start] += b.size
@@ -374,41 +367,34 @@ def _place(bufs: Sequence[Buffer], conflicts: Sequence[list[int]], order: Sequen
 
 def place_core(bufs: list[Buffer], num_steps: int, search_steps: int, rng: random.Random,
                give_up: int | None = None, patience: int = 20) -> dict[str, int]:
-    """Set the offsets of one core's buffers: the dynamic ones from 0, the static block
-    above them. Returns the figures (lower bound, peak, search steps used). With
-    ``give_up`` (the OCM), a search whose peak stays above it for ``patience`` steps
+    """Set the offsets of one core's buffers, from 0. Returns the figures (lower bound,
+    peak, search steps used). With ``give_up`` (the OCM), a search whose peak stays above it for ``patience`` steps
     without improving stops early: the caller moves a value to DDR instead."""
-    dyn = [b for b in bufs if not b.static]
-    static = sum(b.size for b in bufs if b.static)
-    bound = lower_bound(dyn, num_steps)
-    conflicts = _conflicts(dyn)
-    starts = [sorted(range(len(dyn)), key=lambda i: (-dyn[i].size, -(dyn[i].end - dyn[i].start), i)),
-              sorted(range(len(dyn)), key=lambda i: (-(dyn[i].end - dyn[i].start), -dyn[i].size, i))]
-    order, (offsets, peak) = min(((o, _place(dyn, conflicts, o)) for o in starts),
+    bound = lower_bound(bufs, num_steps)
+    conflicts = _conflicts(bufs)
+    span = lambda i: bufs[i].end - bufs[i].start  # noqa: E731
+    starts = [sorted(range(len(bufs)), key=lambda i: (-bufs[i].size, -span(i), i)),
+              sorted(range(len(bufs)), key=lambda i: (-span(i), -bufs[i].size, i))]
+    order, (offsets, peak) = min(((o, _place(bufs, conflicts, o)) for o in starts),
                                  key=lambda r: r[1][1])
     used = stuck = 0
     while peak > bound and used < search_steps:       # hill-climb: lift a top buffer earlier
-        if give_up is not None and peak + static > give_up and stuck >= patience:
+        if give_up is not None and peak > give_up and stuck >= patience:
             break
         used, stuck = used + 1, stuck + 1
-        tops = [i for i in range(len(dyn)) if offsets[i] + dyn[i].size == peak]
+        tops = [i for i in range(len(bufs)) if offsets[i] + bufs[i].size == peak]
         pos = order.index(tops[rng.randrange(len(tops))])
         if pos == 0:
             continue
         trial, to = list(order), rng.randrange(pos)
         trial.insert(to, trial.pop(pos))
-        t_offsets, t_peak = _place(dyn, conflicts, trial, to, offsets)
+        t_offsets, t_peak = _place(bufs, conflicts, trial, to, offsets)
         if t_peak <= peak:
             stuck = 0 if t_peak < peak else stuck
             order, offsets, peak = trial, t_offsets, t_peak
-    for b, o in zip(dyn, offsets):
+    for b, o in zip(bufs, offsets):
         b.offset = o
-    top = peak
-    for b in bufs:
-        if b.static:
-            b.offset, top = top, top + b.size
-    return {"lower_bound": bound + static, "peak": top, "static_bytes": static,
-            "search_steps": used}
+    return {"lower_bound": bound, "peak": peak, "search_steps": used}
 
 
 # ---- the pass -----------------------------------------------------------------------------
@@ -505,10 +491,9 @@ class PlanMemory(Pass):
             bufs, figures, core = self._place(tl)
             if figures is not None:
                 return bufs, figures
-            dyn = [b for b in bufs if b.core == core and not b.static]
-            top = max(dyn, key=lambda b: b.offset + b.size)
+            top = max((b for b in bufs if b.core == core), key=lambda b: b.offset + b.size)
             live = tl.live[core][top.start:top.end + 1]
-            peak = top.offset + top.size + sum(b.size for b in bufs if b.core == core and b.static)
+            peak = top.offset + top.size
             t = top.start + int(live.argmax())
             victim = self._candidate(tl, core, t, peak - self.ocm)
             if victim is None and tl.core[t] == core and t not in tl.stages:
@@ -530,7 +515,7 @@ class PlanMemory(Pass):
                 return best
         node = tl.nodes[t]
         held = sorted(((tl.size[key.value], key) for name in tl.values
-                       for c, start, end, key, _ in tl.intervals(name)
+                       for c, start, end, key in tl.intervals(name)
                        if c == core and start <= t <= end), key=lambda h: -h[0])
         held = ", ".join(f"%{key.value} {size}" for size, key in held[:8])
         if not placement:
@@ -548,7 +533,7 @@ class PlanMemory(Pass):
         for i, name in enumerate(tl.values):
             if name in tl.ddr or name in here or not tl.size[name]:
                 continue
-            for c, start, end, _, _ in tl.ocm_intervals(name):
+            for c, start, end, _ in tl.ocm_intervals(name):
                 if c == core and start <= t <= end:
                     steps = tl.touches[name].get(core, [])
                     j = bisect_right(steps, t)
@@ -683,7 +668,7 @@ class MemoryPlan:
 
     options: dict
     cores: list[dict]
-    buffers: list[dict]          # value, core, offset, size, start, end, static
+    buffers: list[dict]          # value, core, offset, size, start, end
     ddr_values: list[str]
     ddr_bytes: int
     dma_ops: int
@@ -717,8 +702,7 @@ class MemoryPlan:
         for c in self.cores:
             r = c["peak"] / c["lower_bound"] if c["lower_bound"] else 1.0
             lines.append(f"  core {c['core']}: peak {c['peak']} / lower bound {c['lower_bound']}"
-                         f" = {r:.3f} ({100 * c['peak'] / o['ocm']:.1f}% of OCM; "
-                         f"{c['static_bytes']} bytes of resident constants)")
+                         f" = {r:.3f} ({100 * c['peak'] / o['ocm']:.1f}% of OCM)")
         lines.append(f"  liveness bound before spilling: {self.liveness_bound:,} bytes "
                      f"({self.liveness_bound / o['ocm']:.1f}x the OCM)")
         lines.append(f"  DDR: {len(self.ddr_values)} values, {self.ddr_bytes:,} bytes: "
@@ -747,7 +731,7 @@ def memory_plan(graph: Graph) -> MemoryPlan:
         placed = _placement(by_name[b.key], b.core)
         bufs.append({"value": b.key.value, "stage": b.key.stage, "core": b.core,
                      "start": b.start, "end": b.end,
-                     "static": b.static, "offset": placed["offset"] if placed else None,
+                     "offset": placed["offset"] if placed else None,
                      "size": placed["size"] if placed else b.size})
     dmas = [n for n in graph.nodes if n.op == "dma_copy"]
     moved = lambda dst: sum(n.output.type.nbytes for n in dmas if n.attrs["dst"] == dst)  # noqa: E731
