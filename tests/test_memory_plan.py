@@ -131,7 +131,7 @@ def test_the_search_never_does_worse_than_best_fit_alone(rng):
         graph = random_dag(rng)
         greedy, searched = graph.clone(), graph
         plan(greedy, "plan-memory{search_steps=0}")
-        plan(searched, "plan-memory{search_steps=300, seed=1}")
+        plan(searched, "plan-memory{search_steps=300, search_patience=300, seed=1}")
         g, s = memory_plan(greedy).cores[0], memory_plan(searched).cores[0]
         print(f"best fit {g['peak']}, searched {s['peak']}, bound {s['lower_bound']}")
         assert s["lower_bound"] == g["lower_bound"] == independent_bound(graph, 64)

@@ -17,10 +17,11 @@ and the bytes it needs. Loads are then moved one node earlier (double buffering:
 transfer overlaps the previous node) where the bound leaves room.
 
 Placement, per core: greedy by size, best fit (TFLite / TVM USMP), then a seeded
-hill-climb over the placement order (Vela) that stops at the lower bound or after
-``search_steps`` placements. Where best fit fragments (the bound fits, the placement does
-not), a search stuck above the OCM gives up after 20 steps without progress and a value
-live where the placement overflows, at least as large as the overflow, moves to DDR. Results go to meta (registered keys, saved with the graph):
+hill-climb over the placement order (Vela) that stops at the lower bound, after
+``search_steps`` placements or after ``search_patience`` placements in a row that did not
+lower the peak. Where best fit fragments (the bound fits, the placement does not), a value
+live where the placement overflows, at least as large as the overflow, moves to DDR (or,
+where none is, the node whose own tensors fill the OCM streams them). Results go to meta (registered keys, saved with the graph):
 ``value.meta["ocm"]`` (a list of ``{"core", "offset", "size"}``, one per core holding the
 value), ``value.meta["mem"]`` (``"ocm"`` or ``"ddr"``), ``graph.meta["memory_plan"]`` (the
 options and per-core figures); :func:`memory_plan` reads them back as a :class:`MemoryPlan`
@@ -327,15 +328,18 @@ def lower_bound(bufs: Sequence[Buffer], num_steps: int) -> int:
 
 
 def _conflicts(bufs: Sequence[Buffer]) -> list[list[int]]:
-    """For each buffer, the buffers live at some common step (interval sweep)."""
+    """For each buffer, the buffers of some bytes live at some common step (interval
+    sweep; an empty buffer constrains no other)."""
     order = sorted(range(len(bufs)), key=lambda i: (bufs[i].start, i))
     out: list[list[int]] = [[] for _ in bufs]
     active: list[int] = []
     for i in order:
         active = [j for j in active if bufs[j].end >= bufs[i].start]
         for j in active:
-            out[i].append(j)
-            out[j].append(i)
+            if bufs[j].size:
+                out[i].append(j)
+            if bufs[i].size:
+                out[j].append(i)
         active.append(i)
     return out
 
@@ -346,30 +350,32 @@ def _place(bufs: Sequence[Buffer], conflicts: Sequence[list[int]], order: Sequen
     it conflicts with (the lowest such gap), else on top of them. ``placed``: the offsets
     of an earlier placement whose order agrees with ``order`` on its first ``start``
     buffers, which therefore keep their offsets (only the rest is placed again)."""
+    sizes = [b.size for b in bufs]
     offsets = [-1] * len(bufs)
     for i in order[:start]:
         offsets[i] = placed[i]
-    peak = max((offsets[i] + bufs[i].size for i in order[:start]), default=0)
+    peak = max((offsets[i] + sizes[i] for i in order[:start]), default=0)
     for i in order[start:]:
-        size = bufs[i].size
-        taken = sorted((offsets[j], offsets[j] + bufs[j].size) for j in conflicts[i]
-                       if offsets[j] >= 0 and bufs[j].size)
+        size = sizes[i]
+        taken = sorted([(offsets[j], offsets[j] + sizes[j]) for j in conflicts[i]
+                        if offsets[j] >= 0])
         best, best_gap, top = None, None, 0
         for lo, hi in taken:
             gap = lo - top
             if gap >= size and (best_gap is None or gap < best_gap):
                 best, best_gap = top, gap
-            top = max(top, hi)
+            if hi > top:
+                top = hi
         offsets[i] = top if best is None else best
         peak = max(peak, offsets[i] + size)
     return offsets, peak
 
 
 def place_core(bufs: list[Buffer], num_steps: int, search_steps: int, rng: random.Random,
-               give_up: int | None = None, patience: int = 20) -> dict[str, int]:
+               patience: int = 20) -> dict[str, int]:
     """Set the offsets of one core's buffers, from 0. Returns the figures (lower bound,
-    peak, search steps used). With ``give_up`` (the OCM), a search whose peak stays above it for ``patience`` steps
-    without improving stops early: the caller moves a value to DDR instead."""
+    peak, search steps used). The search stops at the bound, after ``search_steps``
+    placements, or after ``patience`` placements in a row that did not lower the peak."""
     bound = lower_bound(bufs, num_steps)
     conflicts = _conflicts(bufs)
     span = lambda i: bufs[i].end - bufs[i].start  # noqa: E731
@@ -379,7 +385,7 @@ def place_core(bufs: list[Buffer], num_steps: int, search_steps: int, rng: rando
                                  key=lambda r: r[1][1])
     used = stuck = 0
     while peak > bound and used < search_steps:       # hill-climb: lift a top buffer earlier
-        if give_up is not None and peak > give_up and stuck >= patience:
+        if stuck >= patience:
             break
         used, stuck = used + 1, stuck + 1
         tops = [i for i in range(len(bufs)) if offsets[i] + bufs[i].size == peak]
@@ -410,6 +416,7 @@ class PlanMemory(Pass):
     align: int = 64                   # every buffer's offset and size, in bytes
     seed: int = 0                     # the placement search's random choices
     search_steps: int = 200           # placements the hill-climb may try per core
+    search_patience: int = 20         # ... and in a row without lowering the peak
     double_buffer: bool = True        # issue loads one node early where the OCM allows
     stream: bool = True               # stream ops that do not fit the OCM through a stage
     hw: HWConfig | None = None        # a hardware config: ocm, cores and shared from it
@@ -466,10 +473,8 @@ class PlanMemory(Pass):
             if not tl.fits(self.ocm):
                 tl.to_ddr(name)
 
-    def _place(self, tl: _Timeline, give_up: bool = True
-               ) -> tuple[list[Buffer], dict[int, dict] | None, int]:
-        """Place every core; the figures, or None and the first core that does not fit
-        (``give_up``: a search stuck above the OCM stops early, see :func:`place_core`)."""
+    def _place(self, tl: _Timeline) -> tuple[list[Buffer], dict[int, dict] | None, int]:
+        """Place every core; the figures, or None and the first core that does not fit."""
         bufs = tl.buffers()
         per_core: dict[int, list[Buffer]] = {}
         for b in bufs:
@@ -477,8 +482,7 @@ class PlanMemory(Pass):
         figures = {}
         for c in sorted(per_core):
             figures[c] = place_core(per_core[c], tl.last + 1, self.search_steps,
-                                    random.Random(self.seed * 1009 + c),
-                                    give_up=self.ocm if give_up else None)
+                                    random.Random(self.seed * 1009 + c), self.search_patience)
             if figures[c]["peak"] > self.ocm:
                 return bufs, None, c
         return bufs, figures, -1
@@ -554,7 +558,7 @@ class PlanMemory(Pass):
                     tl.add_prefetch(name, i)
         if not tl.prefetch:
             return bufs, figures
-        new_bufs, new_figures, _ = self._place(tl, give_up=False)
+        new_bufs, new_figures, _ = self._place(tl)
         if new_figures is None:
             tl.clear_prefetch()
             return bufs, figures
@@ -638,7 +642,9 @@ class PlanMemory(Pass):
             "version": PLAN_VERSION,
             "options": {"ocm": self.ocm, "cores": self.cores, "shared": self.shared,
                         "align": self.align, "seed": self.seed,
-                        "search_steps": self.search_steps, "double_buffer": self.double_buffer,
+                        "search_steps": self.search_steps,
+                        "search_patience": self.search_patience,
+                        "double_buffer": self.double_buffer,
                         **({"hw": self.hw.option_text(), "hw_hash": self.hw.hash}
                            if self.hw is not None else {})},
             "cores": [{"core": c, **figures[c]} for c in sorted(figures)],
