@@ -14,7 +14,8 @@ of the plan gives its candidates' cycles in the final neighbourhood, the choice 
 
 A chosen split becomes explicit ops (bevir/ops/multicore.py): per core the same op on the
 ranges it reads, a ``core_slice`` of an operand produced whole, ``core_gather`` where a
-piece needs rows of several producer pieces or a consumer the whole result. A constant's
+piece needs rows of several producer pieces (the rows of a neighbour's piece cut on the
+neighbour's core: only they cross) or a consumer the whole result. A constant's
 slices are cut at compile time, so each core loads only its share. Cores synchronise
 through the values they exchange (ready flags in the programs), not barriers. Every
 node's core is in ``node.meta["core"]``. The plan is ``graph.meta["partition"]`` (JSON);
@@ -588,7 +589,10 @@ class Splitter:
         self.gathers.append(gather)
 
     def operand(self, v: Value, r, core: int, node: Node, name: str) -> Value:
-        """Core ``core``'s operand: range ``r`` of ``v`` (None: all), as routed."""
+        """Core ``core``'s operand: range ``r`` of ``v`` (None: all), as routed. A range of
+        another core's piece is cut on that core, so that only the range crosses (the piece
+        stays in its core's OCM); a range of a whole value, by ``core`` (in place where the
+        value lies in DDR)."""
         if v.is_const:
             return v if r is None else self.const_slice(v, r)
         if r is None:
@@ -601,15 +605,7 @@ class Splitter:
                                 f"{name}.p{k}")
                      for k, (a, b) in enumerate(d.ranges()) if a < hi and lo < b]
             return parts[0] if len(parts) == 1 else self.join(parts, axis, core, node, name)
-        return self.slice(v, *r, self.home(v, core), node, name)
-
-    @staticmethod
-    def home(v: Value, core: int) -> int:
-        """Where a range of ``v`` for ``core`` is cut: on the core that makes ``v`` (only
-        the range crosses to ``core``), or on ``core`` itself for what the host or DDR
-        holds (graph inputs, constants, host results: it reads the range in place)."""
-        p = v.producer
-        return p.meta.get("core", 0) if p is not None and lowerable(p) else core
+        return self.slice(v, *r, core, node, name)
 
     def slice(self, v: Value, axis: int, lo: int, hi: int, core: int, node: Node,
               name: str) -> Value:
