@@ -40,9 +40,9 @@ from ..ops.cost import PEMapping, Work, work_of
 from .hw import HWConfig
 from .schedule import Schedule, ScheduleError, Step, schedule_of
 
-#: what a step can be bound by: the largest of its terms ("launch" when all are 0), or a
-#: barrier (its copies and the release)
-BOUNDS = ("compute", "alu", "ocm", "broadcast", "ddr", "barrier", "launch")
+#: what a step can be bound by: the largest of its terms ("launch" when all are 0), a
+#: barrier (its copies and the release), or nothing: a view of DDR bytes (its waits only)
+BOUNDS = ("compute", "alu", "ocm", "broadcast", "ddr", "barrier", "launch", "view")
 
 CycleModelError = ScheduleError
 
@@ -470,7 +470,8 @@ def _record(job: _Job, end: float, index: int, prev_end: int, hw: HWConfig) -> O
              "broadcast": t.broadcast, "ddr": job.ddr,
              "ddr_shared": 0 if step.barrier else max(0, own - job.alone),
              "exposed": job.exposed, "launch": job.launch}
-    bound = "barrier" if step.barrier else _bound(t, job.ddr + terms["ddr_shared"])
+    bound = ("barrier" if step.barrier else "view" if step.view
+             else _bound(t, job.ddr + terms["ddr_shared"]))
     macs = c.macs if c is not None else 0
     util = macs / (own * hw.peak_macs_per_cycle) if own else 0.0
     span = job.dma_span

@@ -19,7 +19,10 @@ input held in OCM is loaded by each core that holds it, at its first use.
 
 Every DDR <-> OCM movement is explicit here: a step's ``loads`` and ``stores``, and its
 ``args`` in DDR (a kernel reading or writing DDR in place: a ``dma_copy``, a streamed op,
-any op of an unplanned graph). :attr:`Step.ddr_bytes` is their sum.
+any op of an unplanned graph). :attr:`Step.ddr_bytes` is their sum. An op that only
+renames a row-major tensor's bytes (a reshape) with both its operand and its result in DDR
+is a view: its result is its operand's DDR slot, and its step moves nothing and calls no
+kernel (it waits for its operand and publishes its result).
 """
 from __future__ import annotations
 
@@ -28,6 +31,8 @@ from dataclasses import dataclass, field
 
 from ..errors import BevirError
 from ..ir.graph import Graph, Node, Value
+from ..ir.types import Layout
+from ..ops.cost import view_cost
 
 ALIGN = 64
 
@@ -107,6 +112,26 @@ def held_tensors(node: Node) -> list[Value]:
         list(node.outputs)
 
 
+def renames(node: Node) -> bool:
+    """Whether ``node`` only renames its operand's bytes (a reshape, flatten, squeeze or
+    unsqueeze of a row-major tensor): where both lie in DDR it is a view and moves nothing."""
+    row_major = (Layout.plain, Layout.nchw)
+    return (node.opdef.moves_data and type(node.opdef).cycle_cost is view_cost
+            and len(node.inputs) == 1 and len(node.outputs) == 1
+            and node.inputs[0] is not None
+            and node.inputs[0].type.layout in row_major and node.output.type.layout in row_major)
+
+
+def ddr_view(node: Node, memory: "MemoryMap") -> bool:
+    """Whether ``node`` (on its core) is a view of its operand's DDR bytes: it only renames
+    them (:func:`renames`) and neither its operand nor its result is in its core's OCM."""
+    if not renames(node):
+        return False
+    core = core_of(node)
+    x, y = node.inputs[0], node.output
+    return (x.name, core) not in memory.ocm and (y.name, core) not in memory.ocm
+
+
 def graph_cores(graph: Graph) -> int:
     """The cores a graph is partitioned for (its plan's, else 1 + its highest core)."""
     plan = graph.meta.get("partition")
@@ -135,6 +160,7 @@ class MemoryMap:
     ocm_size: list[int] = field(default_factory=list)
     flags: dict[str, int] = field(default_factory=dict)            # value -> flag index
     ddr_size: int = 0
+    views: dict[str, str] = field(default_factory=dict)    # value -> the value it views
 
     def place(self, v: Value, core: int) -> Place:
         """Where ``core`` addresses ``v``: its OCM when it holds it there, else DDR."""
@@ -142,6 +168,9 @@ class MemoryMap:
         return Place("ocm", off) if off is not None else Place("ddr", self.ddr[v.name])
 
     def add_ddr(self, v: Value) -> None:
+        if v.name in self.views:                # a view: its operand's bytes
+            self.ddr[v.name] = self.ddr[self.views[v.name]]
+            return
         self.ddr[v.name] = self.ddr_size
         self.ddr_size += -(-v.type.nbytes // ALIGN) * ALIGN
 
@@ -183,6 +212,7 @@ class Step:
     stores: list[Transfer] = field(default_factory=list)
     publishes: list[str] = field(default_factory=list)
     copies: list[tuple[Arg, Arg]] = field(default_factory=list)   # barrier: (src, dst)
+    view: bool = False            # its result is its operand's DDR bytes (:func:`ddr_view`)
 
     @property
     def barrier(self) -> bool:
@@ -190,8 +220,9 @@ class Step:
 
     @property
     def kernel(self) -> bool:
-        """Whether the step calls the node's kernel (every device node but a barrier)."""
-        return not self.barrier
+        """Whether the step calls the node's kernel (every device node but a barrier and a
+        view)."""
+        return not self.barrier and not self.view
 
     def ddr_args(self) -> list[Arg]:
         """The buffers the step addresses in DDR in place (kernel arguments, copies)."""
@@ -277,6 +308,9 @@ def memory_map(graph: Graph, device: set[int], cores: int) -> MemoryMap:
             if e["core"] < cores:
                 mm.ocm[(v.name, e["core"])] = e["offset"]
                 mm.ocm_size[e["core"]] = max(mm.ocm_size[e["core"]], e["offset"] + e["size"])
+    for n in graph.nodes:
+        if id(n) in device and ddr_view(n, mm):
+            mm.views[n.output.name] = n.inputs[0].name
     for v in touched.values():
         p = producer_core(v, device)
         others = readers.get(v.name, set()) - {p, None}
@@ -327,6 +361,11 @@ class _CorePlanner:
                 if producer_core(x, self.device) == self.core:
                     step.copies.append((self.operand(x, step, x.type.nbytes),
                                         self.result(y, step)))
+            return step
+        if n.output.name in self.memory.views:     # a view: only its operand's flag
+            self.operand(n.inputs[0], step, 0)
+            self.result(n.output, step)
+            step.view = True
             return step
         operands = [v for v in n.inputs if v is not None]
         share = _read_share(n, operands)
