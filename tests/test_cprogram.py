@@ -54,7 +54,7 @@ def assert_counted_as_modelled(program, hw: HWConfig) -> dict:
     assert [c["ddr_bytes"] for c in counts["cores"]] == \
         profile.ddr_bytes_per_core[:len(counts["cores"])]
     assert counts["kernel_calls"] == sum(1 for r in profile.records
-                                         if r.bound not in ("barrier", "view"))
+                                         if r.bound not in ("barrier", "view", "prefetch"))
     return counts
 
 
@@ -357,3 +357,36 @@ def test_a_reshape_in_ddr_is_a_view_that_moves_nothing(rng, tmp_path):
             assert m["ddr"]["r"] == m["ddr"]["y"]
             records = model(g, HWConfig.parse("qc-u").with_cores(cores)).records
             assert [r.bound for r in records if r.name == node] == ["view"]
+
+
+def test_loads_run_on_each_core_s_dma_engine_while_it_computes(rng, tmp_path):
+    """A load the memory plan placed runs on the core's DMA engine (a thread with a queue
+    in the programs): the core issues it and goes on, the first step reading it waits for
+    it. Bit-exact on 1 and 2 cores, counted as modelled; in the model the transfer runs
+    after its issue and before its reader, overlapping the steps between."""
+    from test_partition import fx, ints
+    b = bevir.Builder("prefetch")
+    x = b.input("x", fx((64, 256), 5))
+    skip = b.fx_relu(x, out_frac_bits=5, name="skip")
+    v = skip
+    for k in range(4):
+        w = b.const(ints(rng, (256, 256)), f"w{k}", fx((256, 256), 7))
+        v = b.fx_linear(v, w, out_frac_bits=5, name=f"fc{k}")
+    b.output("y", b.fx_add(v, skip, out_frac_bits=4))
+    feed = {"x": ints(rng, (64, 256))}
+    for cores, ocm in ((1, "100KB"), (2, "64KB")):          # the skip waits in DDR
+        hw = HWConfig.parse(f"QC-U {ocm} 16MAC").with_cores(cores)
+        g = bevir.optimize(partitioned(b.graph, cores), [make_pass("plan-memory", hw=hw)])
+        program = compile(g, tmp_path / f"x{cores}")
+        assert_bit_exact(program.run(feed), bevir.run(b.graph, feed))
+        assert_counted_as_modelled(program, hw)
+        steps = [s for p in program.manifest["programs"] for s in p["steps"]]
+        issued = [s for s in steps if s["op"] == "dma_copy" and s["kernel"] is None]
+        assert issued and all(s["ddr_bytes"] > 0 for s in issued)
+        records = model(g, hw).records
+        for r in (r for r in records if r.bound == "prefetch"):
+            assert r.own_cycles == 0 and r.dma[0] >= r.start
+            loaded = g.nodes[r.index].output
+            readers = [u for u in records if u.core == r.core and u.index > r.index
+                       and loaded in g.nodes[u.index].inputs]
+            assert readers and readers[0].start >= r.dma[1]

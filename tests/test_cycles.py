@@ -122,13 +122,17 @@ def int8_graph():
     return g
 
 
-def test_alu_ops_come_from_the_op_and_views_run_as_copies():
+def test_alu_ops_come_from_the_op_and_reshapes_are_views_in_ddr_copies_on_chip():
     p = model(int8_graph(), HW)
     soft = next(r for r in p.records if r.op == "fx_softmax")
     per_element = bevir.ops.get_op("fx_softmax").cycle_cost.ops_per_element
     assert soft.terms["alu"] == ceil(per_element * 8 * 256, 16) and soft.terms["mac"] == 0
+    # unplanned, every value lies in DDR: the reshape is a view of its operand's bytes
     reshape = next(r for r in p.records if r.op == "reshape")
-    # the program copies a reshape (a kernel): its bytes through the array, no MACs
+    assert reshape.bound == "view" and reshape.own_cycles == 0 and reshape.ddr_bytes == 0
+    # planned on chip, the program copies it (a kernel): its bytes through the array
+    planned = bevir.optimize(int8_graph(), "plan-memory")
+    reshape = next(r for r in model(planned, HW).records if r.op == "reshape")
     moved = reshape.bytes["read"] + reshape.bytes["written"]
     assert moved >= 2 * 8 * 256 and reshape.terms["ocm"] == ceil(moved, 64) > 0
 

@@ -13,6 +13,10 @@ meant to run (``bevir.compile`` / ``bevir.flows.target`` plan it), and every cop
 and in-place DDR access the programs make is a step of its schedule, so the bytes the
 programs count are the bytes the cycle model charges.
 
+DMA. Each core's entry runs beside a DMA engine (a thread with a queue, in the runtime): a
+load the memory plan placed is issued to it and the core goes on; the first step reading
+the load waits for its ticket; the engine is drained when the entry returns.
+
 Stages. Float nodes run on the host through the golden model; the program has one entry
 per core and device stage, so a quantized network runs as host pre-processing, the cores,
 host post-processing.
@@ -55,8 +59,11 @@ from .lower import dtype_name, kernel_def, kernel_name, signature, source_key
 from .verify import check_layout, check_manifest, digest_source, open_libraries, read_checked
 
 RUNTIME_SYNC = r"""
+#include <pthread.h>
 #include <sched.h>
 #include <setjmp.h>
+#include <stdlib.h>
+#include <string.h>
 #include <time.h>
 /* a run's control block, shared by its cores: [0] set once a core failed, [1] the longest a
    core may wait (ns); per core k: [2 + 2k] what it waits for (flag index + 1, -1: a
@@ -110,8 +117,50 @@ void bevir_barrier(int64_t* bar, int64_t n) {
   }
   bevir_ctl[2 + 2 * bevir_self] = 0;
 }
+/* a core's DMA engine: a thread that runs the copies the core issues, in order, while
+   the core goes on; ticket k is done once done >= k */
+#define BEVIR_DMA_QUEUE 1024
+typedef struct { uint8_t* dst; const uint8_t* src; int64_t n; } bevir_dma_job;
+typedef struct {
+  bevir_dma_job queue[BEVIR_DMA_QUEUE];
+  int64_t issued, done, stop;
+  pthread_t thread;
+} bevir_dma_engine;
+static __thread bevir_dma_engine* bevir_dma;
+static void* bevir_dma_loop(void* arg) {
+  bevir_dma_engine* e = arg;
+  for (int64_t next = 0;;) {
+    if (next < __atomic_load_n(&e->issued, __ATOMIC_ACQUIRE)) {
+      bevir_dma_job* j = &e->queue[next % BEVIR_DMA_QUEUE];
+      memcpy(j->dst, j->src, j->n);
+      __atomic_store_n(&e->done, ++next, __ATOMIC_RELEASE);
+    } else if (__atomic_load_n(&e->stop, __ATOMIC_ACQUIRE)) {
+      return NULL;
+    } else {
+      sched_yield();
+    }
+  }
+}
+int64_t bevir_dma_issue(uint8_t* dst, const uint8_t* src, int64_t n) {
+  bevir_dma_engine* e = bevir_dma;
+  int64_t k = e->issued;
+  while (k - __atomic_load_n(&e->done, __ATOMIC_ACQUIRE) >= BEVIR_DMA_QUEUE) sched_yield();
+  e->queue[k % BEVIR_DMA_QUEUE] = (bevir_dma_job){dst, src, n};
+  __atomic_store_n(&e->issued, k + 1, __ATOMIC_RELEASE);
+  return k + 1;
+}
+void bevir_dma_wait(int64_t ticket) {
+  while (__atomic_load_n(&bevir_dma->done, __ATOMIC_ACQUIRE) < ticket) sched_yield();
+}
+/* the engine finishes what was issued and stops */
+static void bevir_dma_stop(bevir_dma_engine* e) {
+  __atomic_store_n(&e->stop, 1, __ATOMIC_RELEASE);
+  pthread_join(e->thread, NULL);
+  free(e);
+}
 /* runs one core's entry: its result (the failed step + 1, or 0), -1 when it stopped
-   because another core failed, -2 when a wait took longer than the limit */
+   because another core failed, -2 when a wait took longer than the limit, -3 when its
+   DMA engine could not start */
 typedef int (*bevir_entry)(uint8_t*, uint8_t*, int64_t*, int64_t, int64_t*, int64_t*,
                            int64_t*);
 int bevir_run(bevir_entry entry, int64_t core, uint8_t* ddr, uint8_t* ocm, int64_t* flags,
@@ -119,10 +168,21 @@ int bevir_run(bevir_entry entry, int64_t core, uint8_t* ddr, uint8_t* ocm, int64
   jmp_buf here;
   bevir_self = core;
   bevir_flags = flags;
+  bevir_dma_engine* engine = calloc(1, sizeof *engine);
+  if (!engine || pthread_create(&engine->thread, NULL, bevir_dma_loop, engine)) {
+    free(engine);
+    __atomic_store_n(&bevir_ctl[0], 1, __ATOMIC_RELEASE);
+    return -3;
+  }
+  bevir_dma = engine;
   int left = setjmp(here);
-  if (left) return left;
+  if (left) {
+    bevir_dma_stop(engine);
+    return left;
+  }
   bevir_leave = &here;
   int failed = entry(ddr, ocm, flags, epoch, bar, cnt, tm);
+  bevir_dma_stop(engine);
   if (failed) __atomic_store_n(&bevir_ctl[0], 1, __ATOMIC_RELEASE);
   return failed;
 }
@@ -157,6 +217,7 @@ class _CoreWriter:
         self.core, self.memory, self.kernels = core, memory, kernels
         self.lines: list[str] = []
         self.steps: list[dict] = []
+        self.tickets: dict[str, str] = {}     # prefetched value -> its DMA ticket variable
 
     @staticmethod
     def ptr(place: Place) -> str:
@@ -180,7 +241,14 @@ class _CoreWriter:
             out.append("  " + _count(s, ddr_bytes=t.nbytes, transfers=1))
         for src, dst in step.copies:         # a barrier: this core's pieces pass through
             self.copy(self.ptr(dst.place), self.ptr(src.place), src.nbytes)
+        for v in step.dma_waits:             # prefetched by the core's DMA engine
+            out.append(f"  bevir_dma_wait({self.tickets.pop(v)});")
         out.append(_stamp(s, "loaded"))
+        if step.prefetch:                     # issued; the engine copies while the core goes on
+            src, dst = step.args
+            self.tickets[dst.value] = f"t{s}"
+            out.append(f"  int64_t t{s} = bevir_dma_issue({self.ptr(dst.place)}, "
+                       f"{self.ptr(src.place)}, {dst.nbytes});")
         if step.kernel:
             pointers = ", ".join(f"(void*)({self.ptr(a.place)})" for a in step.args)
             out.append(f"  {{ void* a[] = {{{pointers}}}; if (bevir_{kernel}(a)) return {s + 1}; }}")
@@ -228,6 +296,7 @@ def generate(graph: Graph, cores: int | None = None
             w.lines.append(f"int bevir_core{w.core}_stage{device_stage}(uint8_t* ddr, "
                            "uint8_t* ocm, int64_t* flags, int64_t epoch, int64_t* bar, "
                            "int64_t* cnt, int64_t* tm) {")
+            w.tickets.clear()                # the engine is drained at each stage's end
             for step in steps:
                 w.step(step)
             w.lines += ["  return 0;", "}", ""]
@@ -238,7 +307,9 @@ def generate(graph: Graph, cores: int | None = None
         head = ["/* generated by bevir: the program of core %d */" % w.core,
                 "#include <stdint.h>", "#include <string.h>",
                 "void bevir_wait(int64_t*, int64_t);", "void bevir_publish(int64_t*, int64_t);",
-                "void bevir_barrier(int64_t*, int64_t);", "void bevir_stamp(int64_t*);"]
+                "void bevir_barrier(int64_t*, int64_t);", "void bevir_stamp(int64_t*);",
+                "int64_t bevir_dma_issue(uint8_t*, const uint8_t*, int64_t);",
+                "void bevir_dma_wait(int64_t);"]
         head += [f"int bevir_{k}(void** data);" for k in used] + [""]
         sources[f"core{w.core}.c"] = "\n".join(head + w.lines)
     mem = sched.memory
@@ -526,7 +597,7 @@ class CompiledProgram:
         for t in threads:
             t.join()
         failures = [self._failure(k, code, ctl) for k, code in enumerate(codes)
-                    if isinstance(code, BaseException) or code > 0 or code == -2]
+                    if isinstance(code, BaseException) or code > 0 or code in (-2, -3)]
         if failures:
             raise CodegenError(f"device stage {stage} failed: " + "; ".join(failures))
 
@@ -534,6 +605,8 @@ class CompiledProgram:
         """What went wrong on core ``k``: ``code`` as :func:`bevir_run` returned it."""
         if isinstance(code, BaseException):
             return f"core {k}: {type(code).__name__}: {code}"
+        if code == -3:
+            return f"core {k}: its DMA engine (a thread) could not start"
         steps = self.manifest["programs"][k]["steps"]
         if code > 0:
             step = steps[code - 1] if code <= len(steps) else {}

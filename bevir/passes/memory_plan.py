@@ -42,7 +42,7 @@ from ..errors import PassError, VerifyError
 from ..ir.graph import Graph, Node, Value
 from ..ir.meta import register_meta_key
 from ..target.hw import HWConfig
-from ..target.schedule import core_of, held_tensors
+from ..target.schedule import core_of, held_tensors, lowerable
 from .analysis import AnalysisManager, Liveness
 from .core import Pass
 
@@ -153,14 +153,15 @@ def graph_timeline(graph: Graph, cores: int = 1, shared: bool = False, align: in
 
 class _Timeline:
     """The graph's buffers by node step, with live bytes per core kept up to date as values
-    move to DDR (``ddr``) and loads are issued a node early (``prefetch``: (value, node)).
+    move to DDR (``ddr``) and loads are issued early (``prefetch``: (value, node) -> the
+    step it is issued at).
 
     Node steps suffice: a DMA before node ``i`` touches a subset of what node ``i`` touches
     (its load is node ``i``'s operand), one after it a subset of node ``i``'s results, so the
     live bytes peak at node steps and a placement without conflicts there has none at the
     DMA steps either. A value in OCM is live on each core that touches it from that core's
     first touch to its last (graph inputs from step 0, outputs to the last step); a value in DDR is a load buffer at each node that reads it (from the
-    node before, when prefetched) and, with a producer, its result buffer until the store."""
+    step it is issued at, when prefetched) and, with a producer, its result buffer until the store."""
 
     def __init__(self, graph: Graph, cores: int, shared: bool, align: int, ocm: int,
                  stream: bool = True):
@@ -168,7 +169,7 @@ class _Timeline:
         self.core = [node_core(n, cores, shared) for n in self.nodes]
         self.last = max(len(self.nodes) - 1, 0)
         self.ddr: dict[str, None] = {}
-        self.prefetch: dict[tuple[str, int], None] = {}
+        self.prefetch: dict[tuple[str, int], int] = {}
         index = {id(n): i for i, n in enumerate(self.nodes)}
         self.values: dict[str, Value] = {}
         self.size: dict[str, int] = {}
@@ -247,7 +248,7 @@ class _Timeline:
         return out
 
     def ddr_intervals(self, name: str) -> list[tuple]:
-        out = [(self.core[i], i - ((name, i) in self.prefetch), i, BufferKey(name, load=i))
+        out = [(self.core[i], self.prefetch.get((name, i), i), i, BufferKey(name, load=i))
                for i in self.readers[name] if i not in self.stages]
         p = self.producer.get(name)
         if p is not None and p not in self.stages:
@@ -275,13 +276,14 @@ class _Timeline:
         del self.ddr[name]
         self._add(self.ocm_intervals(name), +1)
 
-    def add_prefetch(self, name: str, i: int) -> None:
-        self.prefetch[name, i] = None
-        self.live[self.core[i]][i - 1] += self.size[name]
+    def add_prefetch(self, name: str, i: int, at: int) -> None:
+        """Issue the load of ``name`` for node ``i`` at step ``at`` (< i)."""
+        self.prefetch[name, i] = at
+        self.live[self.core[i]][at:i] += self.size[name]
 
     def clear_prefetch(self) -> None:
-        for name, i in self.prefetch:
-            self.live[self.core[i]][i - 1] -= self.size[name]
+        for (name, i), at in self.prefetch.items():
+            self.live[self.core[i]][at:i] -= self.size[name]
         self.prefetch.clear()
 
     # ---- what the rest of the pass reads ----------------------------------------------
@@ -417,6 +419,7 @@ class PlanMemory(Pass):
     seed: int = 0                     # the placement search's random choices
     search_steps: int = 200           # placements the hill-climb may try per core
     search_patience: int = 20         # ... and in a row without lowering the peak
+    prefetch_window: int = 8          # the most nodes of its core a load is issued before
     double_buffer: bool = True        # issue loads one node early where the OCM allows
     stream: bool = True               # stream ops that do not fit the OCM through a stage
     hw: HWConfig | None = None        # a hardware config: ocm, cores and shared from it
@@ -548,21 +551,40 @@ class PlanMemory(Pass):
         return best
 
     def _prefetch(self, tl: _Timeline, bufs: list[Buffer], figures: dict[int, dict]):
-        """Issue loads one node early (double buffering) while the bound stays within the
-        OCM; keep the plan without them if the placement then does not fit."""
-        for i in range(1, len(tl.nodes)):
-            for name in tl.loads(i):
-                if tl.producer.get(name, -1) >= i - 1:
-                    continue                    # not stored yet when node i - 1 starts
-                if tl.live[tl.core[i]][i - 1] + tl.size[name] <= self.ocm:
-                    tl.add_prefetch(name, i)
-        if not tl.prefetch:
-            return bufs, figures
-        new_bufs, new_figures, _ = self._place(tl)
-        if new_figures is None:
+        """Issue loads early (the core's DMA engine moves them while the nodes between run)
+        while the bound stays within the OCM: each as early as ``prefetch_window`` node
+        steps allow, else one node early; keep the plan without them if the placement
+        then does not fit."""
+        for window in dict.fromkeys((self.prefetch_window, 1)):
+            for i in range(1, len(tl.nodes)):
+                for name in tl.loads(i):
+                    at = self._issue_step(tl, name, i, window)
+                    if at is not None:
+                        tl.add_prefetch(name, i, at)
+            if not tl.prefetch:
+                return bufs, figures
+            new_bufs, new_figures, _ = self._place(tl)
+            if new_figures is not None:
+                return new_bufs, new_figures
             tl.clear_prefetch()
-            return bufs, figures
-        return new_bufs, new_figures
+        return bufs, figures
+
+    def _issue_step(self, tl: _Timeline, name: str, i: int, window: int) -> int | None:
+        """The earliest step, at most ``window`` nodes of its core before node ``i``, at
+        which the load of ``name`` fits the core's OCM at every step up to ``i``, after the
+        value was stored and with no node of the other side (host, device) between (None:
+        not even one node early)."""
+        core, side = tl.core[i], lowerable(tl.nodes[i])
+        live, size, at, mine = tl.live[core], tl.size[name], None, 0
+        for j in range(i - 1, -1, -1):
+            if tl.producer.get(name, -1) >= j or lowerable(tl.nodes[j]) != side or \
+                    live[j] + size > self.ocm:
+                break
+            at = j
+            mine += tl.core[j] == core
+            if mine >= window:
+                break
+        return at
 
     # ---- writing the plan into the graph ------------------------------------------------
     def _materialize(self, graph: Graph, sched: _Timeline, bufs: list[Buffer],
@@ -590,14 +612,13 @@ class PlanMemory(Pass):
                         if o is v:
                             graph.outputs[k] = s.output
                     ddr_value[v.name], after = s.output, s
-        for i, n in enumerate(nodes):             # loads before the users
+        issued: dict[int, list[tuple[str, int]]] = {}    # loads before their users, or
+        for i in range(len(nodes)):                      # where they are issued early
             for name in loads[i]:
-                if (name, i) not in sched.prefetch:
-                    self._load(graph, name, i, n, n, ddr_value, key_value)
-            if i + 1 < len(nodes):
-                for name in loads[i + 1]:
-                    if (name, i + 1) in sched.prefetch:
-                        self._load(graph, name, i + 1, nodes[i + 1], n, ddr_value, key_value)
+                issued.setdefault(sched.prefetch.get((name, i), i), []).append((name, i))
+        for at, n in enumerate(nodes):
+            for name, i in issued.get(at, ()):
+                self._load(graph, name, i, nodes[i], n, ddr_value, key_value)
         for v in graph.values():
             key_value.setdefault(BufferKey(v.name), v)
         stage = {_stage_key(nodes[i]): (nodes[i], stripes) for i, (stripes, _) in sched.stages.items()}
@@ -645,6 +666,7 @@ class PlanMemory(Pass):
                         "search_steps": self.search_steps,
                         "search_patience": self.search_patience,
                         "double_buffer": self.double_buffer,
+                        "prefetch_window": self.prefetch_window,
                         **({"hw": self.hw.option_text(), "hw_hash": self.hw.hash}
                            if self.hw is not None else {})},
             "cores": [{"core": c, **figures[c]} for c in sorted(figures)],

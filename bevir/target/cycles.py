@@ -41,8 +41,10 @@ from .hw import HWConfig
 from .schedule import Schedule, ScheduleError, Step, schedule_of
 
 #: what a step can be bound by: the largest of its terms ("launch" when all are 0), a
-#: barrier (its copies and the release), or nothing: a view of DDR bytes (its waits only)
-BOUNDS = ("compute", "alu", "ocm", "broadcast", "ddr", "barrier", "launch", "view")
+#: barrier (its copies and the release), or nothing: a view of DDR bytes (its waits only),
+#: a prefetch (issued to the core's DMA engine; its reader waits for the transfer)
+BOUNDS = ("compute", "alu", "ocm", "broadcast", "ddr", "barrier", "launch", "view",
+          "prefetch")
 
 CycleModelError = ScheduleError
 
@@ -351,11 +353,12 @@ class _Job:
     tracks: list[_Track]
     double: bool = True            # DMA overlaps the array's work
     arrive: float = 0.0            # a barrier: when this core's copies are done
+    engine: _Track | None = None   # a prefetch: its transfer on the core's DMA engine
 
     @property
     def dma_span(self) -> tuple[float, float] | None:
         """When its transfers were in flight (their exposed latency included)."""
-        spans = [t.spans["dma"] for t in self.tracks if "dma" in t.spans]
+        spans = [t.spans["dma"] for t in self.tracks + [self.engine] if t and "dma" in t.spans]
         return (spans[0][0] - self.exposed, spans[0][1]) if spans else None
 
     @property
@@ -376,6 +379,11 @@ class _Simulation:
         self.held: set[int] = set()                   # cores waiting at a barrier
         self.now = t0
         self.jobs: dict[int, _Job] = {}
+        # each core's DMA engine: prefetches issued, the one in flight, when each ended
+        self.issued: list[list[_Job]] = [[] for _ in steps]
+        self.engines: dict[int, _Job] = {}
+        self.engine_free = [t0] * len(steps)
+        self.fetched: dict[tuple[int, str], float] = {}
         self.published: dict[str, float] = {}
         self.arrived: dict[int, dict[int, _Job]] = {}      # barrier node -> core -> job
         self.done: list[tuple[_Job, float]] = []           # (job, end)
@@ -384,37 +392,65 @@ class _Simulation:
         """Run every step; the time the last core finishes."""
         while True:
             self._start_ready()
-            if not self.jobs:
+            if self._finish_done():       # a step of no time (an issue) ends where it starts
+                continue
+            if not self.jobs and not self.engines:
                 waiting = [q[p] for p, q in zip(self.pos, self.queues) if p < len(q)]
                 if waiting or self.held:
                     n = waiting[0].node if waiting else None
                     raise ScheduleError("the cores wait for each other forever here",
                                         **({} if n is None else
                                            dict(node=n.name, op=n.op, loc=n.loc)))
-                return max(self.free, default=self.now)
-            tracks = [t for j in self.jobs.values() for t in j.tracks if not t.done]
+                return max(self.free + self.engine_free, default=self.now)
+            tracks = [t for j in self.jobs.values() for t in j.tracks if not t.done] + \
+                [j.engine for j in self.engines.values() if not j.engine.done]
             if tracks:
                 sharers = max(1, sum(t.on_ddr for t in tracks))
                 t_next = min(t.next_event(self.now, sharers) for t in tracks)
                 dt, self.now = max(t_next - self.now, 0.0), max(t_next, self.now)
                 for t in tracks:
                     t.advance(self.now, dt, sharers)
-            for core, job in list(self.jobs.items()):
-                if all(t.done for t in job.tracks):
-                    del self.jobs[core]
-                    self._finish(core, job)
+            self._finish_done()
+
+    def _finish_done(self) -> bool:
+        """Finish the steps and transfers that are done; whether any was."""
+        finished = False
+        for core, job in list(self.jobs.items()):
+            if all(t.done for t in job.tracks):
+                del self.jobs[core]
+                self._finish(core, job)
+                finished = True
+        for core, job in list(self.engines.items()):
+            if job.engine.done:
+                del self.engines[core]
+                self.engine_free[core] = self.now
+                self.fetched[core, job.step.node.output.name] = self.now
+                finished = True
+        return finished
 
     def _start_ready(self) -> None:
         for core, queue in enumerate(self.queues):
             if core in self.jobs or core in self.held or self.pos[core] >= len(queue):
                 continue
             step = queue[self.pos[core]]
-            if any(v not in self.published for v in step.waits):
+            if any(v not in self.published for v in step.waits) or \
+                    any((core, v) not in self.fetched for v in step.dma_waits):
                 continue
-            start = max([self.free[core], self.now] + [self.published[v] + self.hw.barrier_cycles
-                                                        for v in step.waits])
+            start = max([self.free[core], self.now]
+                        + [self.published[v] + self.hw.barrier_cycles for v in step.waits]
+                        + [self.fetched[core, v] for v in step.dma_waits])
             self.jobs[core] = self._job(step, start)
             self.pos[core] += 1
+            if step.prefetch:
+                self.issued[core].append(self.jobs[core])
+        for core, issued in enumerate(self.issued):
+            if issued and core not in self.engines:    # the engine takes the next transfer
+                job = issued.pop(0)
+                setup = self.hw.dma_setup_cycles * len(job.transfers)
+                head = ("time", max(job.start, self.engine_free[core]) - self.now + job.exposed)
+                job.engine = _Track([head, ("time", setup, "dma"), ("ddr", job.ddr - setup, "dma")],
+                                    self.now)
+                self.engines[core] = job
 
     def _job(self, step: Step, start: float) -> _Job:
         hw = self.hw
@@ -423,6 +459,9 @@ class _Simulation:
         setup = hw.dma_setup_cycles * len(transfers)
         exposed = exposed_cycles(transfers, hw)
         cost = self.costs.get(id(step.node)) if step.kernel else None
+        if step.prefetch:                # issued: the engine moves it, the core goes on
+            tracks = [_Track([("time", start - self.now)], self.now)]
+            return _Job(step, None, transfers, setup + ddr_time, exposed, 0, 0, start, tracks)
         if cost is None:                 # a barrier's copies: OCM traffic, no kernel
             copied = sum(a.nbytes for a, _ in step.copies)
             busy, launch = math.ceil(2 * copied / hw.ocm_bytes_per_cycle), 0
@@ -470,8 +509,8 @@ def _record(job: _Job, end: float, index: int, prev_end: int, hw: HWConfig) -> O
              "broadcast": t.broadcast, "ddr": job.ddr,
              "ddr_shared": 0 if step.barrier else max(0, own - job.alone),
              "exposed": job.exposed, "launch": job.launch}
-    bound = ("barrier" if step.barrier else "view" if step.view
-             else _bound(t, job.ddr + terms["ddr_shared"]))
+    bound = ("barrier" if step.barrier else "view" if step.view else "prefetch"
+             if step.prefetch else _bound(t, job.ddr + terms["ddr_shared"]))
     macs = c.macs if c is not None else 0
     util = macs / (own * hw.peak_macs_per_cycle) if own else 0.0
     span = job.dma_span

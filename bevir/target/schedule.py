@@ -213,6 +213,8 @@ class Step:
     publishes: list[str] = field(default_factory=list)
     copies: list[tuple[Arg, Arg]] = field(default_factory=list)   # barrier: (src, dst)
     view: bool = False            # its result is its operand's DDR bytes (:func:`ddr_view`)
+    prefetch: bool = False        # a load the core's DMA engine runs (:func:`prefetches`)
+    dma_waits: list[str] = field(default_factory=list)    # prefetched values it reads first
 
     @property
     def barrier(self) -> bool:
@@ -222,7 +224,7 @@ class Step:
     def kernel(self) -> bool:
         """Whether the step calls the node's kernel (every device node but a barrier and a
         view)."""
-        return not self.barrier and not self.view
+        return not self.barrier and not self.view and not self.prefetch
 
     def ddr_args(self) -> list[Arg]:
         """The buffers the step addresses in DDR in place (kernel arguments, copies)."""
@@ -321,6 +323,15 @@ def memory_map(graph: Graph, device: set[int], cores: int) -> MemoryMap:
     return mm
 
 
+def prefetches(node: Node, memory: MemoryMap) -> bool:
+    """Whether ``node`` is a load the memory plan placed (``dma_copy`` from DDR into its
+    core's OCM): the core's DMA engine runs it while the core goes on, and the first step
+    reading its result waits for it (the plan keeps the buffer free from the load on)."""
+    return (node.op == "dma_copy" and node.attrs["src"] == "ddr" and node.attrs["dst"] == "ocm"
+            and (node.output.name, core_of(node)) in memory.ocm
+            and (node.inputs[0].name, core_of(node)) not in memory.ocm)
+
+
 class _CorePlanner:
     """One core's steps: each node's waits, loads, arguments, stores and flags."""
 
@@ -328,6 +339,7 @@ class _CorePlanner:
         self.core, self.memory, self.device = core, memory, device
         self.on_chip: set[str] = set()        # values this core has loaded into its OCM
         self.waited: set[str] = set()
+        self.in_flight: set[str] = set()      # prefetched, not read yet
 
     def operand(self, v: Value, step: Step, nbytes: int) -> Arg:
         """The operand where this core has it, after waiting for / loading it as needed;
@@ -358,6 +370,9 @@ class _CorePlanner:
         step = Step(self.core, n)
         if n.op == "barrier":          # this core's pieces pass through, then all wait
             for x, y in zip(n.inputs, n.outputs):
+                if x.name in self.in_flight:
+                    self.in_flight.discard(x.name)
+                    step.dma_waits.append(x.name)
                 if producer_core(x, self.device) == self.core:
                     step.copies.append((self.operand(x, step, x.type.nbytes),
                                         self.result(y, step)))
@@ -371,6 +386,13 @@ class _CorePlanner:
         share = _read_share(n, operands)
         step.args = [self.operand(v, step, share(v)) for v in operands] + \
             [self.result(v, step) for v in n.outputs]
+        for v in dict.fromkeys(v.name for v in operands):
+            if v in self.in_flight:
+                self.in_flight.discard(v)
+                step.dma_waits.append(v)
+        if prefetches(n, self.memory):
+            step.prefetch = True
+            self.in_flight.add(n.output.name)
         return step
 
 
@@ -400,6 +422,8 @@ def schedule_of(graph: Graph, cores: int | None = None) -> Schedule:
         stage = Stage(dev, nodes)
         if dev:
             stage.steps = [[] for _ in range(cores)]
+            for p in planners:          # each core's DMA engine is drained between stages
+                p.in_flight.clear()
             for n in nodes:
                 for p in planners:
                     if n.op == "barrier" or core_of(n) == p.core:
