@@ -443,3 +443,43 @@ def test_golden_outputs_stay_as_stored(golden, name):
     graph, inputs = GRAPHS[name](np.random.default_rng(0))
     expected = golden(graph, inputs)
     assert_bit_exact(bevir.run(partitioned(graph, 4), inputs), expected)
+
+
+def test_a_split_of_channels_feeds_a_split_of_rows_without_a_gather(rng, tmp_path):
+    """Channels on 2 cores, then rows on 2 cores: each core reads its rows of every
+    channel piece, cut where the piece was made and joined on the reader; no core gathers
+    the whole tensor first. Bit for bit."""
+    b = bevir.Builder("channels_rows")
+    x = b.input("x", fx((1, 4, 13, 7), 5))
+    w1 = b.const(ints(rng, (8, 4, 3, 3)), "w1", fx((8, 4, 3, 3), 7))
+    w2 = b.const(ints(rng, (6, 8, 3, 3)), "w2", fx((6, 8, 3, 3), 7))
+    y = b.fx_conv2d(x, w1, pads=(1, 1, 1, 1), out_frac_bits=4, name="y")
+    b.output("z", b.fx_conv2d(y, w2, pads=(1, 1, 1, 1), out_frac_bits=4, name="z"))
+    inputs = {"x": ints(rng, (1, 4, 13, 7))}
+    plan = search(b.graph, FREE_SYNC.with_cores(2))
+    for e in plan["ops"]:
+        e["choice"], e["axis"] = {"%y": ("channels", 1), "%z": ("rows", 2)}[e["node"]]
+    save_plan(plan, tmp_path / "plan.json")
+    g = partitioned(b.graph, 2, plan=str(tmp_path / "plan.json"))
+    assert differing(bevir.run(g, inputs), bevir.run(b.graph, inputs)) == 0
+    pieces = {n.output.name: n for n in g.nodes if "piece" in n.meta}
+    for k in (0, 1):                 # z's piece k reads a join of both y pieces' rows
+        join = pieces[f"z.c{k}"].inputs[0].producer
+        assert join.op == "core_gather" and join.attrs["axis"] == 1
+        cuts = [v.producer for v in join.inputs]
+        assert [c.meta["core"] for c in cuts] == [0, 1] and all(
+            c.op == "core_slice" and c.attrs["axis"] == 2 for c in cuts)
+    assert "y" not in {v.name for v in g.values()}       # y is never gathered whole
+
+
+def test_quantize_splits_by_rows_but_not_along_its_channel_axis():
+    b = bevir.Builder("q")
+    x = b.input("x", TensorType((2, 3, 8, 5), DType.f32))
+    q = b.quantize(x, dtype="i8", scale=[0.1, 0.2, 0.3], zero_point=[0, 1, -1], axis=1)
+    b.output("q", q)
+    node = b.graph.nodes[0]
+    axes = node.opdef.region_axes(node.opdef.ctx(node))
+    assert 1 not in axes and {0, 2} <= set(axes)
+    feed = {"x": np.random.default_rng(0).normal(size=(2, 3, 8, 5)).astype(np.float32)}
+    g = partitioned(b.graph, 2)
+    assert differing(bevir.run(g, feed), bevir.run(b.graph, feed)) == 0

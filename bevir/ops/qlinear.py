@@ -127,6 +127,13 @@ class Quantize(OpDef):
     operands = ("x",)
     attrs = {"dtype": Str(choices=_Q8 + ("i16",)), "scale": Floats(), "zero_point": Ints(),
              "axis": Int(None)}
+    splits = ("rows",)
+
+    def row_axes(self, c):
+        """The leading axes but a per-channel one (a range of it would take its scales)."""
+        rank = c.out_types[0].rank
+        own = None if c.axis is None else norm_axis(c.axis, rank)
+        return tuple(a for a in range(rank - 1) if a != own)
 
     def infer(self, c, x):
         require(x.dtype is DType.f32, f"quantize takes f32, got {x.dtype}")

@@ -15,7 +15,9 @@ of the plan gives its candidates' cycles in the final neighbourhood, the choice 
 A chosen split becomes explicit ops (bevir/ops/multicore.py): per core the same op on the
 ranges it reads, a ``core_slice`` of an operand produced whole, ``core_gather`` where a
 piece needs rows of several producer pieces (the rows of a neighbour's piece cut on the
-neighbour's core: only they cross) or a consumer the whole result. A constant's
+neighbour's core: only they cross) or a range of another axis of every piece (each cut
+where it was made: a split of channels feeding a split of rows exchanges only what each
+core reads), or a consumer the whole result. A constant's
 slices are cut at compile time, so each core loads only its share. Cores synchronise
 through the values they exchange (ready flags in the programs), not barriers. Every
 node's core is in ``node.meta["core"]``. The plan is ``graph.meta["partition"]`` (JSON);
@@ -180,8 +182,9 @@ class Route:
     """How core ``core`` gets an operand range: a constant cut at compile time
     (``const``), or ``parts``: each the producer's value or piece as it is (``whole``) or a
     ``core_slice`` of it, joined by a ``core_gather`` when there are several.
-    ``via_gather``: the producer was split another way, so its pieces are gathered on core 0
-    first and the part is of that gather."""
+    A producer split along another axis gives one part per piece (its range of the cut
+    axis, joined along the producer's). ``via_gather``: the whole of a split producer's
+    result, its pieces gathered on core 0 first."""
 
     core: int
     nbytes: int
@@ -228,6 +231,9 @@ class Router:
         if d.split and r is not None and axis == d.axis:
             parts = tuple(Part(k, max(lo, a) - a, min(hi, b) - a, lo <= a and b <= hi)
                           for k, (a, b) in enumerate(d.ranges()) if a < hi and lo < b)
+            return Route(core, nbytes, axis=axis, parts=parts)
+        if d.split and r is not None:      # along another axis: each piece's range, joined
+            parts = tuple(Part(k, lo, hi, whole) for k in range(len(d.pieces)))
             return Route(core, nbytes, axis=axis, parts=parts)
         src = 0 if d.split else self.home(v)
         return Route(core, nbytes, axis=axis, parts=(Part(src, lo, hi, whole),),
@@ -605,6 +611,10 @@ class Splitter:
                                 f"{name}.p{k}")
                      for k, (a, b) in enumerate(d.ranges()) if a < hi and lo < b]
             return parts[0] if len(parts) == 1 else self.join(parts, axis, core, node, name)
+        if split is not None:        # cut along another axis: each piece's range, joined
+            d, pieces = split
+            parts = [self.slice(p, *r, k, node, f"{name}.p{k}") for k, p in enumerate(pieces)]
+            return self.join(parts, d.axis, core, node, name)
         return self.slice(v, *r, core, node, name)
 
     def slice(self, v: Value, axis: int, lo: int, hi: int, core: int, node: Node,
