@@ -297,7 +297,7 @@ def test_plan_lists_every_candidate_its_cycles_the_choice_and_why(rng):
         for c in applies[1:]:
             assert sum(c["sizes"]) == node.output.type.shape[c["axis"]]
     reasons = {e["op"]: e["reason"] for e in plan["ops"]}
-    assert reasons["reshape"] == "op declares no split"
+    assert reasons["reshape"] == "no declared split applies"    # it merges the leading axes
     assert reasons["fx_dequantize"].startswith("not an integer op")
 
 
@@ -372,7 +372,7 @@ def test_format_plan_says_what_was_split(rng):
     assert text.startswith("partition of @chain for 4 cores")
     assert "fx_conv2d %" in text and "(c/conv)" in text
     assert "cycles with its consumers: none " in text
-    assert "op declares no split" in text
+    assert "no declared split applies" in text
 
 
 # ---- the command line --------------------------------------------------------------------
@@ -483,3 +483,27 @@ def test_quantize_splits_by_rows_but_not_along_its_channel_axis():
     feed = {"x": np.random.default_rng(0).normal(size=(2, 3, 8, 5)).astype(np.float32)}
     g = partitioned(b.graph, 2)
     assert differing(bevir.run(g, feed), bevir.run(b.graph, feed)) == 0
+
+
+@pytest.mark.parametrize("axis", [0, 1, 2])
+def test_reshapes_and_transposes_split_by_the_ranges_they_read(rng, tmp_path, axis):
+    """A reshape keeping its leading axes cuts them as its operand's; a transpose cuts its
+    result axis as the operand axis it comes from: split across 2 cores, bit for bit."""
+    b = bevir.Builder("moves")
+    x = b.input("x", fx((2, 6, 8), 5))
+    r = b.reshape(x, shape=[2, 6, 2, 4], name="r")
+    t = b.transpose(r, perm=[0, 2, 1, 3], name="t")
+    b.output("y", t)
+    inputs = {"x": ints(rng, (2, 6, 8))}
+    reshape, transpose = b.graph.nodes
+    assert set(reshape.opdef.region_axes(reshape.opdef.ctx(reshape))) == {0, 1}
+    assert set(transpose.opdef.region_axes(transpose.opdef.ctx(transpose))) == {0, 1, 2}
+    plan = search(b.graph, FREE_SYNC.with_cores(2))
+    for e in plan["ops"]:
+        node = reshape if e["node"] == reshape.name else transpose
+        cut = axis if axis in node.opdef.region_axes(node.opdef.ctx(node)) else 0
+        e["choice"], e["axis"] = "rows", cut
+    save_plan(plan, tmp_path / "plan.json")
+    g = partitioned(b.graph, 2, plan=str(tmp_path / "plan.json"))
+    assert len(split_entries(g)) == 2
+    assert differing(bevir.run(g, inputs), bevir.run(b.graph, inputs)) == 0

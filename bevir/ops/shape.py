@@ -12,7 +12,8 @@ from math import prod
 import numpy as np
 
 from ..ir.types import DType, Layout, TensorType
-from ..ir.opdef import Bool, FixedLowering, Float, Int, Ints, LayoutRule, OpDef, Str, Tensor
+from ..ir.opdef import (Bool, FixedLowering, Float, Int, Ints, LayoutRule, OpDef, Piece, Str,
+                        Tensor)
 from .common import norm_axis, require, same_dtype
 from . import native
 from .layout_rules import AXIS, axes_attr, layout_perm, pads_attr, permute_quant
@@ -143,7 +144,30 @@ class Slice(OpDef):
                                                              for a, r in zip(i, ranges))])
 
 
-class Reshape(OpDef):
+class _RangeMap:
+    """A data-movement op whose result ranges read one operand range each (the "rows"
+    split): :meth:`operand_range` says which, :meth:`changed` which attributes a piece
+    changes."""
+
+    splits = ("rows",)
+
+    def region(self, c, axis: int, start: int, stop: int) -> Piece | None:
+        if axis not in self.row_axes(c):
+            return None
+        return Piece(((self.operand_axis(c, axis), start, stop),),
+                     self.changed(c, axis, stop - start))
+
+    def split_piece(self, c, kind: str, start: int, stop: int) -> Piece:
+        return self.region(c, self.split_axis(c, kind), start, stop)
+
+    def region_axes(self, c) -> dict[int, str]:
+        return {a: "rows" for a in self.row_axes(c)}
+
+    def changed(self, c, axis: int, size: int) -> dict:
+        return {}
+
+
+class Reshape(_RangeMap, OpDef):
     name = "reshape"
     onnx_export = with_inputs("Reshape", "shape", allowzero=1)   # the shape is explicit
     cycle_cost = view_cost
@@ -169,6 +193,25 @@ class Reshape(OpDef):
     def tvm_lowering(self, c, L, x):
         return L.same_order(x, c.in_types[0], c.out_types[0])
 
+    def row_axes(self, c) -> tuple[int, ...]:
+        """The leading axes the operand shares with the result, all the axes before them
+        too (a range of one is the same range of the operand), of plain tensors."""
+        x, y = c.in_types[0], c.out_types[0]
+        if x.layout is not Layout.plain or y.layout is not Layout.plain:
+            return ()
+        shared = 0
+        while shared < min(x.rank, y.rank) - 1 and x.shape[:shared + 1] == y.shape[:shared + 1]:
+            shared += 1
+        return tuple(range(shared))
+
+    def operand_axis(self, c, axis: int) -> int:
+        return axis
+
+    def changed(self, c, axis: int, size: int) -> dict:
+        shape = list(c.shape)
+        shape[axis] = size
+        return {"shape": tuple(shape)}
+
 
 class Flatten(OpDef):
     """ONNX Flatten: [prod(dims before axis), prod(dims from axis)]."""
@@ -191,7 +234,7 @@ class Flatten(OpDef):
     tvm_lowering = Reshape.tvm_lowering       # the same elements in the same order
 
 
-class Transpose(OpDef):
+class Transpose(_RangeMap, OpDef):
     name = "transpose"
     onnx_export = onnx_as("Transpose", {"perm": "perm"})
     moves_data = True
@@ -208,6 +251,9 @@ class Transpose(OpDef):
 
     def tvm_lowering(self, c, L, x):
         return L.permuted(x, c.perm, c.out_types[0])
+
+    def operand_axis(self, c, axis: int) -> int:
+        return c.perm[axis]
 
 
 class LayoutTransform(OpDef):
