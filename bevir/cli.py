@@ -144,6 +144,12 @@ def planned(graph, hw_text: str | None, cores: int | None, plan: str | None = No
 def cmd_show(args) -> int:
     from .ir import print_graph
     graph = load_graph(args.model)
+    if args.schedule:
+        from .target import model
+        from .target.describe import describe_schedule
+        hw, g = planned(graph, args.hw, args.cores, args.plan)
+        _out(describe_schedule(g, model(g, hw)))
+        return 0
     if args.partition:
         from .passes.partition import format_plan, plan_of, save_plan
         _, g = planned(graph, args.hw, args.cores, args.plan)
@@ -702,10 +708,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--partition", action="store_true", help="print the partition plan: the "
                    "model's own, or the one bevir compile makes for --hw, with the modelled "
                    "makespan bevir sim reports")
-    s.add_argument("--hw", metavar="CONFIG", help="with --partition: the hardware config "
-                   "(default: qc-u-4c)")
-    s.add_argument("--cores", type=int, help="with --partition: cores (default: the config's)")
-    s.add_argument("--plan", metavar="FILE", help="with --partition: replay this plan")
+    s.add_argument("--schedule", action="store_true", help="print the schedule bevir compile "
+                   "makes for --hw: layers run image by image, splits, transfers, what bounds "
+                   "the steps, each with its modelled cycles")
+    s.add_argument("--hw", metavar="CONFIG", help="with --partition or --schedule: the "
+                   "hardware config (default: qc-u-4c)")
+    s.add_argument("--cores", type=int, help="with --partition or --schedule: cores "
+                   "(default: the config's)")
+    s.add_argument("--plan", metavar="FILE", help="with --partition or --schedule: replay "
+                   "this plan")
     s.add_argument("--plan-out", metavar="FILE", help="with --partition: write the plan (JSON)")
     _plugin_options(s)
     s.set_defaults(fn=cmd_show)

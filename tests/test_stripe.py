@@ -134,3 +134,20 @@ def test_core_slices_and_gathers_split_along_the_other_axes(rng):
         (spec,) = pieces_at(node, 2, [(3, 9)])
         assert all(r == (2, 3, 9) for r in spec.ranges)
     np.testing.assert_array_equal(bevir.run(g, feed)["mid"], bevir.run(graph, feed)["mid"])
+
+
+def test_show_schedule_lists_the_groups_splits_and_cycles(rng, tmp_path, capsys):
+    """bevir show --schedule: the schedule bevir compile makes, with the figures bevir sim
+    reports (the same makespan), the image-by-image group and its ops, the splits."""
+    from bevir.cli import main
+    from bevir.passes.target import plan_for_target
+    graph, _ = net(rng)
+    bevir.save(graph, tmp_path / "net.bevir")
+    assert main(["show", str(tmp_path / "net.bevir"), "--schedule", "--hw", SMALL]) == 0
+    text = capsys.readouterr().out
+    hw = HWConfig.parse(SMALL)
+    makespan = model(plan_for_target(graph, hw), hw).makespan
+    assert f"makespan {makespan:,} cycles" in text
+    assert "run image by image: 1 group(s)" in text
+    assert "group 0: 3 ops x 3 images from %conv1 (net/conv1) to %residual" in text
+    assert "splits (ops):" in text and "steps by bound:" in text
