@@ -52,6 +52,7 @@ from ..fsutil import atomic_path, building_folder, read_json, run_child, sha256_
 from ..ir.graph import Graph, Node, Value
 from ..progress import Progress
 from ..sim.interpreter import Interpreter
+from ..target.check import check_schedule
 from ..target.schedule import MemoryMap, Place, Step, graph_cores, schedule_of, stages
 from ..target.trace import COMPUTE, DMA, HOST_PID, Trace
 from .build import CFLAGS, RUNTIME_C, build_shared, c_kernel_source, cache_dir, include_dirs
@@ -239,10 +240,10 @@ class _CoreWriter:
         for t in step.loads:
             self.copy(f"ocm + {t.ocm}", f"ddr + {t.ddr}", t.nbytes)
             out.append("  " + _count(s, ddr_bytes=t.nbytes, transfers=1))
-        for src, dst in step.copies:         # a barrier: this core's pieces pass through
-            self.copy(self.ptr(dst.place), self.ptr(src.place), src.nbytes)
         for v in step.dma_waits:             # prefetched by the core's DMA engine
             out.append(f"  bevir_dma_wait({self.tickets.pop(v)});")
+        for src, dst in step.copies:         # a barrier: this core's pieces pass through
+            self.copy(self.ptr(dst.place), self.ptr(src.place), src.nbytes)
         out.append(_stamp(s, "loaded"))
         if step.prefetch:                     # issued; the engine copies while the core goes on
             src, dst = step.args
@@ -282,6 +283,7 @@ def generate(graph: Graph, cores: int | None = None
     """(C sources by file name, each kernel's first node by kernel name, manifest) of the
     programs of ``graph``'s schedule (:func:`~bevir.target.schedule.schedule_of`)."""
     sched = schedule_of(graph, cores)
+    check_schedule(sched)                # every byte a step reads holds its value then
     # each kernel's first node; lowering waits until a kernel's source is not cached
     kernels: dict[str, Node] = {}
     node_kernel: dict[str, str] = {}

@@ -33,7 +33,7 @@ import dataclasses
 import json
 import random
 from bisect import bisect_right
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -129,6 +129,15 @@ def _buffers(steps: Sequence[Step], sizes: dict[BufferKey, int],
     return list(bufs.values())
 
 
+def held_in_ocm(graph: Graph) -> Callable[[Node], list[Value]]:
+    """What a node of ``graph`` holds in its core's OCM when planned there
+    (:func:`~bevir.target.schedule.held_tensors`), and nothing for a host node of a graph
+    with device nodes: the host reads and writes DDR. A graph with no device node is planned
+    as if all of it ran on the device."""
+    device = any(lowerable(n) for n in graph.nodes)
+    return lambda n: held_tensors(n) if not device or lowerable(n) else []
+
+
 def graph_timeline(graph: Graph, cores: int = 1, shared: bool = False, align: int = 1
                    ) -> list[Buffer]:
     """The buffers of ``graph`` as it stands: every value not marked ``mem="ddr"`` on
@@ -137,8 +146,9 @@ def graph_timeline(graph: Graph, cores: int = 1, shared: bool = False, align: in
     ocm = lambda v: v.meta.get("mem", "ocm") != "ddr"  # noqa: E731
     key = lambda v: BufferKey(v.name)  # noqa: E731
     stages = [n for n in graph.nodes if "stream" in n.meta]
+    held = held_in_ocm(graph)
     steps = [Step(node_core(n, cores, shared),
-                  _distinct([key(v) for v in held_tensors(n) if ocm(v)] +
+                  _distinct([key(v) for v in held(n) if ocm(v)] +
                             [_stage_key(n)] * ("stream" in n.meta)), n, n.op != "dma_copy")
              for n in graph.nodes]
     sizes = {key(v): _align(v.type.nbytes, align) for v in graph.values()}
@@ -175,8 +185,9 @@ class _Timeline:
         self.size: dict[str, int] = {}
         self.touches: dict[str, dict[int, list[int]]] = {}   # value -> core -> node steps
         self.readers: dict[str, list[int]] = {}
+        self.held = held_in_ocm(graph)
         for i, n in enumerate(self.nodes):
-            held = held_tensors(n)
+            held = self.held(n)
             for v in n.tensors():
                 self._see(v, align)
             for v in held:
@@ -199,7 +210,7 @@ class _Timeline:
         self.stages = self._stages(ocm) if stream else {}
         for i, (stripes, size) in self.stages.items():
             self.live[self.core[i]][i] += size
-        self.streamed_values = {v.name for i in self.stages for v in held_tensors(self.nodes[i])}
+        self.streamed_values = {v.name for i in self.stages for v in self.held(self.nodes[i])}
         for name in self.values:
             if name in self.streamed_values:
                 self.to_ddr(name)
@@ -210,7 +221,7 @@ class _Timeline:
         computed on), each stripe at most a quarter of the OCM. Node -> (stripes, bytes)."""
         out = {}
         for i, n in enumerate(self.nodes):
-            working = sum(self.size[v.name] for v in set(held_tensors(n)))
+            working = sum(self.size[v.name] for v in set(self.held(n)))
             if working > ocm:
                 out[i] = self._stage(working, ocm)
         return out
@@ -221,7 +232,7 @@ class _Timeline:
 
     def stream(self, i: int, ocm: int) -> None:
         """Stream node ``i`` (a node whose tensors fit the OCM only without fragments)."""
-        held = {v.name for v in held_tensors(self.nodes[i])}
+        held = {v.name for v in self.held(self.nodes[i])}
         moved = [name for name in held if name in self.ddr]
         for name in moved:
             self._add(self.ddr_intervals(name), -1)
@@ -291,11 +302,11 @@ class _Timeline:
         if i in self.stages:
             return []                           # the node streams its DDR operands itself
         n = self.nodes[i]
-        held = {id(v) for v in held_tensors(n)}
+        held = {id(v) for v in self.held(n)}
         return [v.name for v in n.distinct_inputs() if v.name in self.ddr and id(v) in held]
 
     def touched_at(self, i: int) -> set[str]:
-        return {v.name for v in held_tensors(self.nodes[i])}
+        return {v.name for v in self.held(self.nodes[i])}
 
     def buffers(self) -> list[Buffer]:
         """Every buffer (in order of first touch), for placement."""
@@ -788,8 +799,9 @@ def verify_memory_plan(graph: Graph) -> None:
     touch it), every buffer lies within its core's OCM, aligned, and no two buffers live
     at a common step overlap. VerifyError naming the values otherwise."""
     o = _options(graph)
+    held = held_in_ocm(graph)
     for n in graph.nodes:
-        for v in held_tensors(n):
+        for v in held(n):
             if v.meta.get("mem") == "ddr" and n.op != "dma_copy" and "stream" not in n.meta:
                 raise VerifyError(f"%{v.name} is in DDR but read by a node that is neither a "
                                   "dma_copy nor streamed", node=n.name, op=n.op, loc=n.loc)

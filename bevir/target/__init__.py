@@ -8,6 +8,7 @@ each value lives, what each core does step by step) and the cycle model that cos
 The layer sits between the ops and the passes: passes (partition, plan-memory) and code
 generation read its vocabulary; it imports neither.
 """
+from .check import check_schedule  # noqa: F401
 from .cycles import OpCost, OpRecord, Profile, model, op_cost, simulate  # noqa: F401
 from .hw import GB, KB, MB, HWConfig, HWConfigError, format_size, parse_size  # noqa: F401
 from .schedule import (MemoryMap, Schedule, ScheduleError, Step, Transfer, core_of,  # noqa: F401

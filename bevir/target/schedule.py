@@ -329,6 +329,7 @@ def prefetches(node: Node, memory: MemoryMap) -> bool:
     reading its result waits for it (the plan keeps the buffer free from the load on)."""
     return (node.op == "dma_copy" and node.attrs["src"] == "ddr" and node.attrs["dst"] == "ocm"
             and (node.output.name, core_of(node)) in memory.ocm
+            and node.output.name not in memory.ddr       # nothing stores it (no race)
             and (node.inputs[0].name, core_of(node)) not in memory.ocm)
 
 

@@ -1,0 +1,111 @@
+"""check_schedule: a schedule replayed on a symbolic memory before anything runs it. A
+planned schedule passes; each way a plan can hand a step the wrong bytes (a load missing,
+a reader not waiting for its prefetch, a store of a value still in flight, two live values
+in one OCM range) is refused naming the step; a host node never reads through a load the
+device made for it."""
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import numpy as np
+import pytest
+
+import bevir
+from bevir.flows.target import compile
+from bevir.ir.types import DType, TensorType
+from bevir.passes import make_pass
+from bevir.target import HWConfig, ScheduleError, check_schedule, schedule_of
+from bevir.target.schedule import Transfer, lowerable
+from bevir.testing import assert_bit_exact
+from test_partition import fx, ints, partitioned
+
+
+def prefetching(rng):
+    """Four linears whose weights do not all fit 100 KB: the plan prefetches them."""
+    b = bevir.Builder("prefetch")
+    x = b.input("x", fx((64, 256), 5))
+    skip = b.fx_relu(x, out_frac_bits=5, name="skip")
+    v = skip
+    for k in range(4):
+        w = b.const(ints(rng, (256, 256)), f"w{k}", fx((256, 256), 7))
+        v = b.fx_linear(v, w, out_frac_bits=5, name=f"fc{k}")
+    b.output("y", b.fx_add(v, skip, out_frac_bits=4))
+    hw = HWConfig.parse("QC-U 100KB 16MAC")
+    return bevir.optimize(partitioned(b.graph, 1), [make_pass("plan-memory", hw=hw)])
+
+
+@pytest.fixture
+def sched(rng):
+    s = schedule_of(prefetching(rng))
+    check_schedule(s)                      # the plan as made passes
+    assert any(st.prefetch for st in s.steps())
+    return s
+
+
+def first(sched, pred):
+    return next(st for st in sched.steps() if pred(st))
+
+
+def test_a_reader_that_does_not_wait_for_its_prefetch_is_refused(sched):
+    reader = first(sched, lambda st: st.dma_waits)
+    reader.dma_waits.clear()
+    with pytest.raises(ScheduleError, match="while the prefetch of .* may still write it") as e:
+        check_schedule(sched)
+    assert e.value.node == reader.node.name
+
+
+def test_a_store_of_a_value_still_in_flight_is_refused(sched):
+    issue = first(sched, lambda st: st.prefetch)
+    src, dst = issue.args
+    issue.stores.append(Transfer(dst.value, issue.core, "store", dst.nbytes, dst.place.offset,
+                                 sched.memory.ddr_size))
+    with pytest.raises(ScheduleError, match="the store reads OCM .* prefetch"):
+        check_schedule(sched)
+
+
+def test_a_missing_load_is_refused(sched):
+    step = first(sched, lambda st: st.loads)
+    t = step.loads.pop(0)
+    with pytest.raises(ScheduleError, match=f"reads '{t.value}' from ocm"):
+        check_schedule(sched)
+
+
+def test_two_live_values_in_one_ocm_range_are_refused(sched):
+    """The final add reads two values in OCM; planning the first onto the second's range
+    (where its producer writes it and the add reads it): one of them is overwritten while
+    it lives, and the step reading it is named."""
+    add = [st for st in sched.steps() if st.kernel
+           and sum(a.place.mem == "ocm" for a in st.args[:2]) == 2][-1]
+    a, b = add.args[:2]
+    producer = next(st for st in sched.steps() if st.kernel and st.args[-1].value == a.value)
+    moved = dataclasses.replace(a, place=b.place)
+    producer.args[-1], add.args[0] = moved, moved
+    with pytest.raises(ScheduleError, match=f"'({re.escape(a.value)}|{re.escape(b.value)})'"):
+        check_schedule(sched)
+
+
+def test_a_host_node_reads_ddr_not_a_load_made_for_it(rng, tmp_path):
+    """An index table read by a device gather at the start and a host gather at the end,
+    spilled to DDR between them on a 200 KB OCM: the host reads it from DDR (no device load
+    feeds a host node: such a load, prefetched, raced the store the host read), the
+    schedule checks and the program is bit-exact."""
+    b = bevir.Builder("mixed")
+    idx = b.const(rng.integers(0, 64, (1024,)).astype(np.int64), "idx")
+    x = b.input("x", fx((64, 256), 5))
+    v = b.gather(x, idx, axis=0, name="pick")
+    for k in range(3):
+        w = b.const(ints(rng, (256, 256)), f"w{k}", fx((256, 256), 7))
+        v = b.fx_linear(v, w, out_frac_bits=5, name=f"fc{k}")
+    b.output("y", v)
+    t = b.input("t", TensorType((64, 32), DType.f32))
+    b.output("g", b.gather(t, idx, axis=0, name="host_pick"))
+    hw = HWConfig.parse("QC-U 200KB 16MAC")
+    g = bevir.optimize(partitioned(b.graph, 1), [make_pass("plan-memory", hw=hw)])
+    assert "idx" in g.meta["memory_plan"]["ddr_values"]
+    host = [n for n in g.nodes if not lowerable(n)]
+    assert [n.name for n in host] == ["%host_pick"]
+    assert [v.name for v in host[0].inputs] == ["t", "idx"]
+    check_schedule(schedule_of(g))
+    feed = {"t": rng.standard_normal((64, 32)).astype(np.float32), "x": ints(rng, (64, 256))}
+    assert_bit_exact(compile(g, tmp_path / "p").run(feed), bevir.run(b.graph, feed))
