@@ -487,7 +487,8 @@ class PlanMemory(Pass):
             if not tl.fits(self.ocm):
                 tl.to_ddr(name)
 
-    def _place(self, tl: _Timeline) -> tuple[list[Buffer], dict[int, dict] | None, int]:
+    def _place(self, tl: _Timeline, search: bool = True
+               ) -> tuple[list[Buffer], dict[int, dict] | None, int]:
         """Place every core; the figures, or None and the first core that does not fit."""
         bufs = tl.buffers()
         per_core: dict[int, list[Buffer]] = {}
@@ -495,7 +496,7 @@ class PlanMemory(Pass):
             per_core.setdefault(b.core, []).append(b)
         figures = {}
         for c in sorted(per_core):
-            figures[c] = place_core(per_core[c], tl.last + 1, self.search_steps,
+            figures[c] = place_core(per_core[c], tl.last + 1, self.search_steps if search else 0,
                                     random.Random(self.seed * 1009 + c), self.search_patience)
             if figures[c]["peak"] > self.ocm:
                 return bufs, None, c
@@ -504,10 +505,12 @@ class PlanMemory(Pass):
     def _fit(self, tl: _Timeline) -> tuple[list[Buffer], dict[int, dict]]:
         """Place; while a core's placement does not fit (fragmentation), move one more
         value of that core to DDR: one live where the placement overflows, at least as
-        large as the overflow where one is."""
+        large as the overflow where one is. The loop places by best fit alone; the search
+        runs once on the placement that fits (it never makes a placement worse)."""
         while True:
-            bufs, figures, core = self._place(tl)
+            bufs, figures, core = self._place(tl, search=False)
             if figures is not None:
+                bufs, figures, _ = self._place(tl)
                 return bufs, figures
             top = max((b for b in bufs if b.core == core), key=lambda b: b.offset + b.size)
             live = tl.live[core][top.start:top.end + 1]
