@@ -459,6 +459,7 @@ class PlanMemory(Pass):
         if dead:
             self.stat("dead-nodes-planned", dead)     # they still run; dce drops them
         tl = _Timeline(graph, self.cores, self.shared, self.align, self.ocm, self.stream)
+        self._placements: dict[tuple[int, bool], tuple] = {}
         self._spill(tl)
         self._restore(tl)
         bufs, figures = self._fit(tl)
@@ -496,11 +497,25 @@ class PlanMemory(Pass):
             per_core.setdefault(b.core, []).append(b)
         figures = {}
         for c in sorted(per_core):
-            figures[c] = place_core(per_core[c], tl.last + 1, self.search_steps if search else 0,
-                                    random.Random(self.seed * 1009 + c), self.search_patience)
+            figures[c] = self._place_core(per_core[c], c, tl.last + 1, search)
             if figures[c]["peak"] > self.ocm:
                 return bufs, None, c
         return bufs, figures, -1
+
+    def _place_core(self, bufs: list[Buffer], core: int, num_steps: int, search: bool
+                    ) -> dict[str, int]:
+        """:func:`place_core`, remembered per core: a core whose buffers did not change
+        since its last placement (a spill moved another core's value) keeps it."""
+        key = tuple((b.key, b.start, b.end, b.size) for b in bufs)
+        seen = self._placements.get((core, search))
+        if seen is not None and seen[0] == key:
+            for b, offset in zip(bufs, seen[1]):
+                b.offset = offset
+            return seen[2]
+        figures = place_core(bufs, num_steps, self.search_steps if search else 0,
+                             random.Random(self.seed * 1009 + core), self.search_patience)
+        self._placements[core, search] = (key, [b.offset for b in bufs], figures)
+        return figures
 
     def _fit(self, tl: _Timeline) -> tuple[list[Buffer], dict[int, dict]]:
         """Place; while a core's placement does not fit (fragmentation), move one more
