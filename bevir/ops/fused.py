@@ -111,7 +111,7 @@ class Conv2dAct(Convolution):
         return _then_activation(c, run, ran and code is not None)
 
 
-class Linear(Contraction):
+class MatMulAct(Contraction):
     """a @ b (b transposed with ``trans_b``, which needs a 2-D b), plus ``bias``
     (broadcast to the product's shape, not beyond), then an activation (none, relu, clip,
     gelu): matmul, add and the activation op in that order; gemm without alpha, beta or
