@@ -26,7 +26,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import bevir  # noqa: E402
-from bevir.flows.target import compile as compile_program, hw_config  # noqa: E402
+from bevir.flows.target import compile_program, hw_config  # noqa: E402
 from bevir.passes.memory_plan import memory_plan  # noqa: E402
 from bevir.passes.target import plan_for_target  # noqa: E402
 from bevir.target import model  # noqa: E402

@@ -411,14 +411,14 @@ def _seed_programs() -> dict:
     outputs, and a foreign library whose constructor writes a marker (once per process)."""
     if not _SEED_PROGRAMS:
         import subprocess
-        from bevir.flows.target import compile
+        from bevir.flows.target import compile_program
         sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
         from test_partition import FREE_SYNC, GRAPHS      # splits pay: 2 and 3 cores
         root = Path(tempfile.mkdtemp(prefix="bevir-fuzz-programs-"))
         graph, inputs = GRAPHS["chain"](np.random.default_rng(0))
         other, _ = GRAPHS["chain"](np.random.default_rng(1))
-        compile(graph, root / "a", hw=FREE_SYNC.with_cores(2))
-        compile(other, root / "b", hw=FREE_SYNC.with_cores(3))
+        compile_program(graph, root / "a", hw=FREE_SYNC.with_cores(2))
+        compile_program(other, root / "b", hw=FREE_SYNC.with_cores(3))
         marker = root / "foreign_ran"
         (root / "foreign.c").write_text(FOREIGN_C.replace("MARKER", json.dumps(str(marker))))
         subprocess.run(["cc", "-shared", "-fPIC", str(root / "foreign.c"), "-o",
