@@ -357,9 +357,3 @@ def spatial_params(c: NodeCtx, x: Value, kernel) -> tuple:
         raise c.unsupported("attributes 'strides'/'dilations' must have 2 values (2-D only)")
     pads = spatial_pads(c, x.type.shape[2:], kernel, strides, dil)
     return strides, pads, dil
-
-
-def _require_rank4(c: NodeCtx, x: Value, what: str = "kernel") -> None:
-    if x.type.rank != 4:
-        raise c.unsupported(f"{x.type.rank - 2}-D {what} (input rank {x.type.rank}): "
-                            "only 2-D (NCHW) is supported")
