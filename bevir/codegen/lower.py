@@ -262,8 +262,9 @@ def kernel_def(node: Node, micro: bool = False) -> KernelDef:
 
 @functools.lru_cache(maxsize=None)
 def code_digest(*packages: str) -> str:
-    """A digest of the source files of bevir's ``packages`` (``"ops"``; a file: ``"hw.py"``)
-    and TVM's version: part of the key of anything cached that this code produced."""
+    """A digest of the source files of bevir's ``packages`` (``"ops"``; a file:
+    ``"codegen/lower.py"``) and TVM's version: part of the key of anything cached that this
+    code produced."""
     from importlib.metadata import PackageNotFoundError, version
     root = Path(__file__).resolve().parents[1]
     try:

@@ -146,7 +146,7 @@ class Slice(OpDef):
 
 class _RangeMap:
     """A data-movement op whose result ranges read one operand range each (the "rows"
-    split): :meth:`operand_range` says which, :meth:`changed` which attributes a piece
+    split): :meth:`operand_axis` says which, :meth:`changed` which attributes a piece
     changes."""
 
     splits = ("rows",)
