@@ -91,7 +91,8 @@ class Conv2dAct(Convolution):
     attributes as conv2d's, plus the activation; layout and MACs are conv2d's."""
 
     name = "conv2d_act"
-    onnx_export = then_activation(onnx_as("Conv", {"strides": "strides", "pads": "pads", "dilations": "dilations", "groups": "group"}))
+    onnx_export = then_activation(onnx_as("Conv", {"strides": "strides", "pads": "pads",
+                                                   "dilations": "dilations", "groups": "group"}))
     fixed_point = FixedLowering("product")
     nhwc = NATIVE
     operands = ("x", "w", "b?")

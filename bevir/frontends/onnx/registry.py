@@ -175,7 +175,8 @@ def tensor_array(t: onnx.TensorProto, what: str, **where) -> np.ndarray:
         held = stored // item if t.HasField("raw_data") else stored
         if held != numel or (t.HasField("raw_data") and stored % item):
             raise UnsupportedError(f"{what} declares shape {dims} ({numel} elements) but "
-                                   f"holds {stored} {'bytes' if t.HasField('raw_data') else 'values'}",
+                                   f"holds {stored} "
+                                   f"{'bytes' if t.HasField('raw_data') else 'values'}",
                                    **where)
     try:
         return np.asarray(numpy_helper.to_array(t), order="C")
