@@ -108,8 +108,8 @@ def mutate_proto(data: bytes, rnd: random.Random) -> bytes:
     kind = rnd.randrange(5)
     if kind == 0:                                     # an attribute gets a random value
         node = rnd.choice(list(g.node))
-        value = rnd.choice([rnd.randint(-3, 9), rnd.uniform(-2, 2), [rnd.randint(-2, 5)] * rnd.randint(1, 6),
-                            "NOTSET", "bogus"])
+        value = rnd.choice([rnd.randint(-3, 9), rnd.uniform(-2, 2),
+                            [rnd.randint(-2, 5)] * rnd.randint(1, 6), "NOTSET", "bogus"])
         name = rnd.choice(["pads", "strides", "dilations", "group", "kernel_shape", "auto_pad",
                            "allowzero", "axis"])
         keep = [a for a in node.attribute if a.name != name]
@@ -282,7 +282,8 @@ def target_torch(rnd: random.Random) -> None:
     for _ in range(rnd.randint(1, 4)):
         kind = rnd.choice(["conv", "relu", "bn", "pool", "linear", "gelu", "flatten", "ln"])
         out = rnd.choice([2, 4, 8])
-        layers.append({"conv": lambda: nn.Conv2d(c, out, rnd.choice([1, 3]), padding=rnd.choice([0, 1])),
+        layers.append({"conv": lambda: nn.Conv2d(c, out, rnd.choice([1, 3]),
+                                                 padding=rnd.choice([0, 1])),
                        "relu": nn.ReLU, "gelu": nn.GELU, "bn": lambda: nn.BatchNorm2d(c),
                        "pool": lambda: nn.MaxPool2d(2), "flatten": nn.Flatten,
                        "linear": lambda: nn.Linear(rnd.choice([c, 8, 16]), out),
