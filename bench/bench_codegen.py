@@ -78,7 +78,7 @@ def main() -> int:
     ap.add_argument("--hw", default="QC-U 8MB 16MAC x4")
     args = ap.parse_args()
     from bevir.codegen import Program
-    from bevir.flows.target import compile as compile_program
+    from bevir.flows.target import compile_program
     config = CONFIGS[args.config]
     model = build_model(config, 0).eval()
     inputs = make_inputs(config, 0, with_prev_bev=True)

@@ -26,8 +26,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import bevir  # noqa: E402
-from bevir.flows.target import compile as compile_program, hw_config  # noqa: E402
-from bevir.passes.memory_plan import memory_plan  # noqa: E402
+from bevir.flows.target import compile_program, hw_config  # noqa: E402
+from bevir.passes.memory_plan import memory_plan_of  # noqa: E402
 from bevir.passes.target import plan_for_target  # noqa: E402
 from bevir.target import model  # noqa: E402
 from examples.bevformer import e2e  # noqa: E402
@@ -87,7 +87,7 @@ def main() -> int:
     row(f"DDR bytes per frame, {hw.cores} cores (model)", many.ddr_bytes,
         before.get(f"ddr_bytes_x{hw.cores}"))
     row("DDR bytes per frame, 1 core (model)", one.ddr_bytes)
-    mp = memory_plan(planned[hw.cores])
+    mp = memory_plan_of(planned[hw.cores])
     row("liveness bound before spilling (bytes)", mp.liveness_bound)
     row("bytes in DDR: forced (streamed ops)", mp.forced_bytes)
     row("bytes in DDR: spilled by choice", mp.spilled_bytes)

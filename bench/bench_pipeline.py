@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import bevir  # noqa: E402
 from bevir.passes import PassManager, Statistics, Timing, VerifyNumerics  # noqa: E402
 from bevir.passes.layout import count_layout_transforms  # noqa: E402
 from examples.bevformer import e2e  # noqa: E402

@@ -10,8 +10,9 @@ Both sides run the same task code (bevir.scale); the Ray side is measured warm (
 workers started and holding the models, as they are after the first chunks of a long
 run). The one process uses numpy's BLAS threads on every core (its float convolutions and
 matrix products run on both cores here), Ray's workers one thread each; ``--threads 1``
-gives the one process one thread too, which measures how Ray's workers scale. Calibration measures the float model (min/max of every activation); evaluation runs
-the float and the INT8 model on every frame and compares them.
+gives the one process one thread too, which measures how Ray's workers scale. Calibration
+measures the float model (min/max of every activation); evaluation runs the float and the
+INT8 model on every frame and compares them.
 
 Goal (issue 21): Ray with 2 workers >= 1.7x one process.
 """

@@ -39,8 +39,8 @@ def __getattr__(name: str):
         from .frontends import torch as _torch_frontend
         return getattr(_torch_frontend, name)
     if name == "compile":
-        from .flows.target import compile as _compile
-        return _compile
+        from .flows.target import compile_program
+        return compile_program
     if name == "to_onnx":
         from .codegen.onnx import to_onnx
         return to_onnx

@@ -393,7 +393,7 @@ def cmd_run(args) -> int:
 # ---- code generation ---------------------------------------------------------------------
 def cmd_compile(args) -> int:
     import time
-    from .flows.target import compile as compile_program
+    from .flows.target import compile_program
     graph = load_graph(args.model)
     t0 = time.perf_counter()
     hw = _hw(args.hw) if args.hw else None

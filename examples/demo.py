@@ -25,8 +25,10 @@ class TinyNet(nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, 2, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU())
-        self.block = nn.Sequential(nn.Conv2d(16, 16, 3, 1, 1), nn.ReLU(), nn.Conv2d(16, 16, 3, 1, 1))
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, 2, 1, bias=False), nn.BatchNorm2d(16),
+                                  nn.ReLU())
+        self.block = nn.Sequential(nn.Conv2d(16, 16, 3, 1, 1), nn.ReLU(),
+                                   nn.Conv2d(16, 16, 3, 1, 1))
         self.head = nn.Linear(16, 10)
 
     def forward(self, x):

@@ -18,8 +18,8 @@ from safetensors.numpy import save_file
 import bevir
 from bevir import BevirError, Builder, Layout, PassError, TensorType
 from bevir.passes import AnalysisManager, Pass, PassManager, Statistics
-from bevir.passes.calibrate import (Calibrate, Calibration, CalibrationError, Calibrator, Histogram,
-                                    RangeMethod, Ranges, Selector, TensorRange, ValueKey,
+from bevir.passes.calibrate import (AttachedRanges, Calibrate, CalibrationError, Calibrator,
+                                    Histogram, RangeMethod, Ranges, Selector, TensorRange, ValueKey,
                                     channel_axis, entropy_threshold, load_inputs, mse_threshold,
                                     ranges_of)
 from bevir.sim.interpreter import Interpreter
@@ -269,7 +269,7 @@ def test_ranges_survive_canonicalize_cse_dce(rng):
     for v in float_activations(g):
         assert ranges.get(v) is not None, v.name
         assert ranges.range(v) == before[v.name]
-    cal = AnalysisManager(g).get(Calibration)
+    cal = AnalysisManager(g).get(AttachedRanges)
     assert cal.missing == [] and len(cal) == 4
     assert cal.range(g.outputs["y"]) == before[g.outputs["y"].name]
 
@@ -289,7 +289,7 @@ def test_lookup_falls_back_to_provenance_when_a_rewrite_renames(rng):
     # a node of new provenance has no range; the analysis says which
     other = g.create_node("neg", [new.output], loc="elsewhere", before=g.nodes[2])
     g.nodes[2].set_input(0, other.output)
-    cal = Calibration(g)
+    cal = AttachedRanges(g)
     assert cal.missing == [other.output]
     with pytest.raises(CalibrationError, match="no calibrated range") as e:
         cal.range(other.output)
@@ -484,7 +484,7 @@ class ReadCalibration(Pass):
     seen = {}
 
     def run(self, graph, am):
-        cal = am.get(Calibration)
+        cal = am.get(AttachedRanges)
         ReadCalibration.seen = {k: cal.range(v) for k, v in graph.outputs.items()}
 
 
@@ -515,9 +515,9 @@ def test_calibrate_pass_refreshes_a_cached_analysis(tmp_path):
     write_tranges(tmp_path / "b.tranges", {"x": [-2, 2]})
     am = AnalysisManager(g)
     PassManager(f'calibrate{{ranges="{tmp_path / "a.tranges"}"}}').run(g, am)
-    assert am.get(Calibration).range(g.inputs[0]) == (-1.0, 1.0)
+    assert am.get(AttachedRanges).range(g.inputs[0]) == (-1.0, 1.0)
     PassManager(f'calibrate{{ranges="{tmp_path / "b.tranges"}"}}').run(g, am)
-    assert am.get(Calibration).range(g.inputs[0]) == (-2.0, 2.0)
+    assert am.get(AttachedRanges).range(g.inputs[0]) == (-2.0, 2.0)
 
 
 def test_load_inputs_one_sample_or_a_leading_sample_axis(tmp_path, rng):
@@ -562,7 +562,7 @@ def test_bad_requests_raise_bevir_errors(rng):
         minmax[g.nodes[-1].outputs[1]]                   # the i64 indices of topk
     assert (e.value.op, e.value.loc) == ("topk", "head/topk")
     with pytest.raises(CalibrationError, match="has no calibration"):
-        AnalysisManager(rewritable_graph()).get(Calibration)
+        AnalysisManager(rewritable_graph()).get(AttachedRanges)
     with pytest.raises(CalibrationError, match="min 1.0 > max 0.0"):
         TensorRange.given("v", 1.0, 0.0)
 
@@ -608,4 +608,4 @@ def test_bevformer_test_config_calibrates_in_one_interpreter_pass(tmp_path, monk
     assert any(e.key.loc.startswith("/img_backbone/") for e in ranges)
     assert any(e.key.loc.startswith("pts_bbox_head.transformer.encoder") for e in ranges)
     bevir.optimize(g)
-    assert AnalysisManager(g).get(Calibration).missing == []
+    assert AnalysisManager(g).get(AttachedRanges).missing == []

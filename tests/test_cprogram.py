@@ -20,7 +20,7 @@ import bevir
 from bevir.codegen import Program
 from bevir.codegen.cprogram import CompiledProgram
 from bevir.flows.sweep import model_point
-from bevir.flows.target import compile, hw_config, simulate
+from bevir.flows.target import compile_program, hw_config, simulate
 from bevir.passes import make_pass
 from bevir.target import HWConfig, model
 from bevir.testing import assert_bit_exact
@@ -64,7 +64,7 @@ def test_per_core_programs_are_bit_exact_and_count_what_the_model_charges(
         rng, tmp_path, name, cores, plan):
     graph, inputs = GRAPHS[name](rng)
     g = planned(graph, cores) if plan else partitioned(graph, cores)
-    program = compile(g, tmp_path)
+    program = compile_program(g, tmp_path)
     assert program.cores == cores
     assert_bit_exact(program.run(inputs), bevir.run(graph, inputs))
     m = program.manifest
@@ -88,7 +88,7 @@ def test_bevformer_int8_on_4_cores_is_bit_exact_counted_and_reproducible(bevform
     model (exact cycles)."""
     q, feed = bevformer_int8
     hw = hw_config("QC-U 8MB 16MAC x4")
-    a = compile(q, tmp_path / "a", hw=hw)
+    a = compile_program(q, tmp_path / "a", hw=hw)
     out = a.run(feed)
     assert_bit_exact(out, bevir.run(q, feed))
     counts = assert_counted_as_modelled(a, hw)
@@ -110,7 +110,7 @@ def test_bevformer_int8_on_4_cores_is_bit_exact_counted_and_reproducible(bevform
     assert model(a.graph, hw).makespan == profile.makespan == point.makespan
     assert model(a.graph, hw).cycles_per_core == profile.cycles_per_core
     assert profile.ddr_bytes == point.ddr_bytes == counts["ddr_bytes"]
-    compile(q, tmp_path / "b", hw=hw)
+    compile_program(q, tmp_path / "b", hw=hw)
     files = sorted(p.relative_to(tmp_path / "a") for p in (tmp_path / "a").rglob("*")
                    if p.suffix in (".c", ".json"))
     assert len(files) > 100
@@ -136,7 +136,7 @@ def test_a_value_named_like_a_load_plans_and_runs(rng, tmp_path):
     inputs = {"a": rng.integers(-128, 128, 4096).astype(np.int8)}
     g = bevir.optimize(b.graph.clone(), "plan-memory{ocm=12288}")
     assert g.meta["memory_plan"]["ddr_values"]          # something waits in DDR
-    program = compile(g, tmp_path)
+    program = compile_program(g, tmp_path)
     assert_bit_exact(program.run(inputs), bevir.run(b.graph, inputs))
     assert_counted_as_modelled(program, HWConfig.parse("qc-u"))
 
@@ -203,7 +203,7 @@ def test_a_wrong_kernel_is_caught_and_named_by_exec_check(rng, tmp_path, capsys)
 
 def test_manifest_says_what_each_core_does(rng, tmp_path):
     graph, inputs = GRAPHS["conv_nhwc"](rng)
-    program = compile(planned(graph, 2), tmp_path)
+    program = compile_program(planned(graph, 2), tmp_path)
     m = json.loads((tmp_path / "manifest.json").read_text())
     assert m == program.manifest and m["format"] == "bevir-program"
     assert m["counters"] == ["ddr_bytes", "transfers", "waits", "kernel_calls"]
@@ -238,7 +238,7 @@ def test_device_nodes_keep_graph_order_across_stages(rng, tmp_path):
     late_node = late.producer
     assert any(late_node in nodes for dev, nodes in parts[2:] if dev)
     inputs = {"x": rng.integers(-128, 128, 64).astype(np.int8)}
-    program = compile(b.graph, tmp_path, hw="QC-U 8MB 16MAC x1")
+    program = compile_program(b.graph, tmp_path, hw="QC-U 8MB 16MAC x1")
     assert_bit_exact(program.run(inputs), bevir.run(b.graph, inputs))
 
 
@@ -248,16 +248,16 @@ def test_an_unchanged_graph_compiles_from_the_cache(rng, tmp_path, monkeypatch):
     import bevir.codegen.cprogram as cp
     monkeypatch.setenv("BEVIR_CACHE", str(tmp_path / "cache"))
     graph, inputs = GRAPHS["chain"](rng)
-    first = compile(graph, tmp_path / "a", hw="QC-U 8MB 16MAC x2")
+    first = compile_program(graph, tmp_path / "a", hw="QC-U 8MB 16MAC x2")
     monkeypatch.setattr(cp, "write_program", lambda *a, **k: pytest.fail("built again"))
-    second = compile(graph, tmp_path / "b", hw="QC-U 8MB 16MAC x2")
+    second = compile_program(graph, tmp_path / "b", hw="QC-U 8MB 16MAC x2")
     files = sorted(p.relative_to(tmp_path / "a") for p in (tmp_path / "a").rglob("*") if p.is_file())
     assert files == sorted(p.relative_to(tmp_path / "b") for p in (tmp_path / "b").rglob("*")
                            if p.is_file())
     assert all((tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes() for f in files)
     assert_bit_exact(second.run(inputs), first.run(inputs))
     with pytest.raises(pytest.fail.Exception, match="built again"):
-        compile(graph, tmp_path / "c", hw="QC-U 8MB 16MAC x4")
+        compile_program(graph, tmp_path / "c", hw="QC-U 8MB 16MAC x4")
 
 
 def compile_in_a_new_process(model: Path, out: Path, cache: Path, hw: str,
@@ -300,7 +300,7 @@ def test_a_float_graph_is_refused_naming_its_ops(tmp_path, capsys):
     b.output("y", b.relu(b.add(x, x)))
     with pytest.raises(bevir.BevirError, match=r"@floaty has nothing to run on the device: "
                        r"none of its 2 nodes is integer \((add x1, relu x1|relu x1, add x1)\)"):
-        compile(b.graph, tmp_path / "prog")
+        compile_program(b.graph, tmp_path / "prog")
     assert not (tmp_path / "prog").exists()
     bevir.save(b.graph, tmp_path / "f.bevir")
     assert main(["compile", str(tmp_path / "f.bevir"), "-o", str(tmp_path / "p")]) == 1
@@ -322,7 +322,8 @@ def test_compile_names_the_host_round_trips(rng, tmp_path, capsys):
     b.output("y", b.fx_relu(b.fx_quantize(f, out_frac_bits=6), out_frac_bits=6))
     assert [[n.op for n in nodes] for nodes in host_round_trips(b.graph)] == [["sigmoid"]]
     inputs = {"a": rng.integers(-128, 128, 64).astype(np.int8)}
-    assert_bit_exact(compile(b.graph, tmp_path / "prog").run(inputs), bevir.run(b.graph, inputs))
+    assert_bit_exact(compile_program(b.graph, tmp_path / "prog").run(inputs),
+                     bevir.run(b.graph, inputs))
     bevir.save(b.graph, tmp_path / "t.bevir")
     assert main(["compile", str(tmp_path / "t.bevir"), "-o", str(tmp_path / "p")]) == 0
     out = capsys.readouterr().out
@@ -344,7 +345,7 @@ def test_a_reshape_in_ddr_is_a_view_that_moves_nothing(rng, tmp_path):
     feed = {"x": ints(rng, (4, 6, 8))}
     for cores, plan in ((1, False), (2, False), (1, True)):
         g = planned(b.graph, cores) if plan else partitioned(b.graph, cores)
-        program = compile(g, tmp_path / f"x{cores}{plan}")
+        program = compile_program(g, tmp_path / f"x{cores}{plan}")
         assert_bit_exact(program.run(feed), bevir.run(b.graph, feed))
         assert_counted_as_modelled(program, HWConfig.parse("qc-u").with_cores(cores))
         m = program.manifest
@@ -380,7 +381,7 @@ def test_loads_run_on_each_core_s_dma_engine_while_it_computes(rng, tmp_path):
     for cores, ocm in ((1, "100KB"), (2, "64KB")):          # the skip waits in DDR
         hw = HWConfig.parse(f"QC-U {ocm} 16MAC").with_cores(cores)
         g = bevir.optimize(partitioned(b.graph, cores), [make_pass("plan-memory", hw=hw)])
-        program = compile(g, tmp_path / f"x{cores}")
+        program = compile_program(g, tmp_path / f"x{cores}")
         assert_bit_exact(program.run(feed), bevir.run(b.graph, feed))
         assert_counted_as_modelled(program, hw)
         steps = [s for p in program.manifest["programs"] for s in p["steps"]]

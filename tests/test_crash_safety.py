@@ -126,8 +126,8 @@ HW = "QC-U 8MB 16MAC x2"
 
 def _compile(graph_path: Path, out: Path, cache: Path) -> None:
     os.environ["BEVIR_CACHE"] = str(cache)
-    from bevir.flows.target import compile
-    compile(bevir.load(graph_path), out, hw=HW)
+    from bevir.flows.target import compile_program
+    compile_program(bevir.load(graph_path), out, hw=HW)
 
 
 def _exec(prog: Path, inputs: Path, result: Path) -> None:

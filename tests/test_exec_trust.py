@@ -25,7 +25,7 @@ from bevir.codegen.build import RUNTIME_C, build_shared
 from bevir.codegen.cprogram import RUNTIME_SYNC, CompiledProgram
 from bevir.codegen.verify import check_manifest
 from bevir.errors import CodegenError
-from bevir.flows.target import compile
+from bevir.flows.target import compile_program
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_partition import FREE_SYNC, GRAPHS  # noqa: E402
@@ -39,7 +39,7 @@ def compiled(tmp_path_factory):
     """A 2-core program of the chain graph, its graph, inputs and golden outputs."""
     d = tmp_path_factory.mktemp("compiled")
     graph, inputs = GRAPHS["chain"](np.random.default_rng(7))
-    compile(graph, d / "prog", hw=HW)
+    compile_program(graph, d / "prog", hw=HW)
     save_file(inputs, str(d / "in.safetensors"))
     return d, graph, inputs, bevir.run(graph, inputs)
 
@@ -263,9 +263,9 @@ def assert_one_line(e: BaseException) -> None:
 def test_compile_replaces_a_program_whole_and_refuses_other_folders(compiled, tmp_path):
     graph, inputs, golden = compiled[1:]
     prog = tmp_path / "prog"
-    compile(graph, prog, hw=FREE_SYNC.with_cores(4))
+    compile_program(graph, prog, hw=FREE_SYNC.with_cores(4))
     assert (prog / "core3.so").exists()
-    program = compile(graph, prog, hw=HW)                  # over it, for 2 cores
+    program = compile_program(graph, prog, hw=HW)                  # over it, for 2 cores
     assert sorted(p.name for p in prog.glob("core*.so")) == ["core0.so", "core1.so"]
     assert all(np.array_equal(a, golden[k]) for k, a in program.run(inputs).items())
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]   # nothing left beside
@@ -274,7 +274,7 @@ def test_compile_replaces_a_program_whole_and_refuses_other_folders(compiled, tm
     (mine / "notes.txt").write_text("keep me")
     with pytest.raises(CodegenError, match="holds files that are not a compiled program's "
                                            "\\(notes.txt\\)"):
-        compile(graph, mine, hw=HW)
+        compile_program(graph, mine, hw=HW)
     assert (mine / "notes.txt").read_text() == "keep me"
     with pytest.raises(CodegenError, match="not a folder"):
-        compile(graph, mine / "notes.txt", hw=HW)
+        compile_program(graph, mine / "notes.txt", hw=HW)

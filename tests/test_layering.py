@@ -11,10 +11,17 @@ Frontends sit above passes in the order but may not import them: an importer bui
 graph, a flow (``bevir/flows``) decides what runs on it. Code generation may not import
 the planning passes (partition, plan-memory, the target pipeline): it generates the graph
 it is given, and a flow plans it.
+
+The code, the tests, the examples, the benches and the tools also pass ruff with the
+configuration in pyproject.toml (``[tool.ruff]``: 100 columns, the rules chosen there).
 """
 from __future__ import annotations
 
 import ast
+import importlib.util
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -186,3 +193,34 @@ def test_the_checks_can_fail(tmp_path, case):
     assert found, case
     others = [f for k, f in (("back-edge", back_edges), ("private", private_imports)) if k != case]
     assert all(f(graph) == [] for f in others)
+
+
+# ---- lint ---------------------------------------------------------------------------------
+#: the folders ruff checks (with pyproject.toml's [tool.ruff])
+LINTED = ("bevir", "tests", "examples", "bench", "tools")
+
+
+def ruff_command() -> list[str]:
+    """How to run ruff here (the test extra installs it); skips the test without it."""
+    if importlib.util.find_spec("ruff") is not None:
+        return [sys.executable, "-m", "ruff"]
+    if shutil.which("ruff"):
+        return ["ruff"]
+    pytest.skip("ruff is not installed (pip install -e '.[test]' installs it)")
+
+
+def test_ruff_finds_nothing():
+    done = subprocess.run([*ruff_command(), "check", "--no-cache", "--output-format", "concise",
+                           *LINTED], cwd=ROOT.parent, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_ruff_reads_the_project_configuration(tmp_path):
+    """A line of 101 columns and an unused import are findings, a line of 100 is not."""
+    (tmp_path / "bad.py").write_text(f"import os\n\nX = '{'x' * 94}'\nY = '{'y' * 95}'\n")
+    done = subprocess.run([*ruff_command(), "check", "--no-cache", "--output-format", "concise",
+                           "--config", str(ROOT.parent / "pyproject.toml"), "bad.py"],
+                          cwd=tmp_path, capture_output=True, text=True)
+    found = {line.split(" ")[0] + line.split(" ")[1] for line in done.stdout.splitlines()
+             if line.startswith("bad.py:")}
+    assert done.returncode == 1 and found == {"bad.py:1:8:F401", "bad.py:4:101:E501"}, done.stdout

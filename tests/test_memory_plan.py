@@ -13,7 +13,7 @@ import pytest
 import bevir
 from bevir import Builder, DType, TensorType
 from bevir.passes import Statistics
-from bevir.passes.memory_plan import memory_plan, verify_memory_plan
+from bevir.passes.memory_plan import memory_plan_of, verify_memory_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -108,7 +108,7 @@ def plan(graph: bevir.Graph, pipeline: str = "plan-memory") -> bevir.Graph:
 def test_the_plan_reaches_the_lower_bound_on_graphs_with_a_known_optimum(make):
     graph = make()
     bound = independent_bound(graph, 64)
-    p = memory_plan(plan(graph))
+    p = memory_plan_of(plan(graph))
     print(make.__name__, p.summary())
     (core,) = p.cores
     assert core["lower_bound"] == bound
@@ -123,7 +123,7 @@ def test_a_chain_uses_exactly_two_buffers():
     graph = plan(chain(n=5, size=256))
     offsets = {v.meta["ocm"][0]["offset"] for n in graph.nodes for v in n.outputs}
     assert offsets | {graph.inputs[0].meta["ocm"][0]["offset"]} == {0, 1024}
-    assert memory_plan(graph).cores[0]["peak"] == 2 * 1024
+    assert memory_plan_of(graph).cores[0]["peak"] == 2 * 1024
 
 
 def test_the_search_never_does_worse_than_best_fit_alone(rng):
@@ -132,7 +132,7 @@ def test_the_search_never_does_worse_than_best_fit_alone(rng):
         greedy, searched = graph.clone(), graph
         plan(greedy, "plan-memory{search_steps=0}")
         plan(searched, "plan-memory{search_steps=300, search_patience=300, seed=1}")
-        g, s = memory_plan(greedy).cores[0], memory_plan(searched).cores[0]
+        g, s = memory_plan_of(greedy).cores[0], memory_plan_of(searched).cores[0]
         print(f"best fit {g['peak']}, searched {s['peak']}, bound {s['lower_bound']}")
         assert s["lower_bound"] == g["lower_bound"] == independent_bound(graph, 64)
         assert s["lower_bound"] <= s["peak"] <= g["peak"]
@@ -141,9 +141,9 @@ def test_the_search_never_does_worse_than_best_fit_alone(rng):
 
 def test_alignment_rounds_sizes_and_offsets():
     graph = plan(diamond(), "plan-memory{align=512}")
-    for b in memory_plan(graph).buffers:
+    for b in memory_plan_of(graph).buffers:
         assert b["offset"] % 512 == 0 and b["size"] % 512 == 0
-    assert memory_plan(graph).cores[0]["lower_bound"] == independent_bound(diamond(), 512)
+    assert memory_plan_of(graph).cores[0]["lower_bound"] == independent_bound(diamond(), 512)
 
 
 def test_statistics_report_the_bound_and_the_peak():
@@ -162,7 +162,7 @@ def test_values_that_do_not_fit_go_to_ddr_with_dma_and_the_results_stay_bit_iden
     before = bevir.run(graph, x)["y"]
     tensor = 64 * 64 * 4
     plan(graph, f"plan-memory{{ocm={3 * tensor + 1024}}}")     # one op's operands + result fit
-    p = memory_plan(graph)
+    p = memory_plan_of(graph)
     print(p.summary())
     dmas = [n for n in graph.nodes if n.op == "dma_copy"]
     assert {(n.attrs["src"], n.attrs["dst"]) for n in dmas} == {("ddr", "ocm"), ("ocm", "ddr")}
@@ -197,7 +197,7 @@ def test_plans_under_a_tight_ocm_fit_it_and_run_bit_identical():
             planned += 1
             (s,) = stats.by_pass().values()
             fragmented += s.get("fragmentation-spills", 0) > 0
-            assert memory_plan(graph).cores[0]["peak"] <= ocm
+            assert memory_plan_of(graph).cores[0]["peak"] <= ocm
             assert np.array_equal(bevir.run(graph, x)["y"], before)
     print(f"{planned} planned, {fragmented} needed a spill for fragmentation")
     assert planned >= 100 and fragmented >= 5
@@ -207,7 +207,7 @@ def test_loads_are_double_buffered_where_the_ocm_allows():
     tensor = 32 * 32 * 4
     graph = mlp(layers=4, mirrored=True)
     plan(graph, f"plan-memory{{ocm={5 * tensor}}}")     # activations fit, the 4 weights do not
-    p = memory_plan(graph)
+    p = memory_plan_of(graph)
     loads = [n for n in graph.nodes if n.op == "dma_copy" and n.attrs["dst"] == "ocm"]
     assert p.prefetched_loads >= 1 and len(loads) >= 2
     order = graph.nodes
@@ -216,8 +216,8 @@ def test_loads_are_double_buffered_where_the_ocm_allows():
     assert len(early) == p.prefetched_loads                  # issued before the node ahead
     single = plan(mlp(layers=4, mirrored=True),
                   f"plan-memory{{ocm={5 * tensor}, double_buffer=false}}")
-    assert memory_plan(single).prefetched_loads == 0
-    assert memory_plan(single).cores[0]["peak"] <= p.cores[0]["peak"]
+    assert memory_plan_of(single).prefetched_loads == 0
+    assert memory_plan_of(single).cores[0]["peak"] <= p.cores[0]["peak"]
 
 
 def test_an_impossible_plan_names_the_op_and_the_bytes_it_needs():
@@ -244,7 +244,7 @@ def test_an_op_larger_than_the_ocm_streams_its_operands_through_a_stage_buffer(r
         s = n.meta["stream"]
         assert s["stripes"] >= 2 and s["size"] <= ocm // 2 and s["offset"] + s["size"] <= ocm
         assert all(v.meta.get("mem") == "ddr" for v in list(n.inputs) + n.outputs)
-    assert memory_plan(graph).cores[0]["peak"] <= ocm
+    assert memory_plan_of(graph).cores[0]["peak"] <= ocm
     assert np.array_equal(bevir.run(graph, x)["y"], before)
     verify_memory_plan(graph)
 
@@ -287,12 +287,12 @@ def test_per_core_ocms_hold_what_each_core_touches_and_a_shared_one_holds_all():
             n.meta["core"] = i * 2 // len(graph.nodes)        # first half on 0, rest on 1
         return graph
     per_core = plan(two_cores(), "plan-memory{cores=2}")
-    p = memory_plan(per_core)
+    p = memory_plan_of(per_core)
     assert [c["core"] for c in p.cores] == [0, 1]
     handover = [v for n in per_core.nodes if n.meta["core"] == 0 for v in n.outputs
                 if any(u.meta["core"] == 1 for u in v.users)]
     assert handover and all(sorted(x["core"] for x in v.meta["ocm"]) == [0, 1] for v in handover)
-    shared = memory_plan(plan(two_cores(), "plan-memory{cores=2, shared=true}"))
+    shared = memory_plan_of(plan(two_cores(), "plan-memory{cores=2, shared=true}"))
     assert [c["core"] for c in shared.cores] == [0]
     assert shared.cores[0]["lower_bound"] >= max(c["lower_bound"] for c in p.cores)
     with pytest.raises(bevir.PassError, match="core 1 is not one of the 1 cores"):
@@ -301,12 +301,12 @@ def test_per_core_ocms_hold_what_each_core_touches_and_a_shared_one_holds_all():
 
 # ---- the plan as data -----------------------------------------------------------------------
 def test_same_graph_and_options_give_the_same_plan_byte_for_byte():
-    text = [memory_plan(plan(residual(), "plan-memory{ocm=50000, seed=3}")).to_json()
+    text = [memory_plan_of(plan(residual(), "plan-memory{ocm=50000, seed=3}")).to_json()
             for _ in range(2)]
     assert text[0] == text[1]
     code = ("import sys; sys.path.insert(0, '.'); from tests.test_memory_plan import residual, plan;"
-            "from bevir.passes.memory_plan import memory_plan;"
-            "print(memory_plan(plan(residual(), 'plan-memory{ocm=50000, seed=3}')).to_json())")
+            "from bevir.passes.memory_plan import memory_plan_of;"
+            "print(memory_plan_of(plan(residual(), 'plan-memory{ocm=50000, seed=3}')).to_json())")
     # another process, with another string hash salt (set iteration order would show)
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                          env={**os.environ, "PYTHONHASHSEED": "12345"}, check=True)
@@ -316,7 +316,7 @@ def test_same_graph_and_options_give_the_same_plan_byte_for_byte():
 def test_the_plan_survives_save_and_load(tmp_path):
     graph = plan(residual(), "plan-memory{ocm=50000}")
     loaded = bevir.load(bevir.save(graph, tmp_path / "planned.bevir"))
-    assert memory_plan(loaded).to_json() == memory_plan(graph).to_json()
+    assert memory_plan_of(loaded).to_json() == memory_plan_of(graph).to_json()
     assert str(loaded) == str(graph)
     verify_memory_plan(loaded)
     with pytest.raises(bevir.PassError, match="already has a memory plan"):

@@ -2,6 +2,9 @@
 implements, and the declarations are consistent with what the passes accept."""
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import bevir
 from bevir.ops import all_ops, get_op, interface_table
 from bevir.ops.linalg import Contraction, Convolution, MatrixProduct
@@ -37,6 +40,16 @@ def test_products_share_one_family_each():
     products = {n for n, op in OPS.items() if isinstance(op, MatrixProduct)}
     assert convs == {"conv2d", "conv2d_act", "qlinear_conv", "conv_integer", "fx_conv2d"}
     assert products == {"matmul", "qlinear_matmul", "matmul_integer", "fx_matmul"}
+    others = {n for n, op in OPS.items() if isinstance(op, Contraction)
+              and type(op).__module__.startswith("bevir.")} - convs - products
+    # docs/ops.md names each family's ops as the registry has them
+    doc = " ".join((Path(__file__).resolve().parents[1] / "docs" / "ops.md").read_text().split())
+
+    def listed(pattern):
+        return set(re.findall(r"`(\w+)`", re.search(pattern, doc).group(1)))
+    assert listed(r"convolutions \((.*?)\) derive") == convs
+    assert listed(r"products \((.*?)\) `MatrixProduct`") == products
+    assert listed(r"; ([^;]*?) are `Contraction`s") == others
     # one MAC formula: results x reduction length, for every contraction
     assert all(type(op).macs is Contraction.macs for op in OPS.values()
                if isinstance(op, Contraction))

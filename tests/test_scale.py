@@ -377,10 +377,10 @@ def test_bevformer_signoff_on_ray_equals_one_process(tmp_path, local_ray):
 def test_evaluation_runs_the_generated_program_too(tmp_path, local_ray):
     """With ``program``, every frame also runs the compiled per-core program: 0 differing
     elements against the golden model on every frame, on Ray."""
-    from bevir.flows.target import compile
+    from bevir.flows.target import compile_program
     from test_partition import chain, ints
     graph, _ = chain(np.random.default_rng(0))
-    compile(graph, tmp_path / "prog", hw="QC-U 8MB 16MAC x2")
+    compile_program(graph, tmp_path / "prog", hw="QC-U 8MB 16MAC x2")
     rng = np.random.default_rng(3)
     with FrameWriter(tmp_path / "f") as w:
         for _ in range(6):
@@ -390,7 +390,7 @@ def test_evaluation_runs_the_generated_program_too(tmp_path, local_ray):
     assert len(ev.done) == 6 and all(r["program_differing"] == 0 for r in ev.done)
     assert all(r["sqnr_f"] == float("inf") for r in ev.done)
     # a program recompiled in place (another graph) is another job, not resumed
-    compile(chain(np.random.default_rng(1))[0], tmp_path / "prog", hw="QC-U 8MB 16MAC x2")
+    compile_program(chain(np.random.default_rng(1))[0], tmp_path / "prog", hw="QC-U 8MB 16MAC x2")
     with pytest.raises(ScaleError, match="holds results of other models, frames or program"):
         evaluate(graph, graph, Frames(tmp_path / "f"), tmp_path / "e", workers=local_ray,
                  program=tmp_path / "prog", plot=False)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import bevir
-from bevir.flows.target import compile
+from bevir.flows.target import compile_program
 from bevir.passes import make_pass
 from bevir.passes.stripe import by_image, groups
 from bevir.target import HWConfig, model
@@ -87,7 +87,7 @@ def test_striped_programs_are_bit_exact_and_count_what_the_model_charges(rng, tm
     bytes the model charges, and nothing streams: every striped tensor is on chip."""
     graph, feed = net(rng, rows=29)             # odd rows: uneven pieces, halos at borders
     hw = HWConfig.parse(SMALL).with_cores(cores)
-    program = compile(graph, tmp_path, hw=hw)
+    program = compile_program(graph, tmp_path, hw=hw)
     g = program.graph
     assert any("stripe" in n.meta for n in g.nodes)
     assert_bit_exact(program.run(feed), bevir.run(graph, feed))

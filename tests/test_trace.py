@@ -12,7 +12,7 @@ import pytest
 
 import bevir
 from bevir.codegen.cprogram import CompiledProgram
-from bevir.flows.target import compile
+from bevir.flows.target import compile_program
 from bevir.target import model
 from bevir.target.trace import model_trace
 from test_cprogram import planned
@@ -64,7 +64,7 @@ def program_nodes(program) -> dict[int, collections.Counter]:
 def test_sim_and_exec_traces_show_every_step_once_per_core(rng, tmp_path, cores):
     graph, inputs = GRAPHS["chain"](rng)
     g = planned(graph, cores) if cores != 3 else partitioned(graph, cores)
-    program = compile(g, tmp_path)
+    program = compile_program(g, tmp_path)
     program.run(inputs)
     wanted = program_nodes(program)
     measured = check_trace(program.trace().to_json())
@@ -126,6 +126,6 @@ def test_cli_writes_both_traces(rng, tmp_path, capsys):
 
 def test_a_trace_before_a_run_is_one_line(rng, tmp_path):
     graph, _ = GRAPHS["chain"](rng)
-    program = compile(graph, tmp_path)
+    program = compile_program(graph, tmp_path)
     with pytest.raises(bevir.BevirError, match="has not run yet"):
         program.trace()

@@ -38,7 +38,7 @@ def main(argv: list[str]) -> int:
         for name in names:
             counted(module, name)
     t0 = time.perf_counter()
-    flow.compile(bevir.load(model), out, hw=hw)
+    flow.compile_program(bevir.load(model), out, hw=hw)
     print(json.dumps({"seconds": time.perf_counter() - t0, "built": built}))
     return 0
 

@@ -108,8 +108,8 @@ def mutate_proto(data: bytes, rnd: random.Random) -> bytes:
     kind = rnd.randrange(5)
     if kind == 0:                                     # an attribute gets a random value
         node = rnd.choice(list(g.node))
-        value = rnd.choice([rnd.randint(-3, 9), rnd.uniform(-2, 2), [rnd.randint(-2, 5)] * rnd.randint(1, 6),
-                            "NOTSET", "bogus"])
+        value = rnd.choice([rnd.randint(-3, 9), rnd.uniform(-2, 2),
+                            [rnd.randint(-2, 5)] * rnd.randint(1, 6), "NOTSET", "bogus"])
         name = rnd.choice(["pads", "strides", "dilations", "group", "kernel_shape", "auto_pad",
                            "allowzero", "axis"])
         keep = [a for a in node.attribute if a.name != name]
@@ -282,7 +282,8 @@ def target_torch(rnd: random.Random) -> None:
     for _ in range(rnd.randint(1, 4)):
         kind = rnd.choice(["conv", "relu", "bn", "pool", "linear", "gelu", "flatten", "ln"])
         out = rnd.choice([2, 4, 8])
-        layers.append({"conv": lambda: nn.Conv2d(c, out, rnd.choice([1, 3]), padding=rnd.choice([0, 1])),
+        layers.append({"conv": lambda: nn.Conv2d(c, out, rnd.choice([1, 3]),
+                                                 padding=rnd.choice([0, 1])),
                        "relu": nn.ReLU, "gelu": nn.GELU, "bn": lambda: nn.BatchNorm2d(c),
                        "pool": lambda: nn.MaxPool2d(2), "flatten": nn.Flatten,
                        "linear": lambda: nn.Linear(rnd.choice([c, 8, 16]), out),
@@ -411,14 +412,14 @@ def _seed_programs() -> dict:
     outputs, and a foreign library whose constructor writes a marker (once per process)."""
     if not _SEED_PROGRAMS:
         import subprocess
-        from bevir.flows.target import compile
+        from bevir.flows.target import compile_program
         sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
         from test_partition import FREE_SYNC, GRAPHS      # splits pay: 2 and 3 cores
         root = Path(tempfile.mkdtemp(prefix="bevir-fuzz-programs-"))
         graph, inputs = GRAPHS["chain"](np.random.default_rng(0))
         other, _ = GRAPHS["chain"](np.random.default_rng(1))
-        compile(graph, root / "a", hw=FREE_SYNC.with_cores(2))
-        compile(other, root / "b", hw=FREE_SYNC.with_cores(3))
+        compile_program(graph, root / "a", hw=FREE_SYNC.with_cores(2))
+        compile_program(other, root / "b", hw=FREE_SYNC.with_cores(3))
         marker = root / "foreign_ran"
         (root / "foreign.c").write_text(FOREIGN_C.replace("MARKER", json.dumps(str(marker))))
         subprocess.run(["cc", "-shared", "-fPIC", str(root / "foreign.c"), "-o",

@@ -152,7 +152,8 @@ def _c_array(name: str, a: np.ndarray) -> str:
     else:
         ctype = _C_TYPE[a.dtype.name]
         values = ",".join(str(int(v)) for v in flat)
-    return f"static const {ctype} {name}[{max(flat.size, 1)}] __attribute__((aligned(64))) = {{{values or 0}}};"
+    return (f"static const {ctype} {name}[{max(flat.size, 1)}] __attribute__((aligned(64))) = "
+            f"{{{values or 0}}};")
 
 
 _SCRIPT_FLOAT = re.compile(r"T\.float(32|64)\(([^)]*)\)")
@@ -219,7 +220,8 @@ def c_kernel_source(kd: KernelDef, io_types: list[tuple[tuple[int, ...], str]]) 
 def include_dirs() -> list[str]:
     """The headers TVM's C output includes (shipped in the wheels)."""
     tvm, tvm_ffi = require("tvm"), require("tvm_ffi")
-    return [str(Path(tvm.__file__).parent / "include"), str(Path(tvm_ffi.__file__).parent / "include")]
+    return [str(Path(tvm.__file__).parent / "include"),
+            str(Path(tvm_ffi.__file__).parent / "include")]
 
 
 #: C compiler flags: no FMA contraction (a float multiply-add rounds twice, as the golden
@@ -234,8 +236,8 @@ def build_shared(sources: list[Path], out: Path) -> Path:
            *map(str, sources), "-o", str(out)]
     done = run_child(cmd, capture_output=True, text=True)
     if done.returncode != 0:
-        raise CodegenError(f"C build failed ({' '.join(cmd[:2])} ...): "
-                           f"{done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}")
+        last = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode
+        raise CodegenError(f"C build failed ({' '.join(cmd[:2])} ...): {last}")
     return out
 
 

@@ -473,7 +473,7 @@ WAIT_SECONDS = 300.0
 
 
 class CompiledProgram:
-    """A compiled folder (see :func:`compile`): the per-core libraries and the graph,
+    """A compiled folder (see :func:`bevir.compile`): the per-core libraries and the graph,
     checked before anything is loaded (:mod:`bevir.codegen.verify`).
 
     ``wait_seconds``: the longest one core waits for another before the run fails with an

@@ -25,7 +25,7 @@ import numpy as np
 
 from ..errors import BevirError, CodegenError
 from ..extras import require
-from ..ir.graph import Graph, Node
+from ..ir.graph import Node
 from ..ir.types import TensorType
 
 
@@ -262,8 +262,9 @@ def kernel_def(node: Node, micro: bool = False) -> KernelDef:
 
 @functools.lru_cache(maxsize=None)
 def code_digest(*packages: str) -> str:
-    """A digest of the source files of bevir's ``packages`` (``"ops"``; a file: ``"hw.py"``)
-    and TVM's version: part of the key of anything cached that this code produced."""
+    """A digest of the source files of bevir's ``packages`` (``"ops"``; a file:
+    ``"codegen/lower.py"``) and TVM's version: part of the key of anything cached that this
+    code produced."""
     from importlib.metadata import PackageNotFoundError, version
     root = Path(__file__).resolve().parents[1]
     try:
@@ -272,7 +273,8 @@ def code_digest(*packages: str) -> str:
         tvm_version = require("tvm").__version__
     h = hashlib.sha256(tvm_version.encode())
     for package in packages:
-        for f in sorted((root / package).glob("*.py")) if (root / package).is_dir() else [root / package]:
+        folder = root / package
+        for f in sorted(folder.glob("*.py")) if folder.is_dir() else [folder]:
             h.update(f"{package}/{f.name}".encode() + f.read_bytes())
     return h.hexdigest()[:16]
 
@@ -330,7 +332,7 @@ def stable_code(obj) -> bytes:
 
 def _filled(cell) -> bool:
     try:
-        cell.cell_contents
+        cell.cell_contents  # noqa: B018  (reading an empty cell raises)
     except ValueError:                      # a cell not yet filled
         return False
     return True
@@ -347,7 +349,8 @@ def kernel_name(node: Node) -> str:
     return f"{node.op}_{signature(node)}"
 
 
-def kernel_defs(nodes, micro: bool = False) -> tuple[dict[str, tuple[KernelDef, Node]], dict[str, str]]:
+def kernel_defs(nodes, micro: bool = False
+                ) -> tuple[dict[str, tuple[KernelDef, Node]], dict[str, str]]:
     """The kernels of ``nodes``, each signature lowered once: (signature -> (kernel, the
     first node using it), node name -> signature). ``micro``: as :func:`kernel_def`."""
     defs: dict[str, tuple[KernelDef, Node]] = {}

@@ -3,13 +3,13 @@
     bevir.to_onnx(graph, "model.onnx")          # bevir export MODEL --onnx model.onnx
 
 Each op declares its export (``OpDef.onnx_export``, built with the helpers of
-:mod:`bevir.ops.onnx_export`). Float ops become the ONNX op they compute. A quantized op becomes QDQ: its
-quantized operands pass through ``DequantizeLinear`` with their scales (fixed point:
-``2**-frac_bits``, zero point 0), its float counterpart computes, and ``QuantizeLinear``
-gives the result's codes. Ops that only move data run on the codes themselves. ONNX
-rounds half to even where the fixed-point target rounds half up, and computes the float
-counterpart in float32, so a QDQ export agrees with the golden model closely, not bit for
-bit. Opset 21 (int16 QDQ, LayerNormalization, Gelu).
+:mod:`bevir.ops.onnx_export`). Float ops become the ONNX op they compute. A quantized op
+becomes QDQ: its quantized operands pass through ``DequantizeLinear`` with their scales
+(fixed point: ``2**-frac_bits``, zero point 0), its float counterpart computes, and
+``QuantizeLinear`` gives the result's codes. Ops that only move data run on the codes
+themselves. ONNX rounds half to even where the fixed-point target rounds half up, and
+computes the float counterpart in float32, so a QDQ export agrees with the golden model
+closely, not bit for bit. Opset 21 (int16 QDQ, LayerNormalization, Gelu).
 """
 from __future__ import annotations
 
@@ -128,7 +128,8 @@ class OnnxWriter:
         scale, zp, axis = self.quantization(v)
         if v.type.dtype.np != np.int32:
             self.emit("QuantizeLinear", [real, self.const(scale, "scale"),
-                                         self.const(zp.astype(v.type.dtype.np), "zp")], [out], axis=axis)
+                                         self.const(zp.astype(v.type.dtype.np), "zp")], [out],
+                      axis=axis)
             return
         rank = v.type.rank
         y = self.emit("Div", [real, self.const(self._broadcast(scale, axis, rank), "scale")], 1)[0]

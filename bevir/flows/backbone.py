@@ -605,8 +605,8 @@ def _quantize(proto: onnx.ModelProto, fp32: Path, int8: Path,
 
 # ---- step 3: tranges ----------------------------------------------------------------------
 def _session(model: str | Path | bytes):
-    return require("onnxruntime").InferenceSession(model if isinstance(model, bytes) else str(model),
-                                providers=["CPUExecutionProvider"])
+    return require("onnxruntime").InferenceSession(
+        model if isinstance(model, bytes) else str(model), providers=["CPUExecutionProvider"])
 
 
 def capture_ranges(int8_onnx: str | Path, samples: list[dict[str, np.ndarray]],

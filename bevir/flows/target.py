@@ -42,13 +42,13 @@ def plan(graph: Graph, hw: str | HWConfig | None = None, cores: int | None = Non
 
 def simulate(graph: Graph, hw: str | HWConfig | None = None, cores: int | None = None
              ) -> Profile:
-    """The cycle model of ``graph`` planned for ``hw`` as :func:`compile` plans it."""
+    """The cycle model of ``graph`` planned for ``hw`` as :func:`compile_program` plans it."""
     config = hw_config(hw, cores)
     return model(plan_for_target(graph, config), config)
 
 
-def compile(graph: Graph, out: str | Path, hw: str | HWConfig | None = None,
-            cores: int | None = None, progress: bool | None = None):
+def compile_program(graph: Graph, out: str | Path, hw: str | HWConfig | None = None,
+                    cores: int | None = None, progress: bool | None = None):
     """Compile ``graph`` into folder ``out`` and build it; returns the loaded program
     (:class:`~bevir.codegen.cprogram.CompiledProgram`). With ``hw`` or ``cores`` a copy of
     the graph is planned first (:func:`plan`); with neither the graph is taken as it is

@@ -2,7 +2,7 @@
 callback (each frontend passes its own, which names the nodes and records provenance)."""
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from ..ir.graph import Value
 

@@ -50,7 +50,8 @@ class Builder:
            name: str | list[str] | None = None, **attrs) -> Value | tuple[Value, ...]:
         """Create an ``op`` node; returns its result, or a tuple of results."""
         names = [name] if isinstance(name, str) else name
-        node = self.graph.create_node(op, inputs, attrs, loc=self.default_loc if loc is None else loc,
+        node = self.graph.create_node(op, inputs, attrs,
+                                      loc=self.default_loc if loc is None else loc,
                                       names=names, before=self.before)
         return node.outputs[0] if len(node.outputs) == 1 else tuple(node.outputs)
 

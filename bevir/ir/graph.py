@@ -175,8 +175,9 @@ class Graph:
         self.outputs[name] = value
         self.version += 1
 
-    def create_node(self, op: str, inputs: Sequence[Value | None], attrs: Mapping[str, Any] | None = None,
-                    *, out_types: Sequence[TensorType] | None = None, loc: str = "",
+    def create_node(self, op: str, inputs: Sequence[Value | None],
+                    attrs: Mapping[str, Any] | None = None, *,
+                    out_types: Sequence[TensorType] | None = None, loc: str = "",
                     names: Sequence[str] | None = None, before: Node | None = None,
                     after: Node | None = None) -> Node:
         """Create a node, validate its attributes, infer its result types and insert it.

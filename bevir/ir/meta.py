@@ -8,7 +8,7 @@ Meta is carried through :meth:`Graph.clone` (copied, so a clone's meta is indepe
 
 A key is registered once, by the module that owns it (the IR imports no pass)::
 
-    register_meta_key("core", int, survives_rewrite=True)
+    register_meta_key("core", int, doc="the core a node runs on (set by the partition pass)")
 
 fixes its Python type (checked on assignment), how it is written (``to_json`` /
 ``from_json``; by default the value itself must be JSON: None, bool, int, float, str,

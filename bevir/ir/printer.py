@@ -44,7 +44,8 @@ def fmt_dense(a: np.ndarray) -> str:
                 items = None
         if items is not None:
             return "dense<" + (items[0] if a.ndim == 0 else "[" + ", ".join(items) + "]") + ">"
-    return 'dense<"0x' + np.ascontiguousarray(a).astype(a.dtype.newbyteorder("<")).tobytes().hex().upper() + '">'
+    little = np.ascontiguousarray(a).astype(a.dtype.newbyteorder("<"))
+    return 'dense<"0x' + little.tobytes().hex().upper() + '">'
 
 
 def fmt_attr(v: Any) -> str:

@@ -1,5 +1,6 @@
 """The op registry. Importing this package registers every op definition."""
-from ..ir.opdef import Attr, Bool, Ctx, Float, Floats, Int, Ints, OpDef, Str, Tensor, all_ops, get_op  # noqa: F401
+from ..ir.opdef import (Attr, Bool, Ctx, Float, Floats, Int, Ints, OpDef, Str,  # noqa: F401
+                        Tensor, all_ops, get_op)
 from . import attention, elementwise, linalg, nn, qlinear, reduce, shape  # noqa: F401  (registers the ops)
 from . import fixed_point, fixed_pool, fixed_tables  # noqa: F401  (the target fixed-point ops)
 from . import fused  # noqa: F401  (the fused ops of the fuse pass)

@@ -43,7 +43,8 @@ def broadcast_types(*types: TensorType, dtype: DType | None = None) -> TensorTyp
         raise VerifyError("shapes do not broadcast: " +
                           ", ".join(str(list(t.shape)) for t in types)) from None
     layout = max(types, key=lambda t: t.rank).layout
-    return TensorType(shape, dtype or same_dtype(*types), layout if len(shape) == 4 else Layout.plain)
+    return TensorType(shape, dtype or same_dtype(*types),
+                      layout if len(shape) == 4 else Layout.plain)
 
 
 def check_windows(in_hw, out_hw, kernel, strides, dilations) -> None:

@@ -48,8 +48,9 @@ class Work:
     ``alu_ops`` counts ALU operations over all PEs; ``tile_weight_bytes`` (one batch
     element's weights) are broadcast from the OCM again for every pass of the chosen
     mapping over the array (the register file cannot keep them), of which
-    ``weight_bytes`` (the weight operand) are already counted once among the bytes read; a ``view`` moves nothing (a reshape: the compiler renames the
-    buffer) and costs no cycles."""
+    ``weight_bytes`` (the weight operand) are already counted once among the bytes read; a
+    ``view`` moves nothing (a reshape: the compiler renames the buffer) and costs no
+    cycles."""
 
     op_class: str
     mappings: tuple[PEMapping, ...] = ()

@@ -169,7 +169,8 @@ class Relu(Unary):
 
 Sigmoid = unary("sigmoid", _sigmoid, "1 / (1 + exp(-x))",
                 fixed_point=FixedLowering("unary", "fx_sigmoid"), onnx_export=onnx_as("Sigmoid"))
-Tanh = unary("tanh", np.tanh, fixed_point=FixedLowering("unary", "fx_tanh"), onnx_export=onnx_as("Tanh"))
+Tanh = unary("tanh", np.tanh, fixed_point=FixedLowering("unary", "fx_tanh"),
+             onnx_export=onnx_as("Tanh"))
 Exp = unary("exp", np.exp, fixed_point=FixedLowering("unary", "fx_exp"), onnx_export=onnx_as("Exp"))
 Log = unary("log", np.log, fixed_point=FixedLowering("unary", "fx_log"), onnx_export=onnx_as("Log"))
 Sqrt = unary("sqrt", np.sqrt, onnx_export=onnx_as("Sqrt"))
@@ -212,7 +213,8 @@ class HardSigmoid(Unary):
 
 
 Hardswish = unary("hardswish", lambda x: x * _hardsigmoid(x, 1 / 6, 0.5),
-                  "x * hardsigmoid(x) (alpha 1/6, beta 1/2)", activation=Activation(fixed="fx_hardswish"),
+                  "x * hardsigmoid(x) (alpha 1/6, beta 1/2)",
+                  activation=Activation(fixed="fx_hardswish"),
                   fixed_point=FixedLowering("unary", "fx_hardswish"),
                   onnx_export=onnx_as("HardSwish"))
 def _silu(x: np.ndarray) -> np.ndarray:
@@ -321,7 +323,8 @@ Sub = binary("sub", np.subtract, fixed_point=FixedLowering("binary", "fx_sub"),
              onnx_export=onnx_as("Sub"))
 Mul = binary("mul", np.multiply, commutative=True, fixed_point=FixedLowering("mul"),
              onnx_export=onnx_as("Mul"))
-Div = binary("div", np.divide, _int_div, fixed_point=FixedLowering("div"), onnx_export=onnx_as("Div"))
+Div = binary("div", np.divide, _int_div, fixed_point=FixedLowering("div"),
+             onnx_export=onnx_as("Div"))
 Max = binary("max", np.maximum, commutative=True, onnx_export=onnx_as("Max"))
 Min = binary("min", np.minimum, commutative=True, onnx_export=onnx_as("Min"))
 Pow = binary("pow", np.power, onnx_export=onnx_as("Pow"))
@@ -373,8 +376,8 @@ class Cast(OpDef):
 
     def onnx_export(self, e, node, ins, outs):
         import onnx
-        e.emit("Cast", ins, outs, to=onnx.helper.np_dtype_to_tensor_dtype(DType(node.attrs["to"]).np),
-               saturate=None)
+        e.emit("Cast", ins, outs,
+               to=onnx.helper.np_dtype_to_tensor_dtype(DType(node.attrs["to"]).np), saturate=None)
 
     def tvm_lowering(self, c, L, x):
         src, to = c.in_types[0].dtype, DType(c.to)

@@ -91,7 +91,8 @@ class Conv2dAct(Convolution):
     attributes as conv2d's, plus the activation; layout and MACs are conv2d's."""
 
     name = "conv2d_act"
-    onnx_export = then_activation(onnx_as("Conv", {"strides": "strides", "pads": "pads", "dilations": "dilations", "groups": "group"}))
+    onnx_export = then_activation(onnx_as("Conv", {"strides": "strides", "pads": "pads",
+                                                   "dilations": "dilations", "groups": "group"}))
     fixed_point = FixedLowering("product")
     nhwc = NATIVE
     operands = ("x", "w", "b?")
@@ -111,7 +112,7 @@ class Conv2dAct(Convolution):
         return _then_activation(c, run, ran and code is not None)
 
 
-class Linear(Contraction):
+class MatMulAct(Contraction):
     """a @ b (b transposed with ``trans_b``, which needs a 2-D b), plus ``bias``
     (broadcast to the product's shape, not beyond), then an activation (none, relu, clip,
     gelu): matmul, add and the activation op in that order; gemm without alpha, beta or

@@ -39,7 +39,8 @@ def with_inputs(op_type: str, *attr_inputs: str, attrs: dict[str, str] | None = 
     """ONNX ``op_type`` whose ``attr_inputs`` (bevir attributes, in order) are int64
     tensor inputs in ONNX (Reshape's shape, Slice's starts..., Unsqueeze's axes)."""
     def export(e, node, ins: list, outs: list) -> None:
-        extra = [None if node.attrs.get(a) is None else e.ints(node.attrs[a], a) for a in attr_inputs]
+        extra = [None if node.attrs.get(a) is None else e.ints(node.attrs[a], a)
+                 for a in attr_inputs]
         mapped = {o: _attr(node.attrs[a]) for a, o in (attrs or {}).items()
                   if node.attrs.get(a) is not None}
         e.emit(op_type, ins + extra, outs, **mapped, **fixed)
@@ -153,7 +154,8 @@ def ms_deform_attn(e, node, ins: list, outs: list) -> None:
         start += h * w
         v = e.emit("Transpose", [v], 1, perm=[0, 2, 3, 1])[0]
         v = e.emit("Reshape", [v, e.ints([bs * heads, d, h, w], "shape")], 1)[0]
-        g = e.emit("Slice", [loc, e.ints([level], "s"), e.ints([level + 1], "e"), e.ints([3], "a")], 1)[0]
+        g = e.emit("Slice", [loc, e.ints([level], "s"), e.ints([level + 1], "e"),
+                             e.ints([3], "a")], 1)[0]
         # grid = loc * a + b: normalized [0, 1] -> [-1, 1], or pixel centres -> [-1, 1]
         a = [2.0 / w, 2.0 / h] if pixels else [2.0, 2.0]
         b = [1.0 / w - 1, 1.0 / h - 1] if pixels else [-1.0, -1.0]
@@ -183,7 +185,8 @@ def divide_by_count(e, node, ins: list, outs: list) -> None:
 def inverse_sigmoid(e, node, ins: list, outs: list) -> None:
     """log(max(x, eps) / max(1 - x, eps)), x clamped to [0, 1] (BEVFormer's)."""
     eps = e.const(np.float32(node.attrs["eps"]), "eps")
-    x = e.emit("Clip", [ins[0], e.const(np.float32(0), "zero"), e.const(np.float32(1), "one")], 1)[0]
+    x = e.emit("Clip", [ins[0], e.const(np.float32(0), "zero"), e.const(np.float32(1), "one")],
+               1)[0]
     num = e.emit("Max", [x, eps], 1)[0]
     den = e.emit("Max", [e.emit("Sub", [e.const(np.float32(1), "one"), x], 1)[0], eps], 1)[0]
     e.emit("Log", [e.emit("Div", [num, den], 1)[0]], outs)
@@ -198,8 +201,10 @@ def atan2(e, node, ins: list, outs: list) -> None:
     at = e.emit("Atan", [e.emit("Div", [a, b], 1)[0]], 1)[0]
     turn = e.emit("Where", [e.emit("GreaterOrEqual", [a, zero], 1)[0], pi,
                             e.emit("Neg", [pi], 1)[0]], 1)[0]
-    r = e.emit("Where", [e.emit("Less", [b, zero], 1)[0], e.emit("Add", [at, turn], 1)[0], at], 1)[0]
-    origin = e.emit("And", [e.emit("Equal", [a, zero], 1)[0], e.emit("Equal", [b, zero], 1)[0]], 1)[0]
+    r = e.emit("Where", [e.emit("Less", [b, zero], 1)[0], e.emit("Add", [at, turn], 1)[0], at],
+               1)[0]
+    origin = e.emit("And", [e.emit("Equal", [a, zero], 1)[0], e.emit("Equal", [b, zero], 1)[0]],
+                    1)[0]
     e.emit("Where", [origin, zero, r], outs)
 
 

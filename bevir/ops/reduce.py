@@ -45,7 +45,8 @@ class Reduce(OpDef):
             shape = tuple(d for i, d in enumerate(x.shape) if i not in axes)
         layout = x.layout if c.keepdims and x.rank == 4 else Layout.plain
         per_tensor = x.quant is not None and x.quant.axis is None
-        return TensorType(shape, x.dtype, layout, x.quant if self.keeps_quant and per_tensor else None)
+        return TensorType(shape, x.dtype, layout,
+                          x.quant if self.keeps_quant and per_tensor else None)
 
     def compute(self, c, x):
         axes = None if c.axes is None else norm_axes(c.axes, x.ndim)

@@ -146,7 +146,7 @@ class Slice(OpDef):
 
 class _RangeMap:
     """A data-movement op whose result ranges read one operand range each (the "rows"
-    split): :meth:`operand_range` says which, :meth:`changed` which attributes a piece
+    split): :meth:`operand_axis` says which, :meth:`changed` which attributes a piece
     changes."""
 
     splits = ("rows",)
@@ -427,7 +427,8 @@ class Pad(OpDef):
     def onnx_export(self, e, node, ins, outs):
         value = e.const(np.asarray(node.attrs["value"], node.inputs[0].type.dtype.np), "value") \
             if node.attrs["mode"] == "constant" else None
-        e.emit("Pad", ins + [e.ints(node.attrs["pads"], "pads"), value], outs, mode=node.attrs["mode"])
+        e.emit("Pad", ins + [e.ints(node.attrs["pads"], "pads"), value], outs,
+               mode=node.attrs["mode"])
 
     def infer(self, c, x):
         r = x.rank

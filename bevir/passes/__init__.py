@@ -26,5 +26,5 @@ from .layout import ToNHWC, count_layout_transforms  # noqa: F401  (registers to
 from .canonicalize import Canonicalize  # noqa: F401
 from .cse import CSE  # noqa: F401
 from .dce import DCE  # noqa: F401
-from .calibrate import Calibrate, Calibration, CalibrationError, Ranges  # noqa: F401
-from .memory_plan import MemoryPlan, PlanMemory, memory_plan, verify_memory_plan  # noqa: F401  (registers plan-memory)
+from .calibrate import AttachedRanges, Calibrate, CalibrationError, Ranges  # noqa: F401
+from .memory_plan import MemoryPlan, PlanMemory, memory_plan_of, verify_memory_plan  # noqa: F401  (registers plan-memory)

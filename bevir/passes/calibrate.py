@@ -20,9 +20,9 @@ The pieces, in order below:
   runs, so activations are never kept.
 - Seeding: :meth:`Ranges.from_tranges` (``bevir-tranges`` files) and
   :meth:`Ranges.from_onnxruntime` (onnxruntime's ``TensorsData``).
-- Integration: :func:`calibrate`, the :class:`Calibration` analysis and the
+- Integration: :func:`calibrate`, the :class:`AttachedRanges` analysis and the
   ``calibrate`` pass (:class:`Calibrate`). Ranges attached to a graph
-  (:meth:`Ranges.attach`) are what ``am.get(Calibration)`` resolves for later passes.
+  (:meth:`Ranges.attach`) are what ``am.get(AttachedRanges)`` resolves for later passes.
   They are the graph's meta entry ``"ranges"`` (a registered key): clones, composed graphs
   and saved graphs carry them.
 """
@@ -630,7 +630,7 @@ class Ranges:
 
     def attach(self, graph: Graph) -> Ranges:
         """Re-key to ``graph`` and make these the graph's calibration (what the
-        :class:`Calibration` analysis and later passes read): its meta entry ``"ranges"``;
+        :class:`AttachedRanges` analysis and later passes read): its meta entry ``"ranges"``;
         returns self."""
         self.rekey(graph)
         graph.meta[META_KEY] = self
@@ -1108,9 +1108,9 @@ def calibrate(graph: Graph,
     return result.attach(graph) if attach else result
 
 
-class Calibration:
+class AttachedRanges:
     """The graph's attached ranges, resolved against its current values: an analysis,
-    ``am.get(Calibration)``. Recomputed after a rewrite, it re-keys the ranges to the new
+    ``am.get(AttachedRanges)``. Recomputed after a rewrite, it re-keys the ranges to the new
     graph, so passes after it keep finding them. CalibrationError if nothing is attached."""
 
     def __init__(self, graph: Graph):
@@ -1179,7 +1179,7 @@ def _sample_count(path: Path, v: Value, a: np.ndarray) -> int | None:
 
 class Calibrate(Pass):
     """Measure activation ranges with the golden interpreter and attach them to the graph
-    for later passes (``am.get(Calibration)``). Needs ``inputs`` (a safetensors file, see
+    for later passes (``am.get(AttachedRanges)``). Needs ``inputs`` (a safetensors file, see
     :func:`load_inputs`) or ``ranges`` (seed ranges: a ranges or tranges file) or both;
     seeded values are not measured. ``ops`` is comma-separated, ``loc`` a glob;
     ``output`` writes the ranges; ``progress=false`` hides the progress bar (shown when
@@ -1187,7 +1187,7 @@ class Calibrate(Pass):
 
     name = "calibrate"
     description = "measure activation ranges with the golden interpreter"
-    preserves = (Calibration,)
+    preserves = (AttachedRanges,)
 
     inputs: str = ""
     ranges: str = ""
@@ -1230,7 +1230,7 @@ class Calibrate(Pass):
             self.stat("measured", len(result) - len(seed))
         else:
             result = seed.attach(graph)
-        cached = am.cached(Calibration)
+        cached = am.cached(AttachedRanges)
         if cached is not None:
             cached.refresh()
         if self.output:

@@ -212,7 +212,8 @@ def _producer(v: Value | None, op: str) -> Node | None:
 def _perm(node: Node) -> tuple[int, ...]:
     perm = node.attrs.get("perm")
     rank = node.inputs[0].type.rank
-    return tuple(range(rank))[::-1] if perm is None else tuple(p % rank if rank else 0 for p in perm)
+    return (tuple(range(rank))[::-1] if perm is None
+            else tuple(p % rank if rank else 0 for p in perm))
 
 
 def _const_or_attr(node: Node, attr: str, index: int):

@@ -51,7 +51,8 @@ from ..ir.types import AffineQuant, DType, TensorType
 from ..ops import Ctx, all_ops, get_op
 from ..ops.elementwise import clip_codes
 from ..ops.fused import ACTIVATIONS, activation_of
-from .patterns import Match, NoMatch, Op, PatternPass, RewritePattern, Rewriter, const, match_pattern, op
+from .patterns import (Match, NoMatch, Op, PatternPass, RewritePattern, Rewriter, const,
+                       match_pattern, op)
 
 Replacement = tuple[str, Sequence[Value | None], Mapping[str, Any]]
 
@@ -185,7 +186,8 @@ class FoldBnIntoConv(RewritePattern):
     name = "fold-bn-into-conv"
     benefit = 2
     tolerance: ClassVar[float] = 1e-5
-    pattern = op("batch_norm", op("conv2d", "x", const("w"), const("b", optional=True), name="conv"),
+    pattern = op("batch_norm",
+                 op("conv2d", "x", const("w"), const("b", optional=True), name="conv"),
                  const("scale"), const("bias"), const("mean"), const("var"))
 
     def check(self, m: Match) -> str | None:
@@ -199,7 +201,9 @@ class FoldBnIntoConv(RewritePattern):
 
     def rewrite(self, rw: Rewriter, m: Match) -> None:
         w, b = m["w"], m["b"]
-        f64 = (lambda key: m[key].const.astype(np.float64))
+
+        def f64(key):
+            return m[key].const.astype(np.float64)
         s = f64("scale") / np.sqrt(self._denominator(m))
         w2 = w.const.astype(np.float64) * s.reshape(-1, 1, 1, 1)
         b0 = 0.0 if b is None else b.const.astype(np.float64)
@@ -263,7 +267,8 @@ def linear_attrs(node: Node) -> dict[str, Any] | str:
     a = node.attrs
     if a["trans_a"]:
         return f"gemm {node.name} transposes a"
-    if a["alpha"] != 1.0 or (a["beta"] != 1.0 and len(node.inputs) > 2 and node.inputs[2] is not None):
+    if a["alpha"] != 1.0 or (a["beta"] != 1.0 and len(node.inputs) > 2
+                             and node.inputs[2] is not None):
         return f"gemm {node.name} scales (alpha={a['alpha']}, beta={a['beta']})"
     return {"trans_b": a["trans_b"]}
 
@@ -427,7 +432,8 @@ class RecognizeGelu(AlternativesPattern):
 
 
 #: 0.044715 * x^3 as written: c * (x * (x * x)), c * x^3, or ((c * x) * x) * x
-_CUBIC = (op("mul", op("mul", "x", op("mul", "x", "x"), commutative=True), const("c"), commutative=True),
+_CUBIC = (op("mul", op("mul", "x", op("mul", "x", "x"), commutative=True), const("c"),
+             commutative=True),
           op("mul", op("pow", "x", const("three")), const("c"), commutative=True),
           op("mul", op("mul", op("mul", "x", const("c"), commutative=True), "x", commutative=True),
              "x", commutative=True))
@@ -449,7 +455,8 @@ class RecognizeGeluTanh(AlternativesPattern):
         op("mul", "x", op("mul", t, const("half"), commutative=True), commutative=True)))
 
     def decline(self, m: Match) -> str | None:
-        return first_reason(expect_scalar(m, "k", np.sqrt(2 / np.pi), "the tanh argument's scale", 1e-6),
+        return first_reason(expect_scalar(m, "k", np.sqrt(2 / np.pi), "the tanh argument's scale",
+                                          1e-6),
                             expect_scalar(m, "c", 0.044715, "the cubic coefficient", 1e-6),
                             expect_scalar(m, "three", 3.0, "the exponent"),
                             expect_scalar(m, "one", 1.0, "the added constant"),
@@ -665,10 +672,10 @@ class Fuse(PatternPass):
 
     name = "fuse"
     description = "fuse conv/linear + activation, fold BN, recognize layer_norm/gelu/softmax"
-    patterns = (FoldBnIntoConv, FuseConvActivation, FuseQLinearClip, FuseLinearBias, FuseLinearActivation,
-                FuseAddRelu, RecognizeLayerNorm, FoldScaleIntoLayerNorm, FoldBiasIntoLayerNorm,
-                RecognizeGelu, RecognizeGeluTanh, RecognizeSilu, RecognizeHardSigmoid,
-                RecognizeHardSwish, RecognizeGlobalAvgPool, RecognizeSoftmax, FoldRequantizeChain, FoldTransposeIntoMatmul,
-                FoldTransposeIntoGemm)
+    patterns = (FoldBnIntoConv, FuseConvActivation, FuseQLinearClip, FuseLinearBias,
+                FuseLinearActivation, FuseAddRelu, RecognizeLayerNorm, FoldScaleIntoLayerNorm,
+                FoldBiasIntoLayerNorm, RecognizeGelu, RecognizeGeluTanh, RecognizeSilu,
+                RecognizeHardSigmoid, RecognizeHardSwish, RecognizeGlobalAvgPool, RecognizeSoftmax,
+                FoldRequantizeChain, FoldTransposeIntoMatmul, FoldTransposeIntoGemm)
     semantics_preserving = True
     tolerance = max(getattr(p, "tolerance", 0.0) for p in patterns)

@@ -61,7 +61,8 @@ class Timing(Instrument):
             lines.append(f"  {t:8.4f} ({100 * t / total:5.1f}%)  {text}")
         other = total - sum(self.rows.values())
         if other > 0 and self.rows:
-            lines.append(f"  {other:8.4f} ({100 * other / total:5.1f}%)  (instruments, verification)")
+            lines.append(f"  {other:8.4f} ({100 * other / total:5.1f}%)  "
+                         "(instruments, verification)")
         lines.append(f"  {total:8.4f} (100.0%)  Total")
         return "\n".join(lines) + "\n"
 
@@ -463,7 +464,7 @@ class VerifyNumerics(Instrument):
                              ("actual", actual)):
             save_arrays(arrays, path / f"{name}.safetensors")
         write_atomic(path / "pipeline.txt", f"{pass_}\n")
-        write_atomic(path / "rewrite.txt", 
+        write_atomic(path / "rewrite.txt",
             f"{message}\n\nreplay: bevir opt {path / 'graph.bevir'} -p '{pass_}' "
             f"--verify-numerics --probe-inputs {path / 'inputs.safetensors'}\n")
         self.reproducer = path

@@ -216,9 +216,10 @@ class _Converter:
         if id(v) not in self.map:
             if v.is_const:
                 t = nhwc_type(v.type)
-                array = np.ascontiguousarray(v.const.reshape((1,) * (4 - v.type.rank) + v.type.shape)
-                                             .transpose(NCHW_TO_NHWC))
-                self.map[id(v)] = self.graph.add_const(array, self.graph.unique_name(f"{v.name}.nhwc"), t)
+                shape = (1,) * (4 - v.type.rank) + v.type.shape
+                array = np.ascontiguousarray(v.const.reshape(shape).transpose(NCHW_TO_NHWC))
+                self.map[id(v)] = self.graph.add_const(
+                    array, self.graph.unique_name(f"{v.name}.nhwc"), t)
                 self.constants.append(v)
             else:
                 self.map[id(v)] = self._transform(v, Layout.nhwc, v.name, before=user)

@@ -33,7 +33,8 @@ class PassManager:
     def __init__(self, passes: str | Sequence[Pass] = (), instruments: Sequence[Instrument] = (),
                  verify_each: bool = True,
                  verify_numerics: bool | Mapping[str, np.ndarray] = False):
-        self.passes: list[Pass] = parse_pipeline(passes) if isinstance(passes, str) else list(passes)
+        self.passes: list[Pass] = (parse_pipeline(passes) if isinstance(passes, str)
+                                   else list(passes))
         for p in self.passes:
             if not isinstance(p, Pass):
                 raise PassError(f"not a pass: {p!r}")

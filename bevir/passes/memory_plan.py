@@ -24,7 +24,7 @@ live where the placement overflows, at least as large as the overflow, moves to 
 where none is, the node whose own tensors fill the OCM streams them). Results go to meta (registered keys, saved with the graph):
 ``value.meta["ocm"]`` (a list of ``{"core", "offset", "size"}``, one per core holding the
 value), ``value.meta["mem"]`` (``"ocm"`` or ``"ddr"``), ``graph.meta["memory_plan"]`` (the
-options and per-core figures); :func:`memory_plan` reads them back as a :class:`MemoryPlan`
+options and per-core figures); :func:`memory_plan_of` reads them back as a :class:`MemoryPlan`
 and :func:`verify_memory_plan` checks them against liveness recomputed from the graph.
 """
 from __future__ import annotations
@@ -721,7 +721,7 @@ class PlanMemory(Pass):
 # ---- reading and checking a plan ----------------------------------------------------------
 @dataclass
 class MemoryPlan:
-    """A graph's memory plan as data (read back from its meta by :func:`memory_plan`)."""
+    """A graph's memory plan as data (read back from its meta by :func:`memory_plan_of`)."""
 
     options: dict
     cores: list[dict]
@@ -778,7 +778,7 @@ def _options(graph: Graph) -> dict:
     return plan["options"]
 
 
-def memory_plan(graph: Graph) -> MemoryPlan:
+def memory_plan_of(graph: Graph) -> MemoryPlan:
     """The plan held in ``graph``'s meta, with live ranges recomputed from the graph."""
     meta = graph.meta.get("memory_plan")
     o = _options(graph)

@@ -666,7 +666,8 @@ def check_plan(plan: Any, graph: Graph, cores: int, source: str) -> dict[int, De
              f"{len(graph.nodes)} nodes")
     decisions = {}
     for i, (entry, node) in enumerate(zip(ops, graph.nodes)):
-        if not isinstance(entry, dict) or (entry.get("node"), entry.get("op")) != (node.name, node.op):
+        if (not isinstance(entry, dict)
+                or (entry.get("node"), entry.get("op")) != (node.name, node.op)):
             got = (entry.get("node"), entry.get("op")) if isinstance(entry, dict) else entry
             fail(f"entry {i} is {got}, the graph's node {i} is ({node.name!r}, {node.op!r})", node)
         choice = entry.get("choice")

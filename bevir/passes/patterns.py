@@ -167,7 +167,8 @@ def _match_operands(p: Op, inputs: list, orders: list[list[int]], m: Match) -> N
                 _match_value(p.operands[pat_index], inputs[input_index], m)
             return
         except _Fail as f:
-            failure = f if failure is None or f.result.progress > failure.result.progress else failure
+            if failure is None or f.result.progress > failure.result.progress:
+                failure = f
             m.nodes[:], m.bindings = nodes, bindings
     raise failure
 
@@ -278,7 +279,8 @@ def get_pattern(name: str) -> type[RewritePattern]:
     try:
         return _PATTERNS[name]
     except KeyError:
-        raise PassError(f"unknown pattern '{name}'; known: {', '.join(sorted(_PATTERNS))}") from None
+        raise PassError(f"unknown pattern '{name}'; known: "
+                        f"{', '.join(sorted(_PATTERNS))}") from None
 
 
 class Rewriter:
@@ -296,8 +298,9 @@ class Rewriter:
         self._renames: list[tuple[Value, str]] = []
         self.changed = False
 
-    def create(self, op: str, inputs: Sequence[Value | None], attrs: Mapping[str, Any] | None = None,
-               *, out_types: Sequence[TensorType] | None = None, name: str | None = None,
+    def create(self, op: str, inputs: Sequence[Value | None],
+               attrs: Mapping[str, Any] | None = None, *,
+               out_types: Sequence[TensorType] | None = None, name: str | None = None,
                loc: str | None = None) -> Node:
         """Create ``op(inputs){attrs}`` before the root (types inferred unless given)."""
         node = self.graph.create_node(op, inputs, attrs, out_types=out_types,

@@ -47,8 +47,8 @@ class Rule(BaseModel):
     ``weights``: ``per_tensor`` or ``per_channel`` int8, symmetric. ``activations``:
     ``fixed`` (power-of-two frac bits, symmetric int8), ``fixed16`` (the same in int16,
     by int8 weights, for the ops that take 16-bit activations: products, relu, add, sub,
-    mul, the lookup tables and layer norm; the group's other ops stay 8-bit) or ``affine`` (the scale
-    as given, e.g. by onnxruntime). ``exclude``: keep the ops in float.
+    mul, the lookup tables and layer norm; the group's other ops stay 8-bit) or ``affine``
+    (the scale as given, e.g. by onnxruntime). ``exclude``: keep the ops in float.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)

@@ -196,7 +196,8 @@ class Evaluation:
             cells = " ".join(f"{_fmt(st[k]):>10}" for k in ("mean", "min", "p5", "median", "max"))
             lines.append(f"  {m:<22} {cells}")
         for m, counts in s["iou_match_counts"].items():
-            dist = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items(), key=lambda kv: int(kv[0])))
+            dist = ", ".join(f"{k}: {v}"
+                             for k, v in sorted(counts.items(), key=lambda kv: int(kv[0])))
             lines.append(f"  frames by {m}: {dist}")
         if "passing" in s:
             lines.append(f"  frames passing the reference flow's check (>= {PASS_MATCHES} of "

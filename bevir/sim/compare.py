@@ -135,7 +135,8 @@ class ErrorReport:
     def table(self, top: int | None = None) -> str:
         """A text table, worst first by local error (``top``: only that many rows)."""
         rows = self.worst(top or len(self.layers))
-        out = [f"{'layer':56} {'op':18} {'local dB':>8} {'SQNR dB':>8} {'max abs':>10} {'cosine':>8}"]
+        out = [f"{'layer':56} {'op':18} {'local dB':>8} {'SQNR dB':>8} {'max abs':>10} "
+               f"{'cosine':>8}"]
         for e in rows:
             layer = e.layer if len(e.layer) <= 56 else "..." + e.layer[-53:]
             local = "-" if e.local_sqnr_db is None else f"{e.local_sqnr_db:.2f}"
@@ -248,7 +249,8 @@ class _LocalScorer:
             for cnode, i in self.by_result.get(v.name, ()):
                 got = self._run(cnode, {})
                 if got is not None and np.shape(got[i]) == np.shape(r):
-                    self.scores[v.name] = layer_error(r, dequantize(got[i], cnode.outputs[i].type))[0]
+                    self.scores[v.name] = layer_error(
+                        r, dequantize(got[i], cnode.outputs[i].type))[0]
 
     def seed(self, name: str, array: np.ndarray) -> None:
         """A reference value (a node's result, or a graph input) in its candidate types (of

@@ -187,7 +187,8 @@ def compare_detections(det_a: dict, det_b: dict, top: int = 10, iou_threshold: f
     na, nb = min(top, len(det_a["scores"])), min(top, len(det_b["scores"]))
     n = min(na, nb)
     la, lb = np.asarray(det_a["labels"][:n]), np.asarray(det_b["labels"][:n])
-    sd = np.abs(np.asarray(det_a["scores"][:n], np.float64) - np.asarray(det_b["scores"][:n], np.float64))
+    sd = np.abs(np.asarray(det_a["scores"][:n], np.float64)
+                - np.asarray(det_b["scores"][:n], np.float64))
     best = np.zeros(na)
     for i in range(na):
         for j in range(nb):

@@ -46,8 +46,6 @@ from .schedule import Schedule, ScheduleError, Step, schedule_of
 BOUNDS = ("compute", "alu", "ocm", "broadcast", "ddr", "barrier", "launch", "view",
           "prefetch")
 
-CycleModelError = ScheduleError
-
 
 # ---- the cost of one op -------------------------------------------------------------------
 def unit_size(unit: str, hw: HWConfig) -> int:

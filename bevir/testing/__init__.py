@@ -73,7 +73,8 @@ def _bits(a: np.ndarray) -> np.ndarray:
     return a
 
 
-def _differ(actual: np.ndarray, expected: np.ndarray, rtol: float | None, atol: float) -> np.ndarray:
+def _differ(actual: np.ndarray, expected: np.ndarray, rtol: float | None, atol: float
+            ) -> np.ndarray:
     """Boolean mask of differing elements: by bits (``rtol`` None), else by closeness."""
     if rtol is None:
         mask = _bits(actual) != _bits(expected)
@@ -100,7 +101,8 @@ def differences(actual: Arrays, expected: Arrays, *, rtol: float | None = None,
         mask = _differ(a, e, rtol, atol)
         count = int(np.count_nonzero(mask))
         if count:
-            index = tuple(int(i) for i in np.unravel_index(int(np.argmax(mask.reshape(-1))), e.shape))
+            first = int(np.argmax(mask.reshape(-1)))
+            index = tuple(int(i) for i in np.unravel_index(first, e.shape))
             with np.errstate(invalid="ignore", over="ignore"):
                 diff = np.abs(a.astype(np.float64) - e.astype(np.float64))
             out.append(Difference(name, count, int(e.size), index, a[index].item(), e[index].item(),
@@ -119,7 +121,8 @@ def assert_bit_exact(actual: Arrays, expected: Arrays) -> None:
     _raise(differences(actual, expected), "bit-exact")
 
 
-def assert_close(actual: Arrays, expected: Arrays, *, rtol: float = 1e-5, atol: float = 1e-6) -> None:
+def assert_close(actual: Arrays, expected: Arrays, *, rtol: float = 1e-5, atol: float = 1e-6
+                 ) -> None:
     """Like :func:`assert_bit_exact` with ``np.isclose(actual, expected, rtol, atol)``
     (NaN equal to NaN) per element."""
     _raise(differences(actual, expected, rtol=rtol, atol=atol), f"close (rtol {rtol}, atol {atol})")
@@ -144,7 +147,8 @@ class GoldenStore:
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
         return self.folder / f"{safe}.safetensors"
 
-    def check(self, name: str, graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def check(self, name: str, graph: Graph, inputs: Mapping[str, np.ndarray]
+              ) -> dict[str, np.ndarray]:
         """The golden model's outputs of ``graph`` on ``inputs``, asserted bit-exact
         against the run stored as ``name`` (stored first when there is none and writing
         is allowed)."""

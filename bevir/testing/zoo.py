@@ -176,7 +176,8 @@ class SqueezeNet(nn.Module):
                  (256, 48, 192), (384, 48, 192), (384, 64, 256), (512, 64, 256)]
         if not full:
             fires = [(64, 8, 16), (32, 8, 16), "pool", (32, 16, 32)]
-        layers: list[nn.Module] = [nn.Conv2d(3, 64, 3, 2), nn.ReLU(), nn.MaxPool2d(3, 2, ceil_mode=True)]
+        layers: list[nn.Module] = [nn.Conv2d(3, 64, 3, 2), nn.ReLU(),
+                                   nn.MaxPool2d(3, 2, ceil_mode=True)]
         for f in fires:
             layers.append(nn.MaxPool2d(3, 2, ceil_mode=True) if f == "pool" else Fire(*f))
         self.features = nn.Sequential(*layers)
@@ -201,9 +202,11 @@ class ShuffleBlock(nn.Module):
         half = cout // 2
         self.stride = stride
         if stride > 1:
-            self.left = nn.Sequential(conv_bn(cin, cin, 3, stride, cin, None), conv_bn(cin, half, 1))
+            self.left = nn.Sequential(conv_bn(cin, cin, 3, stride, cin, None),
+                                      conv_bn(cin, half, 1))
         src = cin if stride > 1 else half
-        self.right = nn.Sequential(conv_bn(src, half, 1), conv_bn(half, half, 3, stride, half, None),
+        self.right = nn.Sequential(conv_bn(src, half, 1),
+                                   conv_bn(half, half, 3, stride, half, None),
                                    conv_bn(half, half, 1))
 
     def forward(self, x):
@@ -235,7 +238,8 @@ class RegNetYBlock(nn.Module):
         super().__init__()
         self.block = nn.Sequential(
             conv_bn(cin, cout, 1), conv_bn(cout, cout, 3, stride, cout // group_width),
-            SqueezeExcite(cout, max(1, cin // 4), gate=nn.Sigmoid), conv_bn(cout, cout, 1, act=None))
+            SqueezeExcite(cout, max(1, cin // 4), gate=nn.Sigmoid),
+            conv_bn(cout, cout, 1, act=None))
         self.down = conv_bn(cin, cout, 1, stride, act=None) if stride != 1 or cin != cout else None
 
     def forward(self, x):
@@ -355,16 +359,20 @@ class WindowAttention(nn.Module):
         if shift:
             x = torch.roll(x, (-shift, -shift), (1, 2))
         nw = (ph // ws) * (pw // ws)
-        x = x.view(n, ph // ws, ws, pw // ws, ws, c).permute(0, 1, 3, 2, 4, 5).reshape(n * nw, ws * ws, c)
-        q, k, v = self.qkv(x).reshape(n * nw, ws * ws, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        x = (x.view(n, ph // ws, ws, pw // ws, ws, c).permute(0, 1, 3, 2, 4, 5)
+             .reshape(n * nw, ws * ws, c))
+        q, k, v = (self.qkv(x).reshape(n * nw, ws * ws, 3, self.heads, c // self.heads)
+                   .permute(2, 0, 3, 1, 4))
         attn = (q * (c // self.heads) ** -0.5) @ k.transpose(-2, -1)
         bias = self.bias_table[self.index].view(ws * ws, ws * ws, self.heads).permute(2, 0, 1)
         attn = attn + bias.unsqueeze(0)
         if shift:
-            attn = attn.view(n, nw, self.heads, ws * ws, ws * ws) + self.mask(ph, pw, x).unsqueeze(1).unsqueeze(0)
+            attn = (attn.view(n, nw, self.heads, ws * ws, ws * ws)
+                    + self.mask(ph, pw, x).unsqueeze(1).unsqueeze(0))
             attn = attn.view(n * nw, self.heads, ws * ws, ws * ws)
         y = (attn.softmax(-1) @ v).transpose(1, 2).reshape(n * nw, ws * ws, c)
-        y = self.proj(y).view(n, ph // ws, pw // ws, ws, ws, c).permute(0, 1, 3, 2, 4, 5).reshape(n, ph, pw, c)
+        y = (self.proj(y).view(n, ph // ws, pw // ws, ws, ws, c).permute(0, 1, 3, 2, 4, 5)
+             .reshape(n, ph, pw, c))
         if shift:
             y = torch.roll(y, (shift, shift), (1, 2))
         return y[:, :h, :w, :].contiguous()
@@ -445,7 +453,8 @@ class ASPP(nn.Module):
 class DeepLabV3(nn.Module):
     def __init__(self, full: bool):
         super().__init__()
-        settings = _MOBILENET_V3_SMALL if full else _MOBILENET_V3_SMALL[:1] + _MOBILENET_V3_SMALL[3:6]
+        settings = (_MOBILENET_V3_SMALL if full
+                    else _MOBILENET_V3_SMALL[:1] + _MOBILENET_V3_SMALL[3:6])
         layers, c = mobilenet_v3_trunk(settings, dilate_last=True)
         self.backbone = nn.Sequential(*layers)
         width = 256 if full else 32
@@ -472,7 +481,8 @@ class RelativeAttention(nn.Module):
 
     def forward(self, x):                     # x: [B, G, P, C]
         b, g, p, c = x.shape
-        q, k, v = self.qkv(x).reshape(b, g, p, 3, self.heads, self.head_dim).permute(3, 0, 1, 4, 2, 5)
+        q, k, v = (self.qkv(x).reshape(b, g, p, 3, self.heads, self.head_dim)
+                   .permute(3, 0, 1, 4, 2, 5))
         attn = torch.einsum("bghid,bghjd->bghij", q, k) * self.head_dim ** -0.5
         bias = self.bias_table[self.index].view(p, p, self.heads).permute(2, 0, 1)
         attn = (attn + bias).softmax(-1)

@@ -23,7 +23,8 @@ def _deform(m) -> dict:
 
 CUSTOM_OPS = {
     TemporalSelfAttention: CustomOp(
-        "temporal_self_attention", attrs=lambda m: {**_deform(m), "num_bev_queue": m.num_bev_queue}),
+        "temporal_self_attention",
+        attrs=lambda m: {**_deform(m), "num_bev_queue": m.num_bev_queue}),
     SpatialCrossAttention: CustomOp(
         "spatial_cross_attention",
         attrs=lambda m: {**_deform(m.deformable_attention), "num_cams": m.num_cams}),
@@ -32,5 +33,6 @@ CUSTOM_OPS = {
                                    attrs=lambda m: {"num_heads": m.attn.num_heads}),
     FFN: CustomOp("ffn"),
     # inside the modules above the outer boundary wins; alone it stands for the sampling core
-    MSDeformableAttnCore: CustomOp("ms_deform_attn", attrs=lambda m: {"spatial_shapes": _shapes(m)}),
+    MSDeformableAttnCore: CustomOp("ms_deform_attn",
+                                   attrs=lambda m: {"spatial_shapes": _shapes(m)}),
 }

@@ -26,7 +26,8 @@ def detection_head(config: BEVFormerConfig) -> DetectionHead:
                          score_threshold=config.score_threshold)
 
 
-def decode(cls_scores, bbox_preds, config: BEVFormerConfig, score_threshold: float | None = None) -> dict:
+def decode(cls_scores, bbox_preds, config: BEVFormerConfig,
+           score_threshold: float | None = None) -> dict:
     """:meth:`DetectionHead.decode` with ``config``'s parameters: cls_scores (Nq, num_classes)
     logits, bbox_preds (Nq, 10) denormalized (section 2.8) -> dict(labels, scores, bboxes),
     sorted by score; ``score_threshold`` overrides the config's (None: no threshold)."""
@@ -59,8 +60,10 @@ def print_comparison(cmp: dict, name_a: str = "A", name_b: str = "B", top: int =
         f"  {name_a:<15s} {cmp['num_a']} detections",
         f"  {name_b:<15s} {cmp['num_b']} detections",
         f"  Top-{top} label match: {cmp['top10_label_match']}/{top}",
-        f"  Top-{top} score diff:  max={cmp['score_diff_max']:.6f}  mean={cmp['score_diff_mean']:.6f}",
-        f"  Top-{top} BEV IoU match: {cmp['bev_iou_match']}/{top} (mean IoU={cmp['mean_iou']:.3f})"])
+        f"  Top-{top} score diff:  max={cmp['score_diff_max']:.6f}  "
+        f"mean={cmp['score_diff_mean']:.6f}",
+        f"  Top-{top} BEV IoU match: {cmp['bev_iou_match']}/{top} "
+        f"(mean IoU={cmp['mean_iou']:.3f})"])
     print(text)
     return text
 

@@ -68,7 +68,8 @@ def import_backbone(model: BEVFormer, img: torch.Tensor, path: Path) -> bevir.Gr
 
 def import_head(model: BEVFormer, feats: torch.Tensor, inputs: dict, decompose: bool = False
                 ) -> bevir.Graph:
-    """torch.export -> bevir: (feats, lidar2img, can_bus[, prev_bev]) -> (cls_scores, bbox_preds)."""
+    """torch.export -> bevir: (feats, lidar2img, can_bus[, prev_bev]) -> (cls_scores,
+    bbox_preds)."""
     with_prev = "prev_bev" in inputs
     _, head = split_model(model, with_prev_bev=with_prev)
     args = (feats, inputs["lidar2img"], inputs["can_bus"], inputs.get("prev_bev"))
@@ -265,7 +266,8 @@ def backbone_noise_sensitivity(model: BEVFormer, inputs: dict, snr_db: float = 4
     per-tensor activations give ~27-35 dB on these heavy-tailed maps)."""
     convs = [m for part in (model.img_backbone, model.img_neck) for m in part.modules()
              if isinstance(m, nn.Conv2d)]
-    return _perturbed_sqnr(lambda: (model.backbone(inputs["img"]),), convs, ("feats",), snr_db, seed)
+    return _perturbed_sqnr(lambda: (model.backbone(inputs["img"]),), convs, ("feats",), snr_db,
+                           seed)
 
 
 #: the reference flow's times where its notebook states one: (what, the steps of this flow
@@ -500,7 +502,8 @@ def run(config: BEVFormerConfig, out: Path, seed: int = 0, decompose: bool = Fal
     golden = steps("float golden run", lambda: bevir.run(graph, feed))
     save_arrays({k: golden[k] for k in OUTPUTS}, out / "golden_outputs.safetensors")
 
-    det_t, det_g = decode(cls_t, bbox_t, config), decode(golden["cls_scores"], golden["bbox_preds"], config)
+    det_t = decode(cls_t, bbox_t, config)
+    det_g = decode(golden["cls_scores"], golden["bbox_preds"], config)
     print("PyTorch reference detections:")
     print_detections(det_t)
     print("bevir golden detections:")
@@ -617,7 +620,8 @@ def main(argv=None) -> int:
     ap.add_argument("--hw", default=DEFAULT_HW,
                     help="the GPNPU (a preset or vendor string) the device stage compiles for")
     ap.add_argument("--cores", type=int, default=None,
-                    help="cores of --hw to use (0: no device stage, stop after the INT8 golden run)")
+                    help="cores of --hw to use (0: no device stage, stop after the INT8 golden "
+                         "run)")
     ap.add_argument("--score-threshold", type=float, default=0.3,
                     help="detections drawn in the pictures: score at least this")
     ap.add_argument("--target", metavar="METRIC>=VALUE",

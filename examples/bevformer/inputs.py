@@ -24,8 +24,8 @@ import torch
 
 from .config import CAMERA_ORDER, BEVFormerConfig
 
-CALIB_PATH = Path(os.environ.get("BEVFORMER_CALIB",
-                                 Path(__file__).resolve().parent / "data" / "nuscenes_scene0061_calib.json"))
+CALIB_PATH = Path(os.environ.get(
+    "BEVFORMER_CALIB", Path(__file__).resolve().parent / "data" / "nuscenes_scene0061_calib.json"))
 GROUND_Z = -1.84          # lidar is 1.84 m above the ego origin (lidar2ego_translation z)
 
 
@@ -53,7 +53,8 @@ def lidar2img_for(config: BEVFormerConfig, path: str | Path = CALIB_PATH) -> np.
 # ---------------------------------------------------------------------------------------------
 
 _BOX_TYPES = {  # w, l, h, colours
-    "car": ((1.9, 4.5, 1.6), [(180, 30, 30), (30, 60, 160), (220, 220, 225), (25, 25, 28), (120, 120, 130)]),
+    "car": ((1.9, 4.5, 1.6), [(180, 30, 30), (30, 60, 160), (220, 220, 225), (25, 25, 28),
+                             (120, 120, 130)]),
     "truck": ((2.5, 7.0, 3.0), [(200, 200, 190), (200, 140, 40)]),
     "pedestrian": ((0.6, 0.7, 1.75), [(60, 50, 120), (160, 60, 40)]),
     "traffic_cone": ((0.4, 0.4, 0.8), [(240, 110, 20)]),
@@ -77,15 +78,17 @@ def make_scene(seed: int) -> list[dict]:
                           color=cols[int(rng.integers(len(cols)))]))
     for k in range(2):            # crossing car and a parked one at the side
         (w, l, h), cols = _BOX_TYPES["car"]
-        boxes.append(dict(kind="car", cx=float(rng.uniform(-12, 12)), cy=float(rng.uniform(12, 25)) * (1 - 2 * k),
-                          cz=GROUND_Z, w=w, l=l, h=h, yaw=math.pi / 2 + float(rng.normal(0, 0.1)),
+        boxes.append(dict(kind="car", cx=float(rng.uniform(-12, 12)),
+                          cy=float(rng.uniform(12, 25)) * (1 - 2 * k), cz=GROUND_Z,
+                          w=w, l=l, h=h, yaw=math.pi / 2 + float(rng.normal(0, 0.1)),
                           color=cols[int(rng.integers(len(cols)))]))
     for k in range(5):
         kind = "pedestrian" if k < 3 else "traffic_cone"
         (w, l, h), cols = _BOX_TYPES[kind]
         side = 1 if k % 2 == 0 else -1
-        boxes.append(dict(kind=kind, cx=side * float(rng.uniform(8, 11)), cy=float(rng.uniform(-25, 25)),
-                          cz=GROUND_Z, w=w, l=l, h=h, yaw=float(rng.uniform(-math.pi, math.pi)),
+        boxes.append(dict(kind=kind, cx=side * float(rng.uniform(8, 11)),
+                          cy=float(rng.uniform(-25, 25)), cz=GROUND_Z,
+                          w=w, l=l, h=h, yaw=float(rng.uniform(-math.pi, math.pi)),
                           color=cols[int(rng.integers(len(cols)))]))
     return boxes
 
@@ -129,7 +132,8 @@ def _upsample(a: np.ndarray, h: int, w: int) -> np.ndarray:
     return (a00 * (1 - fy) * (1 - fx) + a01 * (1 - fy) * fx + a10 * fy * (1 - fx) + a11 * fy * fx)
 
 
-def render_camera(P: np.ndarray, h: int, w: int, boxes: list[dict], rng: np.random.Generator) -> np.ndarray:
+def render_camera(P: np.ndarray, h: int, w: int, boxes: list[dict], rng: np.random.Generator
+                  ) -> np.ndarray:
     """(h, w, 3) float64 RGB in [0, 255] for the (scaled) lidar2img ``P``."""
     jj, ii = np.meshgrid(np.arange(w) + 0.5, np.arange(h) + 0.5)
     # ground plane homography: [u d, v d, d] = H @ [x, y, 1]
@@ -227,8 +231,10 @@ def make_can_bus(seed: int, with_prev_bev: bool) -> torch.Tensor:
         cb[2] = float(rng.normal(0, 0.02))
         cb[17] = dyaw_deg
     cb[3:7] = [math.cos(yaw / 2), 0.0, 0.0, math.sin(yaw / 2)]
-    cb[7:10] = [float(rng.normal(0.2, 0.3)), float(rng.normal(0, 0.2)), 9.81 + float(rng.normal(0, 0.05))]
-    cb[10:13] = [float(rng.normal(0, 0.005)), float(rng.normal(0, 0.005)), dyaw_deg * math.pi / 180 / 0.5]
+    cb[7:10] = [float(rng.normal(0.2, 0.3)), float(rng.normal(0, 0.2)),
+                9.81 + float(rng.normal(0, 0.05))]
+    cb[10:13] = [float(rng.normal(0, 0.005)), float(rng.normal(0, 0.005)),
+                 dyaw_deg * math.pi / 180 / 0.5]
     cb[13:16] = [speed, float(rng.normal(0, 0.05)), 0.0]
     cb[16] = yaw
     return torch.tensor(cb, dtype=torch.float32)
@@ -240,13 +246,15 @@ def make_prev_bev(config: BEVFormerConfig, seed: int) -> torch.Tensor:
     rng = np.random.default_rng(seed + 13)
     c = config.embed_dims
     low = rng.normal(0, 1, (max(config.bev_h // 5, 2), max(config.bev_w // 5, 2), c))
-    f = _upsample(low, config.bev_h, config.bev_w) + 0.3 * rng.normal(0, 1, (config.bev_h, config.bev_w, c))
+    f = (_upsample(low, config.bev_h, config.bev_w)
+         + 0.3 * rng.normal(0, 1, (config.bev_h, config.bev_w, c)))
     f = f.reshape(config.num_bev, c)
     f = (f - f.mean(-1, keepdims=True)) / (f.std(-1, keepdims=True) + 1e-5)
     return torch.from_numpy(f.astype(np.float32))
 
 
-def make_inputs(config: BEVFormerConfig, seed: int = 0, with_prev_bev: bool = False) -> dict[str, torch.Tensor]:
+def make_inputs(config: BEVFormerConfig, seed: int = 0, with_prev_bev: bool = False
+                ) -> dict[str, torch.Tensor]:
     """dict(img [N,3,H,W], lidar2img [N,4,4], can_bus [18], prev_bev [Q,C] if with_prev_bev)."""
     l2i = lidar2img_for(config)
     out = {"img": make_images(config, seed, l2i),
@@ -257,7 +265,8 @@ def make_inputs(config: BEVFormerConfig, seed: int = 0, with_prev_bev: bool = Fa
     return out
 
 
-def save_test_vectors(path: str | Path, inputs: dict, outputs, metadata: dict[str, str] | None = None) -> None:
+def save_test_vectors(path: str | Path, inputs: dict, outputs,
+                      metadata: dict[str, str] | None = None) -> None:
     """safetensors with img, lidar2img, can_bus, prev_bev (when used), cls_scores, bbox_preds
     (and bev_embed when ``outputs`` holds it). ``outputs``: (cls, bbox[, bev]) or a dict."""
     if isinstance(outputs, dict):

@@ -68,7 +68,8 @@ def inverse_sigmoid(x: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
     return torch.log(x1 / x2)
 
 
-def rotate_bev(img: torch.Tensor, angle_deg: torch.Tensor, center: tuple[float, float]) -> torch.Tensor:
+def rotate_bev(img: torch.Tensor, angle_deg: torch.Tensor, center: tuple[float, float]
+               ) -> torch.Tensor:
     """torchvision 0.10 ``functional.rotate(img, angle, center=center)`` for a (C, H, W) tensor.
 
     NEAREST interpolation, zero fill, expand=False. ``angle_deg`` is a 0-d tensor (degrees,
@@ -131,8 +132,10 @@ class TemporalSelfAttention(nn.Module):
         self.num_levels, self.num_points, self.num_bev_queue = num_levels, num_points, num_bev_queue
         self.spatial_shapes = (tuple(bev_hw),)
         q_in = embed_dims * num_bev_queue
-        self.sampling_offsets = nn.Linear(q_in, num_bev_queue * num_heads * num_levels * num_points * 2)
-        self.attention_weights = nn.Linear(q_in, num_bev_queue * num_heads * num_levels * num_points)
+        self.sampling_offsets = nn.Linear(q_in,
+                                          num_bev_queue * num_heads * num_levels * num_points * 2)
+        self.attention_weights = nn.Linear(q_in,
+                                           num_bev_queue * num_heads * num_levels * num_points)
         self.value_proj = nn.Linear(embed_dims, embed_dims)
         self.output_proj = nn.Linear(embed_dims, embed_dims)
         self.core = MSDeformableAttnCore(self.spatial_shapes)
@@ -195,7 +198,8 @@ class SpatialCrossAttention(nn.Module):
     """Section 2.5, dense form. query (1, Q, C); value (N_cam, V, C) (already with cams/level
     embeddings); reference_points_cam (N_cam, Q, D, 2); bev_mask (N_cam, Q, D) bool."""
 
-    def __init__(self, embed_dims: int, num_cams: int, deformable_attention: MSDeformableAttention3D):
+    def __init__(self, embed_dims: int, num_cams: int,
+                 deformable_attention: MSDeformableAttention3D):
         super().__init__()
         self.embed_dims, self.num_cams = embed_dims, num_cams
         self.deformable_attention = deformable_attention
@@ -358,14 +362,16 @@ class BEVFormerEncoder(nn.Module):
         ref_2d = self.get_reference_points_2d()                      # (1, Q, 1, 2)
         shift_ref_2d = ref_2d + shift[:, None, None, :]
         if self.cfg.shift_inplace_bug:
-            ref_2d = shift_ref_2d                                    # `shift_ref_2d = ref_2d; += shift`
+            ref_2d = shift_ref_2d                       # `shift_ref_2d = ref_2d; += shift`
         bs, len_bev, num_bev_level, _ = ref_2d.shape
         if prev_bev is not None:
             prev = torch.stack([prev_bev, bev_query], 1).reshape(bs * 2, len_bev, -1)
-            hybrid_ref_2d = torch.stack([shift_ref_2d, ref_2d], 1).reshape(bs * 2, len_bev, num_bev_level, 2)
+            hybrid_ref_2d = torch.stack([shift_ref_2d, ref_2d], 1).reshape(bs * 2, len_bev,
+                                                                           num_bev_level, 2)
         else:
             prev = None
-            hybrid_ref_2d = torch.stack([ref_2d, ref_2d], 1).reshape(bs * 2, len_bev, num_bev_level, 2)
+            hybrid_ref_2d = torch.stack([ref_2d, ref_2d], 1).reshape(bs * 2, len_bev,
+                                                                     num_bev_level, 2)
         for layer in self.layers:
             bev_query = layer(bev_query, bev_pos, hybrid_ref_2d, prev, feat,
                               reference_points_cam, bev_mask)
@@ -413,8 +419,9 @@ class DetectionTransformerDecoder(nn.Module):
             hs.append(output)
             if lid + 1 < len(self.layers):
                 tmp = reg_branches[lid](output)
-                new = torch.cat([tmp[..., 0:2] + inverse_sigmoid(reference_points[..., :2], self.eps),
-                                 tmp[..., 4:5] + inverse_sigmoid(reference_points[..., 2:3], self.eps)], -1)
+                new = torch.cat(
+                    [tmp[..., 0:2] + inverse_sigmoid(reference_points[..., :2], self.eps),
+                     tmp[..., 4:5] + inverse_sigmoid(reference_points[..., 2:3], self.eps)], -1)
                 reference_points = new.sigmoid().detach()
         return hs, refs
 
@@ -515,7 +522,8 @@ class BEVFormerHead(nn.Module):
         self.code_weights = nn.Parameter(torch.tensor(cfg.code_weights, dtype=torch.float32),
                                          requires_grad=False)
         n = cfg.decoder_layers
-        self.cls_branches = nn.ModuleList([_cls_branch(c, cfg.num_classes, cfg.ln_eps) for _ in range(n)])
+        self.cls_branches = nn.ModuleList([_cls_branch(c, cfg.num_classes, cfg.ln_eps)
+                                           for _ in range(n)])
         self.reg_branches = nn.ModuleList([_reg_branch(c, cfg.code_size) for _ in range(n)])
         self.transformer = PerceptionTransformer(cfg)
 

@@ -86,7 +86,8 @@ def sections(report: dict) -> list[str]:
     out += [_figure(f, caption) for f, caption in report.get("pictures", [])]
     out.append(_figure("int8_layers.png", "INT8 against float, SQNR per layer"))
     if dev:
-        out += [_figure("cycles/timeline.png", "per-core cycle timeline (colour: what bounds each op)"),
+        out += [_figure("cycles/timeline.png",
+                        "per-core cycle timeline (colour: what bounds each op)"),
                 _figure("cycles/roofline.png", "roofline: each op's MACs per cycle")]
     return out
 

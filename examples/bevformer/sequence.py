@@ -82,7 +82,8 @@ def trajectory(rng: np.random.Generator, steps: int) -> tuple[list[np.ndarray], 
     speed = float(rng.uniform(*SPEED_RANGE))
     yaw_rate = float(rng.uniform(-MAX_YAW_RATE, MAX_YAW_RATE))
     # a start somewhere on a nuScenes-sized map; only deltas reach the model
-    x, y, yaw = float(rng.uniform(300, 2000)), float(rng.uniform(300, 2000)), float(rng.uniform(0, 2 * math.pi))
+    x, y, yaw = (float(rng.uniform(300, 2000)), float(rng.uniform(300, 2000)),
+                 float(rng.uniform(0, 2 * math.pi)))
     poses = []
     for _ in range(steps):
         poses.append(se2(x, y, yaw))
@@ -124,7 +125,8 @@ def can_bus_for(pose: np.ndarray, prev: np.ndarray | None, speed: float, yaw_rat
         cb[17] = patch_angle(pose) - patch_angle(prev)
     cb[3:7] = [math.cos(yaw / 2), 0.0, 0.0, math.sin(yaw / 2)]
     # accel in the ego frame: the centripetal speed * yaw_rate to the left, gravity up
-    cb[7:10] = [rng.normal(0, 0.1), speed * yaw_rate + rng.normal(0, 0.05), 9.81 + rng.normal(0, 0.05)]
+    cb[7:10] = [rng.normal(0, 0.1), speed * yaw_rate + rng.normal(0, 0.05),
+                9.81 + rng.normal(0, 0.05)]
     cb[10:13] = [rng.normal(0, 0.005), rng.normal(0, 0.005), yaw_rate + rng.normal(0, 0.002)]
     cb[13:16] = [speed, rng.normal(0, 0.05), 0.0]
     cb[16] = yaw

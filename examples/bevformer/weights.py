@@ -188,8 +188,9 @@ LOGIT_SPREAD = 1.3
 #: the synthetic weight presets. "conditioned" (the default) behaves like a trained model
 #: where INT8 quality depends on it: backbone filters and the head's linear layers that read
 #: their input's principal subspace, BatchNorm statistics measured on the synthetic scene
-#: (every backbone channel carries information, at comparable scales), residual branches that refine (last
-#: BatchNorm of each bottleneck and the decoder's residual projections small), softer
+#: (every backbone channel carries information, at comparable scales), residual branches
+#: that refine (last BatchNorm of each bottleneck and the decoder's residual projections
+#: small), softer
 #: decoder self-attention, box refinements of a trained decoder's size, and BEV queries
 #: and positions that vary smoothly over the ground.
 #: "plain": data-independent BatchNorm statistics and larger decoder gains (the earlier
@@ -199,7 +200,8 @@ PRESETS = ("conditioned", "plain")
 
 def _sig(t: torch.Tensor, digits: int = 4) -> torch.Tensor:
     """``t`` rounded to ``digits`` significant digits (float noise stays out of weights)."""
-    return torch.tensor([float(f"{v:.{digits}g}") for v in t.double().tolist()], dtype=torch.float32)
+    return torch.tensor([float(f"{v:.{digits}g}") for v in t.double().tolist()],
+                        dtype=torch.float32)
 
 
 #: the fraction of its input's principal directions that each synthetic convolution reads
@@ -573,8 +575,9 @@ def check_checkpoint(model: BEVFormer, sd: dict[str, torch.Tensor], path: str | 
     problems = []
     for what, keys in (("missing", [k for k in want if k not in sd]),
                        ("unexpected", [k for k in sd if k not in want]),
-                       ("shape mismatch", [f"{k} {tuple(sd[k].shape)} vs {tuple(want[k].shape)}"
-                                           for k in want if k in sd and sd[k].shape != want[k].shape])):
+                       ("shape mismatch",
+                        [f"{k} {tuple(sd[k].shape)} vs {tuple(want[k].shape)}"
+                         for k in want if k in sd and sd[k].shape != want[k].shape])):
         if keys:
             problems.append(f"{len(keys)} {what} (first: {keys[0]})")
     if problems:
@@ -590,7 +593,8 @@ def make_checkpoint(config: BEVFormerConfig, seed: int = 0) -> dict[str, torch.T
 
 def save_checkpoint(path: str | Path, state_dict: dict[str, torch.Tensor],
                     metadata: dict[str, str] | None = None) -> None:
-    """Write a state_dict as .safetensors (or, for a .pth/.pt path, torch.save({'state_dict': sd}))."""
+    """Write a state_dict as .safetensors (or, for a .pth/.pt path,
+    torch.save({'state_dict': sd}))."""
     path = Path(path)
     sd = {k: v.detach().contiguous().clone() for k, v in state_dict.items()}
     if path.suffix == ".safetensors":

@@ -186,5 +186,6 @@ def _call(L, u, weights, shape, geometry, rows: int, columns: int, per_call: int
                         tirx.Evaluate(tirx.call_extern("int32", "bevir_vnni_conv", *args)))
     ins = [u, wv, corr]
     return L.te.extern(shape, ins, body, name="conv_acc_vnni", dtype="int32",
-                       in_buffers=[tirx.decl_buffer(a.shape, a.dtype, f"{a.op.name}_buf") for a in ins],
+                       in_buffers=[tirx.decl_buffer(a.shape, a.dtype, f"{a.op.name}_buf")
+                                   for a in ins],
                        out_buffers=[tirx.decl_buffer(shape, "int32", "conv_acc_vnni_buf")])

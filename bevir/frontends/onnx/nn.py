@@ -6,7 +6,8 @@ import math
 from ...ir.graph import Value
 from ...ir.types import DType
 from ..decompose import group_norm
-from .registry import NodeCtx, absolute, converts, norm_axes, norm_axis, spatial_pads, spatial_params
+from .registry import (NodeCtx, absolute, converts, norm_axes, norm_axis, spatial_pads,
+                       spatial_params)
 
 # ---- linear algebra and convolution ---------------------------------------------------------
 

@@ -175,7 +175,8 @@ def tensor_array(t: onnx.TensorProto, what: str, **where) -> np.ndarray:
         held = stored // item if t.HasField("raw_data") else stored
         if held != numel or (t.HasField("raw_data") and stored % item):
             raise UnsupportedError(f"{what} declares shape {dims} ({numel} elements) but "
-                                   f"holds {stored} {'bytes' if t.HasField('raw_data') else 'values'}",
+                                   f"holds {stored} "
+                                   f"{'bytes' if t.HasField('raw_data') else 'values'}",
                                    **where)
     try:
         return np.asarray(numpy_helper.to_array(t), order="C")
@@ -357,9 +358,3 @@ def spatial_params(c: NodeCtx, x: Value, kernel) -> tuple:
         raise c.unsupported("attributes 'strides'/'dilations' must have 2 values (2-D only)")
     pads = spatial_pads(c, x.type.shape[2:], kernel, strides, dil)
     return strides, pads, dil
-
-
-def _require_rank4(c: NodeCtx, x: Value, what: str = "kernel") -> None:
-    if x.type.rank != 4:
-        raise c.unsupported(f"{x.type.rank - 2}-D {what} (input rank {x.type.rank}): "
-                            "only 2-D (NCHW) is supported")

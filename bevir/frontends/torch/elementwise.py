@@ -213,7 +213,8 @@ def _hardtanh(c: AtenCtx):
 def _leaky_relu(c: AtenCtx):
     x = c.arg(0)
     neg = c.emit("less", [x, c.const(0, x)])
-    return c.emit("where", [neg, c.emit("mul", [x, c.const(c.arg(1, "negative_slope", 0.01), x)]), x])
+    return c.emit("where", [neg, c.emit("mul", [x, c.const(c.arg(1, "negative_slope", 0.01), x)]),
+                            x])
 
 
 @aten_converter("aten.elu")
@@ -262,7 +263,8 @@ def _var(c: AtenCtx):
         correction, keep = int(c.arg(2, "unbiased", True)), bool(c.arg(3, "keepdim", False))
     else:                                      # var.correction(x, dim, *, correction, keepdim)
         correction = c.kwargs.get("correction")
-        correction, keep = 1 if correction is None else correction, bool(c.kwargs.get("keepdim", False))
+        correction, keep = (1 if correction is None else correction,
+                            bool(c.kwargs.get("keepdim", False)))
     d = c.emit("sub", [x, c.emit("reduce_mean", [x], axes=axes, keepdims=True)])
     n = math.prod(x.type.shape[a] for a in axes)
     v = c.emit("reduce_sum", [c.emit("mul", [d, d])], axes=axes, keepdims=keep)
@@ -300,7 +302,8 @@ def _sdpa(c: AtenCtx):
     scale = c.kwargs.get("scale")
     scale = 1 / math.sqrt(q.type.shape[-1]) if scale is None else scale
     perm = tuple(range(rank_of(k) - 2)) + (rank_of(k) - 1, rank_of(k) - 2)
-    s = c.emit("matmul", [c.emit("mul", [q, c.const(scale, q)]), c.emit("transpose", [k], perm=perm)])
+    s = c.emit("matmul", [c.emit("mul", [q, c.const(scale, q)]),
+                          c.emit("transpose", [k], perm=perm)])
     lq, lk = q.type.shape[-2], k.type.shape[-2]
     if causal:
         mask = c.const(np.tril(np.ones((lq, lk), bool)))

@@ -319,7 +319,8 @@ _FACTORIES = ("aten.linspace", "aten.arange", "aten.ones", "aten.zeros", "aten.f
 def _foldable(c: AtenCtx) -> bool:
     tensors = _tensor_args(c)
     if tensors:
-        return all(v.is_const for v in tensors) and c.target not in ("aten._assert_tensor_metadata.default",)
+        return (all(v.is_const for v in tensors)
+                and c.target not in ("aten._assert_tensor_metadata.default",))
     # factories; and arithmetic on Python numbers (a data-dependent value draft_export
     # specialized: item() of a constant, its comparisons, sym_ite, _assert_scalar)
     return c.target.startswith(_FACTORIES) or not isinstance(c.node.target, torch._ops.OpOverload) \

@@ -89,7 +89,8 @@ def _avg_pool(c: AtenCtx):
     kernel = pair(c.arg(1))
     if c.arg(6, "divisor_override") is not None:
         raise c.unsupported("avg_pool2d with divisor_override")
-    return c.emit("avgpool2d", [c.arg(0)], kernel=kernel, strides=pair(c.arg(2, "stride") or kernel),
+    return c.emit("avgpool2d", [c.arg(0)], kernel=kernel,
+                  strides=pair(c.arg(2, "stride") or kernel),
                   pads=_pool_pads(c, c.arg(3, "padding", 0)),
                   ceil_mode=bool(c.arg(4, "ceil_mode", False)),
                   count_include_pad=bool(c.arg(5, "count_include_pad", True)))

@@ -206,7 +206,8 @@ def _unbind(c: AtenCtx):
 def _pad(c: AtenCtx):
     x = c.arg(0)
     pad = list(c.arg(1))
-    mode = "constant" if c.target.startswith("aten.constant_pad_nd") else c.arg(2, "mode", "constant")
+    mode = ("constant" if c.target.startswith("aten.constant_pad_nd")
+            else c.arg(2, "mode", "constant"))
     modes = {"constant": "constant", "reflect": "reflect", "replicate": "edge", "circular": "wrap"}
     if mode not in modes:
         raise c.unsupported(f"pad mode {mode!r}")
@@ -251,8 +252,10 @@ def _fill(c: AtenCtx):
     value = c.arg(1)
     if isinstance(value, Value):
         return c.emit("expand", [c.emit("cast", [value], to=x.type.dtype.value)
-                                 if value.type.dtype is not x.type.dtype else value], shape=x.type.shape)
-    return c.graph.add_const(np.full(x.type.shape, value, x.type.dtype.np), c.graph.unique_name("fill"))
+                                 if value.type.dtype is not x.type.dtype else value],
+                      shape=x.type.shape)
+    return c.graph.add_const(np.full(x.type.shape, value, x.type.dtype.np),
+                             c.graph.unique_name("fill"))
 
 
 @aten_converter("aten.slice_scatter")
@@ -263,9 +266,11 @@ def _slice_scatter(c: AtenCtx):
     start, end, step = slice(c.arg(3, "start"), c.arg(4, "end"), c.arg(5, "step", 1)).indices(n)
     if step != 1:
         raise c.unsupported("slice_scatter with a step")
-    parts = [c.emit("slice", [x], starts=(0,), ends=(start,), axes=(axis,), steps=(1,)) if start else None,
+    parts = [c.emit("slice", [x], starts=(0,), ends=(start,), axes=(axis,), steps=(1,))
+             if start else None,
              src,
-             c.emit("slice", [x], starts=(end,), ends=(n,), axes=(axis,), steps=(1,)) if end < n else None]
+             c.emit("slice", [x], starts=(end,), ends=(n,), axes=(axis,), steps=(1,))
+             if end < n else None]
     parts = [p for p in parts if p is not None]
     return parts[0] if len(parts) == 1 else c.emit("concat", parts, axis=axis)
 

@@ -59,7 +59,9 @@ def load_config(config: QuantConfig | str) -> QuantConfig:
     """A QuantConfig as given, or a preset name, or a ``.json`` config file."""
     if isinstance(config, QuantConfig):
         return config
-    return QuantConfig.load(config) if Path(config).suffix == ".json" else QuantConfig.preset(config)
+    if Path(config).suffix == ".json":
+        return QuantConfig.load(config)
+    return QuantConfig.preset(config)
 
 
 def lower(graph: Graph, config: QuantConfig | str, stat) -> Context:

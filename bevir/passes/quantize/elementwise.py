@@ -143,7 +143,8 @@ def never_nan(cx: Context, node: Node, rule: Rule, fy: int, target: None) -> str
     if cx.twin(x, DType.i8) is None and cx.twin(x, DType.i16) is None:
         return "its operand is computed in float"
     g = cx.graph
-    false = g.add_const(np.zeros(node.output.type.shape, bool), g.unique_name(f"{node.output.name}.never"))
+    false = g.add_const(np.zeros(node.output.type.shape, bool),
+                        g.unique_name(f"{node.output.name}.never"))
     for user, i in list(node.output.uses):
         if user.op == "where" and i == 0 and user.output.type == user.inputs[2].type:
             g.replace_all_uses(user.output, user.inputs[2])
