@@ -1,4 +1,4 @@
-"""``python -m bevir``: the bevir command (see bevir/cli.py)."""
+"""``python -m bevir``: the bevir command (see bevir/cli/)."""
 from .cli import main
 
 raise SystemExit(main())

@@ -354,7 +354,7 @@ def test_large_reproducer_keeps_constants_beside_it(tmp_path, capsys):
 
 def test_internal_errors_are_one_line(tmp_path, capsys, monkeypatch):
     path = small_model(tmp_path)
-    import bevir.cli as cli
+    import bevir.cli.models as cli
     monkeypatch.setattr(cli, "summary", lambda graph: {}["boom"])
     assert main(["show", str(path), "--summary-only"]) == 1
     line = one_line_error(capsys)

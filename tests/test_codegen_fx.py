@@ -221,7 +221,7 @@ def test_rsqrt_matches_numerics():
     """The layer norm's (R, k) stages against numerics.rsqrt_fixed: random n of every bit
     length, powers of two and their neighbours, perfect squares and their neighbours."""
     from bevir.codegen.lower import Lowering
-    from bevir.ops.fixed_point import _rsqrt_estimate, _rsqrt_root, _rsqrt_shift
+    from bevir.ops.fixed_norms import _rsqrt_estimate, _rsqrt_root, _rsqrt_shift
     import tvm
     rng = np.random.default_rng(0)
     n = np.maximum(rng.integers(1, 1 << 62, 4000, dtype=np.int64) >> rng.integers(0, 62, 4000), 1)
