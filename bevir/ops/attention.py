@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir.types import TensorType
-from .common import float_operands, require
+from .common import float_operands, level_shapes, require
 from .nn import softmax_np
 from ..ir.opdef import FixedLowering, Int, Ints, OpDef, Str
 from .cost import sampling_work
@@ -21,10 +21,6 @@ from .onnx_export import ms_deform_attn
 def _linear(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
     lead = x.shape[:-1]
     return (x.reshape(-1, x.shape[-1]) @ w.T + b).reshape(*lead, w.shape[0])
-
-
-def level_shapes(shapes) -> list[tuple[int, int]]:
-    return [(int(shapes[i]), int(shapes[i + 1])) for i in range(0, len(shapes), 2)]
 
 
 # ---- decompositions into primitive ops (the decompose pass; see bevir/passes/decompose.py)

@@ -11,15 +11,11 @@ from numpy.lib.stride_tricks import as_strided
 from ..ir.types import Layout, TensorType
 from ..ir.opdef import Bool, FixedLowering, Float, Int, Ints, OpDef, Piece, aligned_range
 from . import native
-from .common import (ArrayCache, check_windows, float_operands, read_only, require,
-                     window_rows)
+from .common import (ArrayCache, check_windows, conv_out_size, float_operands, nchw_dims,
+                     read_only, require, window_rows)
 from .cost import REQUANTIZE_OPS, PEMapping, Work
 from .layout_rules import NATIVE
 from .onnx_export import onnx_as
-
-
-def conv_out_size(size: int, k: int, stride: int, pad: int, dilation: int) -> int:
-    return (size + pad - dilation * (k - 1) - 1) // stride + 1
 
 
 def im2col_nhwc(x: np.ndarray, kh: int, kw: int, oh: int, ow: int, strides, dilations,
@@ -585,12 +581,6 @@ class Contraction(OpDef):
 
 CONV_ATTRS = {"strides": Ints((1, 1)), "pads": Ints((0, 0, 0, 0)), "dilations": Ints((1, 1)),
               "groups": Int(1)}
-
-
-def nchw_dims(t: TensorType) -> tuple[int, int, int, int]:
-    """(N, C, H, W) of a 4-D type in either layout."""
-    n, a, b, d = t.shape
-    return (n, d, a, b) if t.layout is Layout.nhwc else (n, a, b, d)
 
 
 class Convolution(Contraction):

@@ -14,7 +14,8 @@ from ..ir.types import DType, Layout, TensorType
 from ..ir.opdef import (Bool, Ctx, FixedLowering, Float, Floats, Int, Ints, LayoutRule, OpDef, Piece,
                         Str)
 from . import native
-from .common import float_operands, norm_axis, require, window_rows
+from .common import (float_operands, norm_axis, pool_dilations, pool_out, require,
+                     spatial_axes, window_rows)
 from .layout_rules import NATIVE, size_attr
 from .shape import moved
 from .cost import Work, per_element
@@ -27,38 +28,11 @@ def _acc(dtype: np.dtype) -> np.dtype:
 
 
 # ---- pooling ---------------------------------------------------------------------------
-def spatial_axes(t: TensorType) -> tuple[int, int]:
-    return (1, 2) if t.layout is Layout.nhwc else (2, 3)
-
-
-def pool_out_size(size: int, k: int, stride: int, pad_begin: int, pad_end: int,
-                  dilation: int, ceil_mode: bool) -> int:
-    """Windows along one axis (ONNX/torch): with ceil_mode the last window must start
-    inside the input or the begin padding."""
-    span = size + pad_begin + pad_end - dilation * (k - 1) - 1
-    out = (-(-span // stride) if ceil_mode else span // stride) + 1
-    if ceil_mode and (out - 1) * stride >= size + pad_begin:
-        out -= 1
-    return out
-
-
-def _dilations(c):
-    return getattr(c, "dilations", (1, 1))
-
-
-def pool_out(c, x: TensorType) -> tuple[int, int]:
-    (k0, k1), (s0, s1), (d0, d1) = c.kernel, c.strides, _dilations(c)
-    top, left, bottom, right = c.pads
-    ax = spatial_axes(x)
-    return (pool_out_size(x.shape[ax[0]], k0, s0, top, bottom, d0, c.ceil_mode),
-            pool_out_size(x.shape[ax[1]], k1, s1, left, right, d1, c.ceil_mode))
-
-
 def pool_infer(c, x: TensorType) -> TensorType:
     require(x.rank == 4, f"expects a 4-D input, got {x}")
     require(len(c.kernel) == 2 and len(c.strides) == 2 and len(c.pads) == 4
-            and len(_dilations(c)) == 2, "kernel, strides and dilations take 2 values, pads 4")
-    require(min(c.kernel + c.strides + _dilations(c)) >= 1 and min(c.pads) >= 0,
+            and len(pool_dilations(c)) == 2, "kernel, strides and dilations take 2 values, pads 4")
+    require(min(c.kernel + c.strides + pool_dilations(c)) >= 1 and min(c.pads) >= 0,
             "kernel, strides and dilations must be positive, pads non-negative")
     oh, ow = pool_out(c, x)
     require(oh > 0 and ow > 0, f"pooling window does not fit {x}")
@@ -74,7 +48,7 @@ def pool_padded(x: np.ndarray, axes, c, out, fill, pads=None) -> np.ndarray:
     pads = c.pads if pads is None else pads
     width = [(0, 0)] * x.ndim
     for i, a in enumerate(axes):
-        need = (out[i] - 1) * c.strides[i] + _dilations(c)[i] * (c.kernel[i] - 1) + 1
+        need = (out[i] - 1) * c.strides[i] + pool_dilations(c)[i] * (c.kernel[i] - 1) + 1
         width[a] = (pads[i], max(need - pads[i] - x.shape[a], 0))
     if all(w == (0, 0) for w in width):
         return x
@@ -95,7 +69,7 @@ def window_taps(x: np.ndarray, axes, c, out, fill, pads=None):
     for taps in product(*(range(k) for k in c.kernel)):
         idx = [slice(None)] * x.ndim
         for i, (a, t) in enumerate(zip(axes, taps)):
-            start = t * _dilations(c)[i]
+            start = t * pool_dilations(c)[i]
             idx[a] = slice(start, start + c.strides[i] * (out[i] - 1) + 1, c.strides[i])
         yield x[tuple(idx)]
 
@@ -147,7 +121,7 @@ class MaxPool2d(OpDef):
         # the native kernel vectorizes over channels: NCHW's one per pixel gives it nothing
         if c.in_types[0].layout is Layout.nhwc:
             y = np.empty((xp.shape[0], *out, xp.shape[3]), x.dtype)
-            if native.maxpool(xp, y, c.kernel, c.strides, _dilations(c)):
+            if native.maxpool(xp, y, c.kernel, c.strides, pool_dilations(c)):
                 return y
         taps = window_taps(xp, axes, c, out, fill, pads=(0, 0))
         y = next(taps).copy()
@@ -164,8 +138,8 @@ class MaxPool2d(OpDef):
 
         def fn(*i):
             idx = list(i)
-            idx[ah] = i[ah] * c.strides[0] - c.pads[0] + ry * _dilations(c)[0]
-            idx[aw] = i[aw] * c.strides[1] - c.pads[1] + rx * _dilations(c)[1]
+            idx[ah] = i[ah] * c.strides[0] - c.pads[0] + ry * pool_dilations(c)[0]
+            idx[aw] = i[aw] * c.strides[1] - c.pads[1] + rx * pool_dilations(c)[1]
             inside = L.tirx.all(idx[ah] >= 0, idx[ah] < t.shape[ah],
                                 idx[aw] >= 0, idx[aw] < t.shape[aw])
             # padding (and ceil_mode's overhang) reads as the minimum: it never wins
