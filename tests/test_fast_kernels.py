@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from bevir.ops import elementwise as E
-from bevir.ops.linalg import stacked_matmul
+from bevir.ops.kernels.gemm import stacked_matmul
 
 SPECIALS = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45, -1e-45, 1e-300, -1e-300, 1e30, -1e30,
             88.8, -88.8, 104.0, -104.0, 2.7e-8, -2.7e-8]

@@ -28,7 +28,7 @@ from ..ir.opdef import get_op
 from ..ir.types import AffineQuant, DType, FixedPointQuant, Quant
 from . import native
 from .common import require
-from .linalg import exact_chunk, exact_int_matmul
+from .kernels.gemm import exact_chunk, exact_int_matmul
 
 I8 = DType.i8
 F32, F64 = np.float32, np.float64
