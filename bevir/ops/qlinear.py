@@ -26,8 +26,10 @@ from .layout_rules import AXIS, ELEMENTWISE, NATIVE, converted, nhwc_type
 from .kernels.conv import (NCHW_CHANNEL_LIMIT, conv2d_nchw, conv2d_nhwc, from_nhwc,
                            int_conv2d_nhwc, to_nhwc)
 from .kernels.gemm import F32_EXACT, exact_chunk, exact_int_matmul
+from .kernels.pool import window_taps
 from .linalg import CONV_ATTRS, Convolution, MatrixProduct, conv_accumulator, matmul_shape
-from .nn import POOL_ATTRS, pool_infer, pool_out, spatial_axes, window_taps
+from .common import pool_out, spatial_axes
+from .nn import POOL_ATTRS, pool_infer
 from .numerics import (conv_multiplier, fma32, lookup_table, mlas_logistic, requantize,
                        saturate_round)
 from .cost import per_element
