@@ -128,8 +128,8 @@ def quantize_fixed(y: np.ndarray, frac: int, dtype=np.int8) -> np.ndarray:
 
 def int_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """The exact int64 ``a @ b`` (numpy matmul rules) of int8 operands through float32 BLAS,
-    the reduction split by :func:`exact_matmul` (1024 products of at most 128 * 128 per
-    block) so every partial sum is exact."""
+    the reduction split by :func:`~bevir.ops.kernels.gemm.exact_matmul` (1024 products of
+    at most 128 * 128 per block) so every partial sum is exact."""
     a2 = a[None, :] if a.ndim == 1 else a
     b2 = b[:, None] if b.ndim == 1 else b
     vnni = (native.U8S8Gemm.of(b2, a.dtype, 0)

@@ -27,7 +27,7 @@ FMA_MACS, FMA_FRACTION = 1 << 23, 1 / 4
 
 def fma_eligible(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, layout: Layout, strides,
                  pads, dilations, groups: int) -> bool:
-    """Whether :func:`conv2d_fma` may stand in for :func:`conv2d_float` (where
+    """Whether :func:`conv2d_fma` may stand in for conv2d_float (bevir.ops.kernels.conv; where
     native.agrees finds the same bits): a float32 convolution, of any size where BLAS runs
     on one thread, else not too large (:data:`FMA_MACS`)."""
     o, cg, kh, kw = w.shape
@@ -51,7 +51,7 @@ def conv2d_fma(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, layout: Layou
                blocked: bool = False) -> np.ndarray | None:
     """The float32 convolution as native FMA products over the padded input
     (:class:`native.GatherGemm`, no im2col copy), each group's reduction in
-    :func:`conv2d_float`'s order, (c, kh, kw) for an ungrouped one of few channels, else
+    conv2d_float's order, (c, kh, kw) for an ungrouped one of few channels, else
     (kh, kw, c), in BLAS's blocks where ``blocked``, the bias added after, then
     ``activation`` (a native.activation_code); None where the kernel cannot run. Where BLAS
     sums the same way (native.agrees finds out), the bits are conv2d_float's."""
