@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import bevir
-from bevir.ops.attention import ms_deform_attn_np
+from bevir.ops.kernels.sample import ms_deform_attn_np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from examples.bevformer.model import (FFN, CustomMSDeformableAttention,  # noqa: E402

@@ -1,5 +1,5 @@
 """The NHWC convolution kernels behind conv2d, qlinear_conv and fx_conv2d
-(bevir/ops/linalg.py): depthwise (a multiply-add per tap) and grouped GEMM, against a
+(bevir/ops/kernels/conv.py): depthwise (a multiply-add per tap) and grouped GEMM, against a
 direct sum over windows: float within rounding, integer codes exactly (also where the
 reduction is split), float16 summed in float32, and the cached GEMM operands of
 read-only KxK weights."""
@@ -10,8 +10,9 @@ import gc
 import numpy as np
 import pytest
 
-from bevir.ops import linalg
-from bevir.ops.linalg import conv2d_nhwc, exact_chunk
+from bevir.ops.kernels import conv
+from bevir.ops.kernels.conv import conv2d_nhwc
+from bevir.ops.kernels.gemm import exact_chunk
 
 # (channels, out channels, groups, kernel, stride, dilation, pads)
 CASES = {
@@ -111,8 +112,8 @@ def test_read_only_weights_cache_their_gemm_operand(case):
     frozen.setflags(write=False)
     for acc in (np.float32, np.float64, np.float32):
         assert np.array_equal(run(case, x, frozen, acc_dtype=acc), run(case, x, w, acc_dtype=acc))
-    assert id(frozen) in linalg._GEMM_WEIGHTS and id(w) not in linalg._GEMM_WEIGHTS
+    assert id(frozen) in conv._GEMM_WEIGHTS and id(w) not in conv._GEMM_WEIGHTS
     key = id(frozen)
     del frozen
     gc.collect()
-    assert key not in linalg._GEMM_WEIGHTS
+    assert key not in conv._GEMM_WEIGHTS

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from bevir.ops import elementwise as E
-from bevir.ops.linalg import stacked_matmul
+from bevir.ops.kernels.gemm import stacked_matmul
 
 SPECIALS = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45, -1e-45, 1e-300, -1e-300, 1e30, -1e30,
             88.8, -88.8, 104.0, -104.0, 2.7e-8, -2.7e-8]
@@ -123,3 +123,74 @@ def test_compact_copies_any_view_and_reshape_keeps_views():
     assert same_bytes(y, np.ascontiguousarray(shuffled).reshape(2, 6, 12))
     split = x.reshape(48, 3).T                                      # stays a view
     assert np.shares_memory(reshape.compute(Ctx({"shape": (3, 1, 48)}), split), x)
+
+
+# ---- the kernel table: an op's compute reaches its kernel, whoever runs the op --------------
+def _table_cases(rng):
+    """op -> (operands, attributes) of a small node of each op that has a kernel."""
+    def f32(*shape, scale=1.0):
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+    return {
+        "conv2d": ([f32(1, 4, 7, 7), f32(6, 2, 3, 3), f32(6)],
+                   {"groups": 2, "strides": (2, 1), "pads": (1, 1, 1, 1), "dilations": (1, 2)}),
+        "matmul": ([f32(2, 3, 8), f32(8, 5)], {}),
+        "maxpool2d": ([f32(1, 3, 7, 6)], {"kernel": (3, 3), "strides": (2, 2),
+                                          "pads": (1, 1, 1, 1), "ceil_mode": True}),
+        "global_avgpool": ([f32(2, 3, 5, 7)], {}),
+        "resize": ([f32(1, 2, 4, 5)], {"size": (1, 2, 7, 9), "mode": "linear"}),
+        "grid_sample": ([f32(1, 2, 5, 6), f32(1, 3, 4, 2, scale=0.7)], {}),
+        "ms_deform_attn": ([f32(1, 2 * 3 + 1, 2, 4),
+                            rng.uniform(-0.1, 1.1, (1, 3, 2, 2, 2, 2)).astype(np.float32),
+                            rng.uniform(0, 1, (1, 3, 2, 2, 2)).astype(np.float32)],
+                           {"spatial_shapes": (2, 3, 1, 1)}),
+    }
+
+
+def _one_node(op, operands, attrs, constants: bool):
+    from bevir import Builder, TensorType
+    b = Builder(op)
+    vals = [b.const(a, f"k{i}") if constants else b.input(f"in{i}", TensorType.of(a))
+            for i, a in enumerate(operands)]
+    b.output("y", b.op(op, *vals, **attrs))
+    return b.graph, ({} if constants else {f"in{i}": a for i, a in enumerate(operands)})
+
+
+def test_every_kernel_is_reached_by_its_ops_compute(monkeypatch):
+    """The table lists exactly the ops below, each a registered op; running one (the
+    interpreter) and folding one (canonicalize's fold-constants) both call its kernel."""
+    import bevir
+    from bevir.ops import get_op, kernels
+    cases = _table_cases(np.random.default_rng(2))
+    assert set(kernels.kernel_table()) == set(cases)
+    for op, (operands, attrs) in cases.items():
+        get_op(op)
+        calls = []
+        fast = kernels.kernel_for(op)
+        monkeypatch.setitem(kernels._TABLE, op, lambda c, *a, fast=fast: calls.append(1) or fast(c, *a))
+        graph, feed = _one_node(op, operands, attrs, constants=False)
+        bevir.run(graph, feed)
+        graph, _ = _one_node(op, operands, attrs, constants=True)
+        folded = bevir.optimize(graph, "canonicalize")
+        assert not folded.nodes and len(calls) == 2, op
+
+
+@pytest.mark.parametrize("op", sorted(_table_cases(np.random.default_rng(0))))
+def test_constant_folding_gives_the_golden_models_bits(op):
+    """A node folded at compile time holds the bytes the golden model computes at run time."""
+    import bevir
+    operands, attrs = _table_cases(np.random.default_rng(3))[op]
+    graph, feed = _one_node(op, operands, attrs, constants=False)
+    want = bevir.run(graph, feed)["y"]
+    graph, _ = _one_node(op, operands, attrs, constants=True)
+    folded = bevir.optimize(graph, "canonicalize")
+    assert same_bytes(bevir.run(folded, {})["y"], want)
+
+
+def test_the_kernel_table_refuses_a_second_kernel_and_names_a_missing_one():
+    from bevir import VerifyError
+    from bevir.ops.kernels import kernel, kernel_for
+    with pytest.raises(ValueError, match="op 'conv2d' has two kernels"):
+        kernel("conv2d")(lambda c, x, w, b=None: x)
+    assert kernel_for("conv2d").__module__ == "bevir.ops.kernels.products"
+    with pytest.raises(VerifyError, match="op 'relu' has no kernel"):
+        kernel_for("relu")

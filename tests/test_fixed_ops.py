@@ -18,7 +18,7 @@ import bevir
 from bevir import AffineQuant, DType, FixedPointQuant, TensorType
 from bevir.errors import InterpreterError, VerifyError
 from bevir.ops import get_op
-from bevir.ops.nn import pool_out_size
+from bevir.ops.common import pool_out_size
 from bevir.ops.numerics import (div_table, lut_table, quantize_multiplier, rshift_round,
                                 softmax_exp_table)
 

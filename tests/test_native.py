@@ -11,8 +11,10 @@ import pytest
 import bevir
 from bevir import Builder, TensorType
 from bevir.ir.types import Layout
-from bevir.ops import linalg, native
-from bevir.ops.linalg import conv2d_nhwc
+from bevir.ops import native
+from bevir.ops.common import conv_out_size
+from bevir.ops.kernels import conv, fma
+from bevir.ops.kernels.conv import conv2d_nhwc
 from tests.e2e_digests import platform_key
 
 # (channels, channel multiplier, kernel, strides, dilations, pads): channel counts below,
@@ -93,11 +95,11 @@ def test_native_only_where_numpy_multiplies_in_the_out_dtype(xdtype, native_runs
     xp = np.arange(2 * 6 * 6 * 3).reshape(2, 6, 6, 3).astype(xdtype)
     w = np.linspace(-1, 1, 27, dtype=np.float32).reshape(3, 1, 3, 3)
     out = np.empty((2, 4, 4, 3), np.float32)
-    linalg.depthwise_conv_nhwc(xp, w, (1, 1), (1, 1), out)
+    conv.depthwise_conv_nhwc(xp, w, (1, 1), (1, 1), out)
     assert bool(native_runs) == native_runs_too
     monkeypatch.setenv("BEVIR_NATIVE", "0")
     want = np.empty_like(out)
-    linalg.depthwise_conv_nhwc(xp, w, (1, 1), (1, 1), want)
+    conv.depthwise_conv_nhwc(xp, w, (1, 1), (1, 1), want)
     assert out.tobytes() == want.tobytes()
 
 
@@ -107,7 +109,7 @@ def test_windows_outside_the_input_are_refused():
     with pytest.raises(ValueError, match="do not make"):
         native.depthwise(xp, wt, np.empty((1, 3, 3, 8), np.float32), (3, 3), (1, 1), (1, 1))
     with pytest.raises(ValueError, match="do not make"):
-        linalg.im2col_nhwc(xp, 3, 3, 2, 3, (1, 1), (1, 1))
+        conv.im2col_nhwc(xp, 3, 3, 2, 3, (1, 1), (1, 1))
 
 
 # (kernel, strides, pads, dilations, ceil_mode)
@@ -491,14 +493,14 @@ def test_taps_in_the_padding_are_left_out_only_with_finite_weights(monkeypatch, 
     x = rng.standard_normal((1, 6, 6, 96)).astype(np.float32)
     w = rng.standard_normal((64, 96, 3, 3)).astype(np.float32)
     args = (Layout.nhwc, (1, 1), (7, 7, 7, 7), (7, 7), 1)
-    live = linalg.live_taps(x.shape, Layout.nhwc, (6, 6), (3, 3), (1, 1), (7, 7, 7, 7),
+    live = fma.live_taps(x.shape, Layout.nhwc, (6, 6), (3, 3), (1, 1), (7, 7, 7, 7),
                             (7, 7), 96, False)
     assert live.tolist() == list(range(4 * 96, 5 * 96))       # tap (1, 1), its 96 channels
     for weights in (w, np.where(np.arange(9).reshape(3, 3) == 0, np.inf, w)):
         weights = weights.astype(np.float32)
-        want = linalg.conv2d_float(x, weights, None, *args)
+        want = conv.conv2d_float(x, weights, None, *args)
         with np.errstate(invalid="ignore"):
-            got = linalg.conv2d_fma(x, weights, None, *args, blocked=True)
+            got = fma.conv2d_fma(x, weights, None, *args, blocked=True)
         assert np.array_equal(np.isnan(got), np.isnan(want))
         assert got[~np.isnan(got)].tobytes() == want[~np.isnan(want)].tobytes()
     assert np.isnan(got).all()
@@ -625,16 +627,16 @@ def test_native_grouped_im2col_copies_numpys_windows(case, groups, dtype, rng):
     from numpy.lib.stride_tricks import as_strided
     ch, _, kernel, strides, dilations, pads = case
     x = (rng.standard_normal((2, 9, 11, ch * groups)) * 50).astype(dtype)
-    xp = linalg.pad_nhwc(x, pads)
+    xp = conv.pad_nhwc(x, pads)
     (kh, kw), (sh, sw), (dh, dw) = kernel, strides, dilations
-    oh = linalg.conv_out_size(xp.shape[1], kh, sh, 0, dh)
-    ow = linalg.conv_out_size(xp.shape[2], kw, sw, 0, dw)
+    oh = conv_out_size(xp.shape[1], kh, sh, 0, dh)
+    ow = conv_out_size(xp.shape[2], kw, sw, 0, dw)
     s0, s1, s2, s3 = xp.strides
     view = as_strided(xp, (groups, 2, oh, ow, kh, kw, ch),
                       (ch * s3, s0, s1 * sh, s2 * sw, s1 * dh, s2 * dw, s3))
     got = native.im2col(xp, kernel, (oh, ow), strides, dilations, groups)
     assert got.shape == view.shape and got.tobytes() == np.ascontiguousarray(view).tobytes()
-    assert linalg.im2col_nhwc(xp, kh, kw, oh, ow, strides, dilations, groups).tobytes() == \
+    assert conv.im2col_nhwc(xp, kh, kw, oh, ow, strides, dilations, groups).tobytes() == \
         got.tobytes()
 
 

@@ -84,6 +84,39 @@ POOL_CASES = [  # kernel, stride, pad (symmetric), dilation, ceil_mode, input Hx
 ]
 
 
+def conv2d_as_stated(x, w, b, strides, pads, dilations, groups):
+    """bevir.ops.linalg.Convolution's sum, term by term in float64 (NCHW x)."""
+    n, ch, h, wd = x.shape
+    o, cg, kh, kw = w.shape
+    (sh, sw), (dh, dw), (top, left) = strides, dilations, pads[:2]
+    oh = (h + pads[0] + pads[2] - dh * (kh - 1) - 1) // sh + 1
+    ow = (wd + pads[1] + pads[3] - dw * (kw - 1) - 1) // sw + 1
+    y = np.zeros((n, o, oh, ow)) + b[:, None, None]
+    for oc in range(o):
+        g = oc // (o // groups)
+        for c, i, j in np.ndindex(cg, kh, kw):
+            for p, q in np.ndindex(oh, ow):
+                r, s = p * sh + i * dh - top, q * sw + j * dw - left
+                if 0 <= r < h and 0 <= s < wd:
+                    y[:, oc, p, q] += w[oc, c, i, j] * x[:, g * cg + c, r, s].astype(np.float64)
+    return y
+
+
+@pytest.mark.parametrize("groups, cin, cout", [(1, 4, 6), (1, 20, 6), (2, 8, 6), (8, 8, 16)])
+@pytest.mark.parametrize("layout", [Layout.plain, Layout.nhwc])
+def test_conv2d_sums_what_its_definition_states(groups, cin, cout, layout, rng):
+    """conv2d (its kernel: BLAS GEMMs, native products) computes the sum its definition
+    states, up to float32 rounding: grouped, depthwise with a multiplier, strided, dilated,
+    asymmetric pads, both layouts."""
+    x = randn(rng, 2, cin, 9, 8)
+    w, b = randn(rng, cout, cin // groups, 3, 2), randn(rng, cout)
+    attrs = dict(strides=(2, 1), pads=(1, 0, 2, 1), dilations=(1, 2), groups=groups)
+    y = run_op("conv2d", nhwc(x) if layout is Layout.nhwc else x, w, b, layout=layout, **attrs)
+    want = conv2d_as_stated(x, w, b, **attrs)
+    np.testing.assert_allclose(y.transpose(0, 3, 1, 2) if layout is Layout.nhwc else y, want,
+                               rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("k, s, p, d, ceil, hw", POOL_CASES)
 @pytest.mark.parametrize("layout", [Layout.plain, Layout.nhwc])
 def test_maxpool2d_matches_torch(k, s, p, d, ceil, hw, layout, rng):

@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir.types import TensorType
-from .common import float_operands, require
+from .common import float_operands, level_shapes, require
+from .kernels import kernel_for
 from .nn import softmax_np
 from ..ir.opdef import FixedLowering, Int, Ints, OpDef, Str
 from .cost import sampling_work
@@ -21,10 +22,6 @@ from .onnx_export import ms_deform_attn
 def _linear(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
     lead = x.shape[:-1]
     return (x.reshape(-1, x.shape[-1]) @ w.T + b).reshape(*lead, w.shape[0])
-
-
-def level_shapes(shapes) -> list[tuple[int, int]]:
-    return [(int(shapes[i]), int(shapes[i + 1])) for i in range(0, len(shapes), 2)]
 
 
 # ---- decompositions into primitive ops (the decompose pass; see bevir/passes/decompose.py)
@@ -75,37 +72,6 @@ def _project_out(b, node, x, op_w, op_b, residual):
         return b.add(_linear_ir(b, x, op_w, op_b), residual)
 
 
-def ms_deform_attn_np(value: np.ndarray, shapes, loc: np.ndarray, aw: np.ndarray) -> np.ndarray:
-    """mmcv's multi_scale_deformable_attn_pytorch as a gather: value (bs, V, H, d),
-    loc (bs, Nq, H, L, P, 2) in [0, 1] as (x, y), aw (bs, Nq, H, L, P) -> (bs, Nq, H*d).
-
-    Bilinear sampling with zero padding and align_corners=False: pixel coordinates are
-    ((2*loc - 1) + 1) * size - 1) / 2, written as grid_sample computes them.
-    """
-    bs, _, heads, d = value.shape
-    nq = loc.shape[1]
-    out = np.zeros((bs, nq, heads, d), value.dtype)
-    start = 0
-    bh = (np.arange(bs)[:, None, None, None] * heads + np.arange(heads)[None, None, :, None])
-    for lvl, (h, w) in enumerate(level_shapes(shapes)):
-        v = value[:, start:start + h * w].transpose(0, 2, 1, 3).reshape(bs * heads * h * w, d)
-        start += h * w
-        grid = 2 * loc[:, :, :, lvl] - 1                              # (bs, Nq, H, P, 2)
-        x = ((grid[..., 0] + 1) * w - 1) / 2
-        y = ((grid[..., 1] + 1) * h - 1) / 2
-        x0, y0 = np.floor(x), np.floor(y)
-        fx, fy = x - x0, y - y0
-        weight = aw[:, :, :, lvl]
-        for dx, dy, wc in ((0, 0, (1 - fx) * (1 - fy)), (1, 0, fx * (1 - fy)),
-                           (0, 1, (1 - fx) * fy), (1, 1, fx * fy)):
-            xi, yi = x0 + dx, y0 + dy
-            ok = (xi >= 0) & (xi < w) & (yi >= 0) & (yi < h)
-            idx = np.where(ok, yi * w + xi, 0).astype(np.int64) + bh * (h * w)
-            coef = (wc * weight * ok).astype(value.dtype)             # (bs, Nq, H, P)
-            out += np.einsum("bqhpd,bqhp->bqhd", v[idx], coef)
-    return out.reshape(bs, nq, heads * d)
-
-
 def _deform_sample(c, query, value, ref_fn, so_w, so_b, aw_w, aw_b, vp_w, vp_b, groups=1):
     """The shared core: project the value, compute offsets and softmaxed weights from the
     query, place the sampling locations with ``ref_fn(offsets / size)`` and sample.
@@ -120,7 +86,7 @@ def _deform_sample(c, query, value, ref_fn, so_w, so_b, aw_w, aw_b, vp_w, vp_b, 
     aw = aw.reshape(bs, nq, heads, groups, levels, points)
     sizes = np.array([[w, h] for h, w in level_shapes(c.spatial_shapes)], query.dtype)
     loc, aw = ref_fn(off / sizes[:, None, :], aw)
-    return ms_deform_attn_np(v, c.spatial_shapes, loc, aw)
+    return kernel_for("ms_deform_attn")(c, v, loc, aw)      # the node's spatial_shapes
 
 
 class _DeformOp(OpDef):
@@ -300,7 +266,15 @@ class DeformableCrossAttention(_DeformOp):
 
 class MsDeformAttn(OpDef):
     """mmcv multi_scale_deformable_attn_pytorch: value (bs, V, H, d), sampling_locations
-    (bs, Nq, H, L, P, 2), attention_weights (bs, Nq, H, L, P) -> (bs, Nq, H*d)."""
+    (bs, Nq, H, L, P, 2), attention_weights (bs, Nq, H, L, P) -> (bs, Nq, H*d). The value
+    holds the levels' maps one after the other, level l an (h_l, w_l) map of
+    ``spatial_shapes`` (row-major tokens); per query and head::
+
+        out[b, q, h] = sum over l, p of aw[b, q, h, l, p] * sample_l(loc[b, q, h, l, p])
+
+    sample_l(x, y): level l bilinearly at pixel coordinate (x * w_l - 0.5, y * h_l - 0.5)
+    (grid_sample with zeros padding, align_corners=False): the four pixels around it,
+    weighted (1 - fx)(1 - fy), fx(1 - fy), (1 - fx)fy, fx fy, a pixel outside the map 0."""
 
     name = "ms_deform_attn"
     onnx_export = staticmethod(ms_deform_attn)
@@ -316,7 +290,7 @@ class MsDeformAttn(OpDef):
         return TensorType((loc.shape[0], loc.shape[1], value.shape[2] * value.shape[3]), value.dtype)
 
     def compute(self, c, value, loc, aw):
-        return ms_deform_attn_np(value, c.spatial_shapes, loc, aw)
+        return kernel_for("ms_deform_attn")(c, value, loc, aw)   # kernels/sample.py
 
     def macs(self, c):
         return c.in_types[2].numel * c.in_types[0].shape[3] * 4

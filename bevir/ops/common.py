@@ -1,4 +1,5 @@
-"""Small helpers shared by op definitions: type checks that raise VerifyError."""
+"""Small helpers shared by op definitions and their kernels (bevir.ops.kernels): type
+checks that raise VerifyError, the geometry of sliding windows, work kept per constant."""
 from __future__ import annotations
 
 import weakref
@@ -45,6 +46,50 @@ def broadcast_types(*types: TensorType, dtype: DType | None = None) -> TensorTyp
     layout = max(types, key=lambda t: t.rank).layout
     return TensorType(shape, dtype or same_dtype(*types),
                       layout if len(shape) == 4 else Layout.plain)
+
+
+# ---- sliding windows (convolutions, pooling): shared by type rules and kernels -------------
+def conv_out_size(size: int, k: int, stride: int, pad: int, dilation: int) -> int:
+    """Windows along one axis: ``k`` taps ``dilation`` apart, ``stride`` apart, over
+    ``size`` elements padded by ``pad`` in all."""
+    return (size + pad - dilation * (k - 1) - 1) // stride + 1
+
+
+def nchw_dims(t: TensorType) -> tuple[int, int, int, int]:
+    """(N, C, H, W) of a 4-D type in either layout."""
+    n, a, b, d = t.shape
+    return (n, d, a, b) if t.layout is Layout.nhwc else (n, a, b, d)
+
+
+def spatial_axes(t: TensorType) -> tuple[int, int]:
+    """The (H, W) axes of a 4-D type: (1, 2) in NHWC, else (2, 3)."""
+    return (1, 2) if t.layout is Layout.nhwc else (2, 3)
+
+
+def pool_out_size(size: int, k: int, stride: int, pad_begin: int, pad_end: int,
+                  dilation: int, ceil_mode: bool) -> int:
+    """Windows along one axis (ONNX/torch): with ceil_mode the last window must start
+    inside the input or the begin padding."""
+    span = size + pad_begin + pad_end - dilation * (k - 1) - 1
+    out = (-(-span // stride) if ceil_mode else span // stride) + 1
+    if ceil_mode and (out - 1) * stride >= size + pad_begin:
+        out -= 1
+    return out
+
+
+def pool_dilations(c) -> tuple[int, int]:
+    """A pooling node's dilations (ops without the attribute: none)."""
+    return getattr(c, "dilations", (1, 1))
+
+
+def pool_out(c, x: TensorType) -> tuple[int, int]:
+    """A pooling node's (OH, OW) over ``x`` (``c.kernel``, strides, pads, dilations,
+    ceil_mode)."""
+    (k0, k1), (s0, s1), (d0, d1) = c.kernel, c.strides, pool_dilations(c)
+    top, left, bottom, right = c.pads
+    ax = spatial_axes(x)
+    return (pool_out_size(x.shape[ax[0]], k0, s0, top, bottom, d0, c.ceil_mode),
+            pool_out_size(x.shape[ax[1]], k1, s1, left, right, d1, c.ceil_mode))
 
 
 def check_windows(in_hw, out_hw, kernel, strides, dilations) -> None:
@@ -99,3 +144,9 @@ def window_rows(c, axis: int, kh: int, start: int, stop: int) -> tuple[tuple, tu
     lo = start * c.strides[0] - top
     hi = (stop - 1) * c.strides[0] - top + (kh - 1) * dilation + 1
     return (axis, max(lo, 0), min(hi, h)), (max(-lo, 0), left, max(hi - h, 0), right)
+
+
+def level_shapes(shapes) -> list[tuple[int, int]]:
+    """The (H, W) of each level of a multi-scale value, from its flat ``spatial_shapes``
+    (H0, W0, H1, W1, ...)."""
+    return [(int(shapes[i]), int(shapes[i + 1])) for i in range(0, len(shapes), 2)]

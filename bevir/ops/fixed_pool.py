@@ -8,7 +8,9 @@ import numpy as np
 from ..ir.opdef import Bool, Ints, OpDef
 from .cost import Work
 from .fixed_point import OUT, fixed_type, frac_of, require_out_frac
-from .nn import POOL_ATTRS, avgpool_counts, pool_infer, pool_out, spatial_axes, window_taps
+from .common import pool_out, spatial_axes
+from .kernels.pool import window_taps
+from .nn import POOL_ATTRS, avgpool_counts, pool_infer
 from .numerics import saturate
 from .onnx_export import qdq
 

@@ -21,8 +21,8 @@ from ..ir.opdef import Activation, Attr, Bool, Ctx, FixedLowering, Float, OpDef,
 from . import native
 from .common import broadcast_types, float_operands, read_only, require
 from .layout_rules import ELEMENTWISE, NATIVE
-from .linalg import (CONV_ATTRS, Contraction, Convolution, conv2d_runner, linear_runner,
-                     prepared_product)
+from .kernels.products import conv2d_runner, linear_runner, prepared_product
+from .linalg import CONV_ATTRS, Contraction, Convolution
 from .onnx_export import matmul_bias, onnx_as, then_activation
 
 

@@ -28,7 +28,7 @@ from ..ir.opdef import get_op
 from ..ir.types import AffineQuant, DType, FixedPointQuant, Quant
 from . import native
 from .common import require
-from .linalg import exact_chunk, exact_int_matmul
+from .kernels.gemm import exact_chunk, exact_int_matmul
 
 I8 = DType.i8
 F32, F64 = np.float32, np.float64
@@ -128,8 +128,8 @@ def quantize_fixed(y: np.ndarray, frac: int, dtype=np.int8) -> np.ndarray:
 
 def int_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """The exact int64 ``a @ b`` (numpy matmul rules) of int8 operands through float32 BLAS,
-    the reduction split by :func:`exact_matmul` (1024 products of at most 128 * 128 per
-    block) so every partial sum is exact."""
+    the reduction split by :func:`~bevir.ops.kernels.gemm.exact_matmul` (1024 products of
+    at most 128 * 128 per block) so every partial sum is exact."""
     a2 = a[None, :] if a.ndim == 1 else a
     b2 = b[:, None] if b.ndim == 1 else b
     vnni = (native.U8S8Gemm.of(b2, a.dtype, 0)

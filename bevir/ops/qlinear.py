@@ -8,7 +8,7 @@ each op's exact integer definition and the onnxruntime (MLAS) routine it reprodu
 
 Integer accumulations run through float32 BLAS on the centered codes (exact small
 integers), the reduction split so every partial sum stays below 2**24 and is exact
-(:func:`~bevir.ops.linalg.exact_matmul`); the split parts add up in float64. The result is
+(:func:`~bevir.ops.kernels.gemm.exact_matmul`); the split parts add up in float64. The result is
 the exact int32 accumulator. The rounding and requantization helpers are
 :mod:`bevir.ops.numerics`. Binary elementwise ops on large tensors look their results
 up in a table of every code pair, computed with the same formula.
@@ -23,10 +23,13 @@ from ..ir.opdef import Bool, Float, Floats, Int, Ints, LayoutRule, OpDef, Str
 from ..ir.types import AffineQuant, DType, Layout, TensorType
 from .common import broadcast_types, norm_axis, require
 from .layout_rules import AXIS, ELEMENTWISE, NATIVE, converted, nhwc_type
-from .linalg import (CONV_ATTRS, F32_EXACT, NCHW_CHANNEL_LIMIT, Convolution, MatrixProduct,
-                     conv2d_nchw, conv2d_nhwc, conv_accumulator, exact_chunk, exact_int_matmul, from_nhwc,
-                     int_conv2d_nhwc, matmul_shape, to_nhwc)
-from .nn import POOL_ATTRS, pool_infer, pool_out, spatial_axes, window_taps
+from .kernels.conv import (NCHW_CHANNEL_LIMIT, conv2d_nchw, conv2d_nhwc, from_nhwc,
+                           int_conv2d_nhwc, to_nhwc)
+from .kernels.gemm import F32_EXACT, exact_chunk, exact_int_matmul
+from .kernels.pool import window_taps
+from .linalg import CONV_ATTRS, Convolution, MatrixProduct, conv_accumulator, matmul_shape
+from .common import pool_out, spatial_axes
+from .nn import POOL_ATTRS, pool_infer
 from .numerics import (conv_multiplier, fma32, lookup_table, mlas_logistic, requantize,
                        saturate_round)
 from .cost import per_element

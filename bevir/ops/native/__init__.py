@@ -169,7 +169,7 @@ def _window_kernel(name: str, arrays: list[np.ndarray], out: np.ndarray, kernel,
 def depthwise(xp: np.ndarray, wt: np.ndarray, out: np.ndarray, kernel, strides,
               dilations) -> bool:
     """``out`` [N, OH, OW, C] = the depthwise convolution of padded NHWC ``xp`` with the
-    tap-major weights ``wt`` [KH*KW, C], summed tap by tap (linalg.depthwise_conv_nhwc).
+    tap-major weights ``wt`` [KH*KW, C], summed tap by tap (kernels.conv.depthwise_conv_nhwc).
     Returns False, writing nothing, where no native kernel takes these dtypes."""
     if wt.shape != (kernel[0] * kernel[1], out.shape[3]):
         raise ValueError(f"depthwise: weights {wt.shape} do not fit {kernel} windows of "
@@ -180,7 +180,7 @@ def depthwise(xp: np.ndarray, wt: np.ndarray, out: np.ndarray, kernel, strides,
 def im2col(xp: np.ndarray, kernel, out_hw, strides, dilations, groups: int
            ) -> np.ndarray | None:
     """The group-major windows [G, N, OH, OW, KH, KW, C/G] of padded NHWC ``xp``
-    (linalg.im2col_nhwc) of 4-byte elements, copied natively (numpy copies runs of a few
+    (kernels.conv.im2col_nhwc) of 4-byte elements, copied natively (numpy copies runs of a few
     channels slowly); None where the kernels are off or the elements are of another width."""
     n, hp, wp, c = xp.shape
     if xp.dtype.itemsize != 4 or c % groups or not enabled():
@@ -400,7 +400,7 @@ def contiguous(x: np.ndarray) -> np.ndarray:
 def resize_bilinear(x: np.ndarray, taps: tuple[np.ndarray, ...], weights: tuple[np.ndarray, ...],
                     out: np.ndarray) -> bool:
     """``out`` [outer, OH, OW, inner] = the bilinear resize of float32 ``x`` [outer, H, W,
-    inner] (nn.resize_bilinear_f32's sums): ``taps`` = (yl, yh, xl, xh) input indices,
+    inner] (kernels.resize.resize_bilinear_f32's sums): ``taps`` = (yl, yh, xl, xh) input indices,
     ``weights`` = (wy1, wy2, wx1, wx2) float32 distances, per output row and column.
     Returns False, writing nothing, where no native kernel runs (an index outside x
     raises ValueError)."""

@@ -39,7 +39,7 @@ static ptrdiff_t *tap_offsets(const int64_t *d) {
   static inline V V##_ld(const T *p) { V v; memcpy(&v, p, sizeof v); return v; }
 
 /* Depthwise convolution: out[b, y, x, c] = the products xp[tap, c] * wt[t, c] of the taps t
- * in (kh, kw) order, the first stored, each next one added (linalg.depthwise_conv_nhwc).
+ * in (kh, kw) order, the first stored, each next one added (kernels.conv.depthwise_conv_nhwc).
  * Four vectors of channels stay in registers across the taps. (Where two NaNs meet in an
  * add, the compiler's operand order decides which one's sign and payload survive.) */
 #define DEPTHWISE(NAME, T)                                                                \
@@ -134,7 +134,7 @@ MAXPOOL(bevir_maxpool_u8, uint8_t, int8_t)
 MAXPOOL(bevir_maxpool_i16, int16_t, int16_t)
 MAXPOOL(bevir_maxpool_i32, int32_t, int32_t)
 
-/* Group-major im2col of a grouped convolution (linalg.im2col_nhwc): out[g, b, y, x, t, :] =
+/* Group-major im2col of a grouped convolution (kernels.conv.im2col_nhwc): out[g, b, y, x, t, :] =
  * the cg = c / groups channels of group g at tap t (in (kh, kw) order) of pixel (b, y, x)'s
  * window. A copy of 4-byte elements (numpy copies runs of a few channels slowly), in 32-byte
  * vectors. dims: the window kernels', then groups. */
@@ -376,7 +376,7 @@ int bevir_gather_gemm_f32(const float *a, const int64_t *rows, const int64_t *of
 #endif
 }
 
-/* Bilinear resize (nn.resize_bilinear_f32: onnxruntime's UpsampleBilinear), x viewed as
+/* Bilinear resize (kernels.resize.resize_bilinear_f32: onnxruntime's UpsampleBilinear), x viewed as
  * [outer, H, W, inner]: out[o, y, x, i] = ((wy2[y] * wx2[x]) * x[o, yl, xl, i]
  * + (wy2[y] * wx1[x]) * x[o, yl, xh, i]) + (wy1[y] * wx2[x]) * x[o, yh, xl, i]
  * + (wy1[y] * wx1[x]) * x[o, yh, xh, i], each product and sum rounded in that order.
