@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import bevir
-from bevir.flows.target import compile
+from bevir.flows.target import compile_program
 from bevir.ir.types import DType, TensorType
 from bevir.passes import make_pass
 from bevir.target import HWConfig, ScheduleError, check_schedule, schedule_of
@@ -108,4 +108,4 @@ def test_a_host_node_reads_ddr_not_a_load_made_for_it(rng, tmp_path):
     assert [v.name for v in host[0].inputs] == ["t", "idx"]
     check_schedule(schedule_of(g))
     feed = {"t": rng.standard_normal((64, 32)).astype(np.float32), "x": ints(rng, (64, 256))}
-    assert_bit_exact(compile(g, tmp_path / "p").run(feed), bevir.run(b.graph, feed))
+    assert_bit_exact(compile_program(g, tmp_path / "p").run(feed), bevir.run(b.graph, feed))
