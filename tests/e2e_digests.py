@@ -48,7 +48,6 @@ def output_digests(out: Path) -> dict[str, dict[str, str]]:
 
 def e2e_argv(out: Path) -> list[str]:
     """Writes the seed-0 checkpoint into ``out`` and returns the e2e CLI arguments the test uses."""
-    sys.path.insert(0, str(ROOT))
     from examples.bevformer.config import CONFIGS
     from examples.bevformer.weights import make_checkpoint, save_checkpoint
     pth = out / "weights.pth"
@@ -100,7 +99,6 @@ def _provenance() -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    sys.path.insert(0, str(ROOT))
     from examples.bevformer import e2e
     check = "--check" in (argv if argv is not None else sys.argv[1:])
     with tempfile.TemporaryDirectory() as tmp:

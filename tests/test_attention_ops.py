@@ -1,7 +1,5 @@
 """Each attention op against its PyTorch module (examples/bevformer/model.py) and against an
 independent per-sample loop for the sampling core."""
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,8 +8,7 @@ import torch
 import bevir
 from bevir.ops.attention import ms_deform_attn_np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from examples.bevformer.model import (FFN, CustomMSDeformableAttention,  # noqa: E402
+from examples.bevformer.model import (FFN, CustomMSDeformableAttention,
                                       DecoderSelfAttention, MSDeformableAttention3D,
                                       SpatialCrossAttention, TemporalSelfAttention,
                                       multi_scale_deformable_attn)

@@ -4,8 +4,6 @@ its golden model bit for bit against onnxruntime."""
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import onnx
@@ -19,8 +17,7 @@ from bevir.cli import main
 from bevir.flows.backbone import QuantizeError, module_path
 from bevir.passes.calibrate import Ranges, ranges_of
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from examples.bevformer.backbone import ResNetFPN, randomize_bn  # noqa: E402
+from examples.bevformer.backbone import ResNetFPN, randomize_bn
 
 SHAPE = (2, 3, 64, 96)          # 6x3x480x800 in the real flow
 

@@ -2,7 +2,6 @@
 import copy
 import functools
 import json
-import sys
 import types
 from pathlib import Path
 
@@ -13,14 +12,13 @@ import torch
 import bevir
 from bevir.passes.quant_config import QuantConfig
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from examples.bevformer import e2e  # noqa: E402
-from examples.bevformer import model as model_module  # noqa: E402
-from examples.bevformer.config import CONFIGS  # noqa: E402
-from examples.bevformer.decode import compare_detections, decode  # noqa: E402
-from examples.bevformer.inputs import make_inputs  # noqa: E402
-from examples.bevformer.weights import build_model, make_checkpoint, save_checkpoint  # noqa: E402
-from tests.e2e_digests import e2e_argv, output_digests, platform_key, stored  # noqa: E402
+from examples.bevformer import e2e
+from examples.bevformer import model as model_module
+from examples.bevformer.config import CONFIGS
+from examples.bevformer.decode import compare_detections, decode
+from examples.bevformer.inputs import make_inputs
+from examples.bevformer.weights import build_model, make_checkpoint, save_checkpoint
+from tests.e2e_digests import e2e_argv, output_digests, platform_key, stored
 
 CFG = CONFIGS["test"]
 
@@ -219,7 +217,7 @@ def test_e2e_device_stage_is_bit_exact_and_drawn(e2e_out):
                                                   "detections_vs_float.png"]
     for f in pictures:
         assert f'src="{f}"' in page and (e2e_out / f).stat().st_size > 10_000, f
-    from test_trace import check_trace        # the traces the report links
+    from tests.shared import check_trace      # the traces the report links
     for f in ("cycles/trace.json", "cycles/exec_trace.json"):
         assert f"href='{f}'" in page
         nodes = check_trace(json.loads((e2e_out / f).read_text()))

@@ -7,22 +7,19 @@ from __future__ import annotations
 
 import math
 import re
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from examples.bevformer import decode as D  # noqa: E402
-from examples.bevformer.config import CONFIGS, BEVFormerConfig  # noqa: E402
-from examples.bevformer.inputs import lidar2img_for, make_inputs, save_test_vectors  # noqa: E402
-from examples.bevformer.model import (BEVFormer, BEVFormerEncoder,  # noqa: E402
+from examples.bevformer import decode as D
+from examples.bevformer.config import CONFIGS, BEVFormerConfig
+from examples.bevformer.inputs import lidar2img_for, make_inputs, save_test_vectors
+from examples.bevformer.model import (BEVFormer, BEVFormerEncoder,
                                       SpatialCrossAttention, TemporalSelfAttention,
                                       inverse_sigmoid, multi_scale_deformable_attn, rotate_bev,
                                       split_model)
-from examples.bevformer.weights import (build_model, load_checkpoint, make_checkpoint,  # noqa: E402
+from examples.bevformer.weights import (build_model, load_checkpoint, make_checkpoint,
                                         save_checkpoint)
 
 CFG = CONFIGS["test"]

@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -585,7 +584,6 @@ def test_bad_pass_options_raise_pass_errors(tmp_path):
 def test_bevformer_test_config_calibrates_in_one_interpreter_pass(tmp_path, monkeypatch):
     """Calibration's cost is one golden run per sample: every node runs once (mse and
     per-channel statistics are gathered on the way, nothing is run again)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from examples.bevformer import e2e
     from examples.bevformer.config import CONFIGS
     from examples.bevformer.inputs import make_inputs

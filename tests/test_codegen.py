@@ -13,16 +13,10 @@ from bevir import DType, Layout, TensorType
 from bevir.codegen.program import Program
 from bevir.codegen.lower import kernel_def
 from bevir.target import lowerable
-from bevir.ir.types import AffineQuant, FixedPointQuant
+from bevir.ir.types import AffineQuant
 from bevir.ops.fixed_point import FxAdd
 from bevir.testing import assert_bit_exact
-from test_partition import GRAPHS, ints, partitioned
-
-I8, I16, I32 = DType.i8, DType.i16, DType.i32
-
-
-def fx(shape, frac, dtype=I8, layout=Layout.plain) -> TensorType:
-    return TensorType(shape, dtype, layout, FixedPointQuant((frac,)))
+from tests.shared import GRAPHS, I8, I16, I32, all_codes, fx, ints, partitioned
 
 
 def lowered_ops(program: Program) -> set[str]:
@@ -44,13 +38,6 @@ def test_generated_kernels_are_bit_exact(rng, name, cores, target):
     assert_bit_exact(program.run(inputs), bevir.run(graph, inputs))
     if cores > 1:           # the cores exchange pieces (no barriers: they wait on values)
         assert "core_gather" in lowered_ops(program) and "barrier" not in g.op_counts()
-
-
-def all_codes(shape, dtype=np.int8) -> np.ndarray:
-    """Every code of ``dtype`` (cycled) in an array of ``shape``."""
-    info = np.iinfo(dtype)
-    n = int(np.prod(shape))
-    return (np.arange(n) % (info.max - info.min + 1) + info.min).astype(dtype).reshape(shape)
 
 
 # one-op graphs at the edges: shifts at both ends of their range, every code

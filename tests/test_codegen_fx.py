@@ -12,8 +12,7 @@ import bevir
 from bevir import DType, Layout, TensorType
 from bevir.codegen.program import Program
 from bevir.ops.numerics import rsqrt_fixed
-from test_codegen import all_codes, fx
-from test_partition import GRAPHS, ints, partitioned
+from tests.shared import GRAPHS, all_codes, fx, ints, partitioned
 
 I8, I16, I32 = DType.i8, DType.i16, DType.i32
 

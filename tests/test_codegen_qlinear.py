@@ -10,7 +10,7 @@ import pytest
 import bevir
 from bevir import DType, Layout, TensorType
 from bevir.codegen.program import Program
-from bevir.ir.types import AffineQuant
+from tests.shared import q
 
 I8, U8 = DType.i8, DType.u8
 
@@ -39,11 +39,6 @@ def codes(shape, dtype: DType, rng=None) -> np.ndarray:
     if rng is not None:
         v = rng.permutation(v)
     return v.astype(dtype.np).reshape(shape)
-
-
-def q(dtype, shape, scale, zp, layout=Layout.plain, axis=None) -> TensorType:
-    scale, zp = np.atleast_1d(scale), np.atleast_1d(zp)
-    return TensorType(shape, dtype, layout, AffineQuant(scale, zp, axis))
 
 
 # ---- qlinear_conv ----------------------------------------------------------------------

@@ -8,7 +8,6 @@ The same graph compiles to byte-identical sources and manifest; the CLI compiles
 checks and counts."""
 from __future__ import annotations
 
-import collections
 import json
 import sys
 from pathlib import Path
@@ -24,38 +23,8 @@ from bevir.flows.target import compile, hw_config, simulate
 from bevir.passes import make_pass
 from bevir.target import HWConfig, model
 from bevir.testing import assert_bit_exact
-from test_partition import FREE_SYNC, GRAPHS, partitioned
-
-
-def planned(graph, cores: int):
-    return bevir.optimize(partitioned(graph, cores),
-                          [make_pass("plan-memory", hw=f"QC-U 8MB 16MAC x{cores}")])
-
-
-def per_node(pairs) -> collections.Counter:
-    out = collections.Counter()
-    for key, value in pairs:
-        out[key] += value
-    return out
-
-
-def assert_counted_as_modelled(program, hw: HWConfig) -> dict:
-    """The program's counters (after a run) equal the cycle model's figures of its graph,
-    per core and node: bytes between DDR and OCM and DMA transfers. The counters."""
-    counts = program.counters()
-    profile = model(program.graph, hw)
-    for field, of_record in (("ddr_bytes", lambda r: r.ddr_bytes),
-                             ("transfers", lambda r: r.transfers)):
-        counted = per_node(((c["core"], st["node"]), st[field])
-                           for c in counts["cores"] for st in c["steps"])
-        modelled = per_node(((r.core, r.name), of_record(r)) for r in profile.records)
-        assert +counted == +modelled, field
-    assert counts["ddr_bytes"] == profile.ddr_bytes
-    assert [c["ddr_bytes"] for c in counts["cores"]] == \
-        profile.ddr_bytes_per_core[:len(counts["cores"])]
-    assert counts["kernel_calls"] == sum(1 for r in profile.records
-                                         if r.bound not in ("barrier", "view", "prefetch"))
-    return counts
+from tests.shared import (FREE_SYNC, GRAPHS, assert_counted_as_modelled, check_trace,
+                          partitioned, planned, program_nodes)
 
 
 @pytest.mark.parametrize("name", GRAPHS)
@@ -96,8 +65,7 @@ def test_bevformer_int8_on_4_cores_is_bit_exact_counted_and_reproducible(bevform
           f"{counts['transfers']:,} transfers, {counts['waits']:,} waits")
     assert_bit_exact(a.run(feed), out)                  # a second run, same program
     assert a.counters() == counts
-    from test_trace import check_trace, program_nodes   # its measured trace: every step
-    trace = a.trace().to_json()
+    trace = a.trace().to_json()                         # its measured trace: every step
     nodes = check_trace(trace)
     assert {pid: c for pid, c in nodes.items() if pid} == program_nodes(a)
     assert sum(e.get("cat") == "host" for e in trace["traceEvents"]) == 2   # before, after
@@ -335,7 +303,7 @@ def test_a_reshape_in_ddr_is_a_view_that_moves_nothing(rng, tmp_path):
     """A reshape whose operand and result both lie in DDR is a view: its result is its
     operand's DDR slot, its step calls no kernel and moves no byte, and the programs stay
     bit-exact and counted as modelled; planned on chip, the same reshape is a kernel."""
-    from test_partition import fx, ints
+    from tests.shared import fx, ints
     b = bevir.Builder("view")
     x = b.input("x", fx((4, 6, 8), 5))
     y = b.fx_add(x, x, out_frac_bits=4, name="y")
@@ -367,7 +335,7 @@ def test_loads_run_on_each_core_s_dma_engine_while_it_computes(rng, tmp_path):
     in the programs): the core issues it and goes on, the first step reading it waits for
     it. Bit-exact on 1 and 2 cores, counted as modelled; in the model the transfer runs
     after its issue and before its reader, overlapping the steps between."""
-    from test_partition import fx, ints
+    from tests.shared import fx, ints
     b = bevir.Builder("prefetch")
     x = b.input("x", fx((64, 256), 5))
     skip = b.fx_relu(x, out_frac_bits=5, name="skip")

@@ -21,8 +21,7 @@ from bevir import fsutil
 from bevir.ir.serialize import graph_digest, meta_document
 from bevir.passes import make_pass
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_partition import GRAPHS  # noqa: E402
+from tests.shared import GRAPHS
 
 #: children start from a clean, single-threaded process that has imported bevir once
 _CTX = multiprocessing.get_context("forkserver")
@@ -164,7 +163,7 @@ def exec_outcome(prog: Path, inputs: Path, goldens: dict[str, dict]) -> str:
 
 def _small(frac: int):
     """A graph of a few kernels (quick to build): a residual add and a relu."""
-    from test_partition import fx, ints
+    from tests.shared import fx, ints
     b = bevir.Builder("small")
     x = b.input("x", fx((16, 32), 5))
     w = b.const(ints(np.random.default_rng(0), (32,)), "w", fx((32,), 3))

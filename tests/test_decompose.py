@@ -1,6 +1,4 @@
 """The decompose pass: module-level ops expand into primitive ops with the same results."""
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -8,11 +6,10 @@ import pytest
 import bevir
 from bevir.passes.rewrites import limit_rewrites
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from examples.bevformer import e2e  # noqa: E402
-from examples.bevformer.config import CONFIGS  # noqa: E402
-from examples.bevformer.inputs import make_inputs  # noqa: E402
-from examples.bevformer.weights import build_model  # noqa: E402
+from examples.bevformer import e2e
+from examples.bevformer.config import CONFIGS
+from examples.bevformer.inputs import make_inputs
+from examples.bevformer.weights import build_model
 
 CFG = CONFIGS["test"]
 MODULE_OPS = ("temporal_self_attention", "spatial_cross_attention",

@@ -1,8 +1,6 @@
 """bevir.sim.detections: the NMS-free decode, rotated BEV IoU and detection comparison."""
 import json
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,9 +9,8 @@ from bevir.errors import BevirError
 from bevir.sim.detections import (DetectionError, DetectionHead, bev_iou, compare_both_ways,
                                   compare_detections)
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from examples.bevformer import decode as D  # noqa: E402
-from examples.bevformer.config import CONFIGS  # noqa: E402
+from examples.bevformer import decode as D
+from examples.bevformer.config import CONFIGS
 
 PCR = (-50.0, -50.0, -5.0, 50.0, 50.0, 5.0)
 HEAD = DetectionHead(num_classes=3, max_num=4, post_center_range=PCR)

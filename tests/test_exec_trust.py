@@ -11,7 +11,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -27,8 +26,7 @@ from bevir.codegen.verify import check_manifest
 from bevir.errors import CodegenError
 from bevir.flows.target import compile
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_partition import FREE_SYNC, GRAPHS  # noqa: E402
+from tests.shared import FREE_SYNC, GRAPHS
 
 #: splits pay on this machine: the chain graph compiles to a 2-core program
 HW = FREE_SYNC.with_cores(2)

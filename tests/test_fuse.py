@@ -5,9 +5,7 @@ BEVFormer test graph."""
 from __future__ import annotations
 
 import math
-import sys
 import zlib
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,7 +22,6 @@ from bevir.passes.fuse import Fuse
 from bevir.passes.patterns import (ConvergenceError, RewritePattern, apply_patterns, explain,
                                    get_pattern, op)
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 RNG_SEED = 0
 
 

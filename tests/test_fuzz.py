@@ -5,13 +5,10 @@ damaged compiled program runs bit-exact or not at all; a damaged frame set gives
 frames written or none)."""
 import os
 import signal
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-import fuzz  # noqa: E402
+from tools import fuzz
 
 #: cases per target in the suite: a few seconds each
 CASES = {"onnx": 400, "text": 400, "load": 300, "config": 300, "ranges": 200, "tranges": 300,

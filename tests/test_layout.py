@@ -2,9 +2,7 @@
 region boundaries, exact results (np.array_equal) before and after."""
 from __future__ import annotations
 
-import sys
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -423,7 +421,6 @@ def test_shared_back_transforms_are_per_consumer():
 
 # ---- BEVFormer (test config) -------------------------------------------------------------------
 def test_bevformer_test_graph_through_to_nhwc(tmp_path):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from examples.bevformer import e2e
     from examples.bevformer.config import CONFIGS
     from examples.bevformer.inputs import make_inputs

@@ -14,8 +14,7 @@ from bevir import DType, Layout
 from bevir.codegen import micro
 from bevir.codegen.program import Program
 from bevir.errors import CodegenError
-from test_codegen import fx
-from test_codegen_qlinear import q
+from tests.shared import fx, q
 
 I8, U8 = DType.i8, DType.u8
 

@@ -1,8 +1,6 @@
 """bevir.to_onnx / bevir export: float graphs and quantized graphs (as QDQ) that
 onnxruntime runs, compared with the golden model."""
-import sys
 import warnings
-from pathlib import Path
 
 import numpy as np
 import onnx
@@ -13,13 +11,10 @@ import torch
 import bevir
 from bevir.errors import CodegenError
 from bevir.sim.compare import layer_error
-from test_partition import GRAPHS, partitioned
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-from demo import TinyNet  # noqa: E402
-from examples.bevformer import e2e  # noqa: E402
-from examples.bevformer.backbone import randomize_bn  # noqa: E402
+from demo import TinyNet   # examples/demo.py (pytest's pythonpath holds examples/)
+from examples.bevformer import e2e
+from examples.bevformer.backbone import randomize_bn
+from tests.shared import GRAPHS, NODE_SKIPS, import_node_case, onnx_node_cases, partitioned
 
 #: float export against the golden model (the issue's bound)
 FLOAT_TOL = 1e-4
@@ -175,8 +170,7 @@ ORT_LIMITS = {
 
 
 def node_cases():
-    import test_onnx_node as T
-    return [c for c in T.CASES if c.name not in T.SKIPS]
+    return [c for c in onnx_node_cases() if c.name not in NODE_SKIPS]
 
 
 @pytest.mark.parametrize("case", node_cases(), ids=lambda c: c.name)
@@ -184,10 +178,9 @@ def test_onnx_node_cases_round_trip(case):
     """Every ONNX backend node case bevir imports goes back out to ONNX, and onnxruntime
     runs the export as the golden model runs the import (floats within rtol 1e-3 /
     atol 1e-5, the rest equal)."""
-    import test_onnx_node as T
     if case.name in ORT_LIMITS:
         pytest.skip(ORT_LIMITS[case.name])
-    graph, feeds = T._imported(case)
+    graph, feeds = import_node_case(case)
     model = bevir.to_onnx(graph)
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     names = [i.name for i in sess.get_inputs()]

@@ -23,29 +23,18 @@ shapes are static, so such a model is imported for given shapes).
 from __future__ import annotations
 
 import json
-import warnings
 from collections import Counter
-from pathlib import Path
 
-import numpy as np
-import onnx
 import pytest
-from onnx import numpy_helper
 
 import bevir
-from bevir.frontends.onnx import CONVERTERS, NonConstantInputError, supported_ops
+from bevir.frontends.onnx import CONVERTERS
+from tests.shared import (NODE_FROZEN, NODE_SKIPS, NODE_SKIPS_FILE, check_node_case,
+                          import_node_case, onnx_node_cases)
 
-with warnings.catch_warnings():   # the case generators cast out-of-range values on purpose
-    warnings.simplefilter("ignore")
-    from onnx.backend.test.case.node import collect_testcases
-
-    _ALL = collect_testcases()
-
-_SUPPORTED = supported_ops()
-
-MANIFEST = Path(__file__).parent / "data" / "onnx_node_skips.json"
+MANIFEST = NODE_SKIPS_FILE
 #: the cases the importer is expected to refuse: name -> the importer's message
-SKIPS: dict[str, str] = json.loads(MANIFEST.read_text())
+SKIPS: dict[str, str] = NODE_SKIPS
 
 #: supported ops whose collected node cases are all listed skips: op type -> why
 NO_PASSING_CASES: dict[str, str] = {}
@@ -55,23 +44,7 @@ def _default_opset(model) -> int:
     return max(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
 
 
-def _freeze(model, name: str, value: np.ndarray):
-    """The model with graph input ``name`` turned into an initializer holding ``value``."""
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
-    keep = [i for i in m.graph.input if i.name != name]
-    del m.graph.input[:]
-    m.graph.input.extend(keep)
-    m.graph.initializer.append(numpy_helper.from_array(value, name))
-    return m
-
-
-def _collectable(case) -> bool:
-    return case.kind == "node" and all(
-        n.domain in ("", "ai.onnx") and n.op_type in _SUPPORTED for n in case.model.graph.node)
-
-
-CASES = [c for c in _ALL if _collectable(c)]
+CASES = onnx_node_cases()
 
 # the empty-set reduction cases take log(0) = -inf on purpose
 pytestmark = pytest.mark.filterwarnings("ignore:divide by zero encountered:RuntimeWarning")
@@ -93,7 +66,6 @@ def skip_reason(message: str) -> str:
 
 
 _outcomes: dict[str, str] = {}     # case name -> passed / failed / skipped:<reason>
-_frozen: set[str] = set()
 
 
 def summary_lines() -> list[str]:
@@ -115,7 +87,7 @@ def summary_lines() -> list[str]:
     rate = 100.0 * total["passed"] / eligible if eligible else 0.0
     lines = [f"onnx node tests: {len(ran)} cases for supported ops at their own opsets: "
              f"{fmt(total)}; {total['passed']}/{eligible} = {rate:.1f} % of the cases whose "
-             f"dtypes bevir has pass ({len(_frozen)} with shape inputs frozen to constants)"]
+             f"dtypes bevir has pass ({len(NODE_FROZEN)} with shape inputs frozen to constants)"]
     for lo, hi in OPSET_RANGES:
         names = [n for n in ran if lo <= _default_opset(by_name[n].model) <= hi]
         lines.append(f"  opsets {lo}..{hi}: {len(names)} cases: {fmt(counts(names))}")
@@ -156,70 +128,8 @@ def _summary(request):
     yield
 
 
-def _array(x) -> np.ndarray:
-    return numpy_helper.to_array(x) if isinstance(x, onnx.TensorProto) else np.asarray(x)
-
-
 def _op_types(case) -> set[str]:
     return {n.op_type for n in case.model.graph.node}
-
-
-def _imported(case):
-    """The case's model through bevir.from_onnx (adapted as the module docstring says) and
-    its feeds; raises UnsupportedError when the importer refuses it."""
-    model = case.model
-    inits = {t.name for t in model.graph.initializer}
-    in_names = [i.name for i in model.graph.input if i.name not in inits]
-    assert len(case.data_sets) == 1
-    feeds = {n: _array(a) for n, a in zip(in_names, case.data_sets[0][0])}
-    while True:
-        try:
-            return bevir.from_onnx(model), feeds
-        except NonConstantInputError as e:
-            if e.value_name not in feeds:
-                raise
-            model = _freeze(model, e.value_name, feeds.pop(e.value_name))
-            _frozen.add(case.name)
-
-
-def _check_outputs(case, graph, feeds) -> None:
-    got = bevir.run(graph, feeds)
-    out_names = [o.name for o in case.model.graph.output]
-    for name, ref in zip(out_names, case.data_sets[0][1]):
-        ref = _array(ref)
-        out = np.asarray(got[name])
-        assert out.shape == ref.shape, f"{name}: shape {out.shape} != {ref.shape}"
-        assert out.dtype == ref.dtype, f"{name}: dtype {out.dtype} != {ref.dtype}"
-        if ref.dtype.kind == "f":
-            np.testing.assert_allclose(out, ref, rtol=case.rtol, atol=case.atol, err_msg=name)
-        else:
-            np.testing.assert_array_equal(out, ref, err_msg=name)
-
-
-def check_node_case(case) -> None:
-    """One node case against the manifest: a listed case must be refused with its listed
-    message (then it skips), any other must import and match the expected outputs."""
-    listed = SKIPS.get(case.name)
-    try:
-        graph, feeds = _imported(case)
-    except bevir.UnsupportedError as e:
-        if listed is None:
-            pytest.fail(f"newly refused: {case.name}: {e} (fix the importer, or list the "
-                        f"case in {MANIFEST.name} with this reason)", pytrace=False)
-        if str(e) != listed:
-            pytest.fail(f"{case.name} is refused for another reason than {MANIFEST.name} "
-                        f"lists: {e} (listed: {listed})", pytrace=False)
-        pytest.skip(listed)
-    if listed is None:
-        _check_outputs(case, graph, feeds)
-        return
-    try:
-        _check_outputs(case, graph, feeds)
-    except AssertionError as e:
-        pytest.fail(f"{case.name} is listed as skip ({listed}) but imports now, and does "
-                    f"not match: {e}", pytrace=False)
-    pytest.fail(f"listed as skip but passes: remove it from the manifest ({case.name} in "
-                f"{MANIFEST.name})", pytrace=False)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
@@ -280,7 +190,7 @@ def write_manifest() -> None:
     refusals = {}
     for case in CASES:
         try:
-            _imported(case)
+            import_node_case(case)
         except bevir.UnsupportedError as e:
             refusals[case.name] = str(e)
     MANIFEST.parent.mkdir(exist_ok=True)

@@ -173,9 +173,6 @@ def test_targets_parse_or_say_why(text, problem):
 def test_the_e2e_search_writes_the_best_config(tmp_path, capsys):
     """The BEVFormer `test` frame, three steps toward an out-of-reach cls SQNR: each step
     printed, quant_config.json holds the best config."""
-    import sys
-    from pathlib import Path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from examples.bevformer import e2e
     from examples.bevformer.config import CONFIGS
     import bevir.passes.precision as precision

@@ -26,6 +26,7 @@ from bevir.ir.types import AffineQuant, DType, TensorType
 from bevir.ops import get_op
 from bevir.ops import numerics
 from bevir.ops.numerics import lookup_table, mlas_logistic
+from tests.shared import check_node_case, freeze_input, onnx_array, onnx_node_cases
 
 F32 = np.float32
 _ET = {np.uint8: TP.UINT8, np.int8: TP.INT8}
@@ -76,19 +77,13 @@ def _c(name, value, dtype=None):
 
 
 # ---- (a) the onnx backend node tests of the quantized ops --------------------------------------
-try:
-    import test_onnx_node as _node_tests
-except ImportError:   # pragma: no cover  (collected from another directory)
-    _node_tests = None
-
 _NODE_OPS = {"QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul", "ConvInteger",
              "MatMulInteger"}
-_NODE_CASES = [] if _node_tests is None else [
-    c for c in _node_tests.CASES if {n.op_type for n in c.model.graph.node} & _NODE_OPS]
+_NODE_CASES = [
+    c for c in onnx_node_cases() if {n.op_type for n in c.model.graph.node} & _NODE_OPS]
 
 
 def test_node_cases_of_every_quantized_op_are_collected():
-    assert _node_tests is not None
     names = " ".join(c.name for c in _NODE_CASES)
     for op in ("quantizelinear", "dequantizelinear", "qlinearconv", "qlinearmatmul",
                "convinteger", "matmulinteger"):
@@ -97,10 +92,10 @@ def test_node_cases_of_every_quantized_op_are_collected():
 
 @pytest.mark.parametrize("case", _NODE_CASES, ids=[c.name for c in _NODE_CASES])
 def test_node_case(case):
-    """The backend case through test_onnx_node's runner (freezing of
+    """The backend case through the node-case runner (tests.shared.check_node_case: freezing of
     parameters passed as inputs into initializers; a skip gives the importer's reason:
     float8/int4/uint16 dtypes, float16 scales, blocked quantization)."""
-    _node_tests.test_node(case)
+    check_node_case(case)
 
 
 _MUST_PASS = ["test_quantizelinear", "test_quantizelinear_axis", "test_dequantizelinear",
@@ -123,10 +118,10 @@ def test_node_case_imports(name):
             graph = bevir.from_onnx(model)
             break
         except NonConstantInputError as e:
-            model = _node_tests._freeze(model, e.value_name, feeds.pop(e.value_name))
+            model = freeze_input(model, e.value_name, feeds.pop(e.value_name))
     got = bevir.run(graph, feeds)
     for o, ref in zip(model.graph.output, expected):
-        ref = _node_tests._array(ref)
+        ref = onnx_array(ref)
         np.testing.assert_array_equal(np.asarray(got[o.name]), ref)
         assert np.asarray(got[o.name]).dtype == ref.dtype
 

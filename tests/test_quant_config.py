@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,8 +11,7 @@ import bevir
 from bevir import Builder, TensorType
 from bevir.passes.quant_config import ConfigError, QuantConfig, Rule
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import examples.bevformer.quant  # noqa: E402,F401  (registers the reference-flow preset)
+import examples.bevformer.quant  # noqa: F401  (registers the reference-flow preset)
 
 
 @pytest.fixture(scope="module")

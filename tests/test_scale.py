@@ -357,8 +357,6 @@ def test_cli_reports_failed_frames_one_line_each(tmp_path, capsys, faulty_plugin
 def test_bevformer_signoff_on_ray_equals_one_process(tmp_path, local_ray):
     """The INT8 model calibrated on 4 frames of a sequence on Ray is the one calibrated in
     this process (same digest), and so are the per-frame metrics of the evaluation."""
-    import sys
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from examples.bevformer.sequence import write_sequence
     from examples.bevformer.signoff import models
     from bevir.ir.serialize import graph_digest
@@ -378,7 +376,7 @@ def test_evaluation_runs_the_generated_program_too(tmp_path, local_ray):
     """With ``program``, every frame also runs the compiled per-core program: 0 differing
     elements against the golden model on every frame, on Ray."""
     from bevir.flows.target import compile
-    from test_partition import chain, ints
+    from tests.shared import chain, ints
     graph, _ = chain(np.random.default_rng(0))
     compile(graph, tmp_path / "prog", hw="QC-U 8MB 16MAC x2")
     rng = np.random.default_rng(3)

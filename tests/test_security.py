@@ -3,7 +3,6 @@ malicious pickle is refused with a clear error and nothing it asks for runs."""
 import ast
 import pathlib
 import pickle
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +12,6 @@ import torch
 import bevir
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 
 class Payload:

@@ -2,19 +2,16 @@
 the ego's motion, whose can_bus agrees with it and whose prev_bev is the previous frame's
 bev_embed of the float model."""
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from examples.bevformer import sequence  # noqa: E402
-from examples.bevformer.config import CONFIGS  # noqa: E402
-from examples.bevformer.decode import detection_head  # noqa: E402
-from examples.bevformer.inputs import make_images, make_scene  # noqa: E402
-from examples.bevformer.weights import build_model  # noqa: E402
+from examples.bevformer import sequence
+from examples.bevformer.config import CONFIGS
+from examples.bevformer.decode import detection_head
+from examples.bevformer.inputs import make_images, make_scene
+from examples.bevformer.weights import build_model
 
 CFG = CONFIGS["test"]
 SCENES, STEPS = 2, 3

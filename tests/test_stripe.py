@@ -14,8 +14,7 @@ from bevir.passes import make_pass
 from bevir.passes.stripe import by_image, groups
 from bevir.target import HWConfig, model
 from bevir.testing import assert_bit_exact
-from test_cprogram import assert_counted_as_modelled
-from test_partition import fx, ints, partitioned
+from tests.shared import assert_counted_as_modelled, fx, ints, partitioned
 
 #: an OCM small enough that the net's first layers do not fit it (the budget is half of it
 #: per core: 32 KB a core, 64 KB on two)

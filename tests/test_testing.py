@@ -6,7 +6,7 @@ import bevir
 from bevir.testing import (GoldenMismatch, GoldenStore, assert_bit_exact, assert_close,
                            compare_graphs, differences, graph_digest)
 from bevir.ir.builder import Builder
-from test_partition import GRAPHS
+from tests.shared import GRAPHS
 
 
 def test_bit_exact_reports_where_outputs_differ():

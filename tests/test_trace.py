@@ -5,7 +5,6 @@ nested or apart, never overlapping), and every node of the plan appears once per
 runs on, with its op and source layer."""
 from __future__ import annotations
 
-import collections
 import json
 
 import pytest
@@ -15,50 +14,7 @@ from bevir.codegen.cprogram import CompiledProgram
 from bevir.flows.target import compile
 from bevir.target import model
 from bevir.target.trace import model_trace
-from test_cprogram import planned
-from test_partition import FREE_SYNC, GRAPHS, partitioned
-
-#: slices that are not a node's step
-LANE_SLICES = {"wait", "dma", "dma in", "dma out"}
-
-
-def check_trace(data: dict) -> dict[int, collections.Counter]:
-    """Validate a trace's structure; per process id, how often each node's slice appears."""
-    assert set(data) >= {"traceEvents"} and isinstance(data["traceEvents"], list)
-    events = data["traceEvents"]
-    named = {(e["pid"], e["tid"]) for e in events if e.get("name") == "thread_name"}
-    processes = {e["pid"] for e in events if e.get("name") == "process_name"}
-    lanes = collections.defaultdict(list)
-    nodes = collections.defaultdict(collections.Counter)
-    for e in events:
-        assert e["ph"] in ("X", "M"), e
-        assert isinstance(e["pid"], int) and isinstance(e["tid"], int), e
-        if e["ph"] == "M":
-            continue
-        assert isinstance(e["name"], str) and e["name"] and isinstance(e["cat"], str), e
-        assert e["ts"] >= 0 and e["dur"] >= 0, e
-        assert (e["pid"], e["tid"]) in named and e["pid"] in processes, e
-        lanes[e["pid"], e["tid"]].append((e["ts"], e["ts"] + e["dur"], e["name"]))
-        if e["name"] not in LANE_SLICES and e["cat"] != "host":
-            assert {"op", "loc"} <= set(e["args"]), e
-            nodes[e["pid"]][e["name"]] += 1
-    for lane, slices in lanes.items():       # nested or apart (as the format requires)
-        slices.sort(key=lambda s: (s[0], -s[1]))
-        open_ends: list[float] = []
-        for start, end, name in slices:
-            while open_ends and open_ends[-1] <= start + 1e-9:
-                open_ends.pop()
-            assert not open_ends or end <= open_ends[-1] + 1e-9, (lane, name)
-            open_ends.append(end)
-    json.dumps(data)                           # plain JSON
-    return nodes
-
-
-def program_nodes(program) -> dict[int, collections.Counter]:
-    """Per process id (core + 1), the nodes the core's program runs."""
-    return {p["core"] + 1: collections.Counter(s["node"] for s in p["steps"])
-            for p in program.manifest["programs"]}
-
+from tests.shared import FREE_SYNC, GRAPHS, check_trace, partitioned, planned, program_nodes
 
 @pytest.mark.parametrize("cores", [1, 2, 3])
 def test_sim_and_exec_traces_show_every_step_once_per_core(rng, tmp_path, cores):

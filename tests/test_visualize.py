@@ -1,16 +1,13 @@
 """The Figure-7 views: boxes projected through lidar2img, clipped at the near plane."""
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from examples.bevformer.config import CAMERA_ORDER, CONFIGS  # noqa: E402
-from examples.bevformer.decode import bev_corners  # noqa: E402
-from examples.bevformer.inputs import (lidar2img_for, make_images, make_scene,  # noqa: E402
+from examples.bevformer.config import CAMERA_ORDER, CONFIGS
+from examples.bevformer.decode import bev_corners
+from examples.bevformer.inputs import (lidar2img_for, make_images, make_scene,
                                        render_camera, scene_boxes)
-from examples.bevformer.visualize import (NEAR, View, box_corners, box_segments,  # noqa: E402
+from examples.bevformer.visualize import (NEAR, View, box_corners, box_segments,
                                           camera_images, figure7, filter_by_score, project)
 
 F, CU, CV = 400.0, 320.0, 240.0
