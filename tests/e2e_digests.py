@@ -1,8 +1,8 @@
 """Stored digests of the BEVFormer e2e (``test`` config) outputs, and how to regenerate them.
 
-    python tests/e2e_digests.py [--check]
+    python -m tests.e2e_digests [--check]      # from the repository root
 
-Runs ``examples/bevformer/e2e.py`` exactly as ``tests/test_bevformer_e2e.py`` does (the
+Runs ``examples/bevformer/e2e.py`` exactly as ``tests/e2e/test_bevformer_e2e.py`` does (the
 seed-0 synthetic weights as a .pth checkpoint) and writes ``tests/data/e2e_digests.json``:
 per output file, the sha256 of each array's dtype, shape and bytes, with the commit and the
 library versions they were made from, under the platform they were made on. Float results

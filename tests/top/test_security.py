@@ -11,7 +11,7 @@ import torch
 
 import bevir
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class Payload:

@@ -4,7 +4,7 @@ from pathlib import Path
 import nbclient
 import nbformat
 
-NOTEBOOK = Path(__file__).resolve().parents[1] / "examples" / "bevformer" / "walkthrough.ipynb"
+NOTEBOOK = Path(__file__).resolve().parents[2] / "examples" / "bevformer" / "walkthrough.ipynb"
 
 
 def test_the_walkthrough_notebook_runs():

@@ -164,7 +164,7 @@ def test_the_docs_fixture_example_is_a_test_file(pytester, monkeypatch):
     CI too, once recorded)."""
     import re
     from pathlib import Path
-    page = (Path(__file__).resolve().parents[1] / "docs" / "testing.md").read_text()
+    page = (Path(__file__).resolve().parents[2] / "docs" / "testing.md").read_text()
     (example,) = [b for b in re.findall(r"```python\n(.*?)```", page, re.S) if "(golden)" in b]
     monkeypatch.delenv("CI", raising=False)
     pytester.makepyfile(test_doc=example)

@@ -14,7 +14,7 @@ import pytest
 
 from bevir.extras import EXTRAS, MissingExtraError, require
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 #: the optional packages' distributions (whose metadata is hidden too)
 DISTRIBUTIONS = ["torch", "apache-tvm", "apache-tvm-ffi", "onnxruntime", "matplotlib", "ray",

@@ -138,7 +138,7 @@ def test_the_shipped_tiny_search_result_is_the_preset_with_more_precision():
     on tiny, docs/quantization.md) loads, has the preset's groups in order and differs from
     the preset only by notches the search takes."""
     from bevir.passes.precision import notches
-    path = (Path(__file__).resolve().parents[1] / "examples" / "bevformer" / "data"
+    path = (Path(__file__).resolve().parents[2] / "examples" / "bevformer" / "data"
             / "tiny_search_quant_config.json")
     found, preset = QuantConfig.load(path), QuantConfig.preset("reference-flow")
     names = [r.name for r in (*preset.rules, preset.default)]

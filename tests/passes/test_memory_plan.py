@@ -15,7 +15,7 @@ from bevir import Builder, DType, TensorType
 from bevir.passes import Statistics
 from bevir.passes.memory_plan import memory_plan, verify_memory_plan
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 # ---- graphs whose optimum is known ---------------------------------------------------------
@@ -304,7 +304,7 @@ def test_same_graph_and_options_give_the_same_plan_byte_for_byte():
     text = [memory_plan(plan(residual(), "plan-memory{ocm=50000, seed=3}")).to_json()
             for _ in range(2)]
     assert text[0] == text[1]
-    code = ("import sys; sys.path.insert(0, '.'); from tests.test_memory_plan import residual, plan;"
+    code = (f"from {__name__} import residual, plan;"      # this module, from the repository root
             "from bevir.passes.memory_plan import memory_plan;"
             "print(memory_plan(plan(residual(), 'plan-memory{ocm=50000, seed=3}')).to_json())")
     # another process, with another string hash salt (set iteration order would show)

@@ -252,7 +252,7 @@ def test_e2e_outputs_match_the_stored_digests(e2e_out):
     digests = stored()
     if digests is None:
         pytest.skip(f"no stored e2e digests for platform '{platform_key()}': "
-                    "python tests/e2e_digests.py adds them")
+                    "python -m tests.e2e_digests adds them")
     assert output_digests(e2e_out) == digests
 
 

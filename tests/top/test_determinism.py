@@ -4,7 +4,7 @@ the optimize pipeline, calibration, quantization, partitioning and memory planni
 cores and code generation, and write byte-identical IR text, constants, ranges, outputs,
 the planned graph, the generated C programs and kernels, and the manifest.
 
-Run as a script (``python tests/test_determinism.py MODEL OUT``), this file is the flow
+Run as a script (``python tests/top/test_determinism.py MODEL OUT``), this file is the flow
 each process runs.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SEEDS = ("1", "2")
 ARTIFACTS = ("float.bevir", "float.safetensors", "q.bevir", "q.safetensors", "ranges.json",
              "ranges.safetensors", "outputs.safetensors", "prog/graph.bevir",

@@ -302,7 +302,7 @@ def test_bevformer_int8_is_bit_identical_on_1_to_4_cores(bevformer_int8, hw):
 
 @pytest.mark.parametrize("name", GRAPHS)
 def test_golden_outputs_stay_as_stored(golden, name):
-    """The integer test graphs' golden outputs are pinned in tests/golden/ (bevir.testing's
+    """The integer test graphs' golden outputs are pinned in tests/passes/golden/ (bevir.testing's
     `golden` fixture): a change of an op's integer semantics shows here; the 4-core
     partition agrees with them."""
     graph, inputs = GRAPHS[name](np.random.default_rng(0))

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1] / "bevir"
+ROOT = Path(__file__).resolve().parents[2] / "bevir"
 
 LAYERS = ["errors", "extras", "fsutil", "progress", "plugins", "ir", "ops", "target", "sim",
           "passes", "frontends", "codegen", "flows", "scale", "testing", "top"]

@@ -296,7 +296,7 @@ def test_resize_nearest_any_dtype_and_rank(rng):
     np.testing.assert_array_equal(y, x.repeat(2, 0).repeat(2, 2))
     _, _, node = build("resize", randn(rng, 1, 2, 3, 4), layout=Layout.nhwc, size=(1, 4, 6, 4))
     assert node.output.type.layout is Layout.nhwc
-    with pytest.raises(VerifyError, match="float"):     # 8-bit linear: tests/test_int8_cnn.py
+    with pytest.raises(VerifyError, match="float"):     # 8-bit linear: tests/flows/test_int8_cnn.py
         build("resize", x.astype(np.int32), size=(4, 3, 8), mode="linear")
     with pytest.raises(VerifyError, match="size"):
         build("resize", x, size=(4, 3))

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-DOCS = sorted((Path(__file__).resolve().parents[1] / "docs").glob("*.md"))
+DOCS = sorted((Path(__file__).resolve().parents[2] / "docs").glob("*.md"))
 BLOCK = re.compile(r"```python\n(.*?)```", re.S)
 #: pages whose examples each run on their own (a test file, a script)
 STANDALONE = ("testing.md",)

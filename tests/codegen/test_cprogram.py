@@ -235,7 +235,7 @@ def compile_in_a_new_process(model: Path, out: Path, cache: Path, hw: str,
     import os
     import subprocess
     env = dict(os.environ, BEVIR_CACHE=str(cache), PYTHONHASHSEED=str(seed))
-    tool = Path(__file__).resolve().parents[1] / "tools" / "compile_counted.py"
+    tool = Path(__file__).resolve().parents[2] / "tools" / "compile_counted.py"
     done = subprocess.run([sys.executable, str(tool), str(model), str(out), hw],
                           capture_output=True, text=True, env=env, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])

@@ -3,14 +3,14 @@ at the opsets they ship with (10..28).
 
 Only the cases whose ops all have a converter are collected. Every case must import and
 match the expected outputs (with the backend's own tolerances, rtol 1e-3 / atol 1e-7;
-exact for integers and bools), except the cases listed in ``data/onnx_node_skips.json``:
+exact for integers and bools), except the cases listed in ``tests/data/onnx_node_skips.json``:
 those the importer is expected to refuse (UnsupportedError: a dtype, attribute, mode or
 dynamic shape bevir does not take), each with the importer's message as its reason. A
 case refused but not listed fails ("newly refused"), so does a listed case refused for
 another reason or one that imports ("listed as skip but passes"); a listed name that is
 no longer a collected case, and a supported op whose node cases are all listed, fail
-their own tests. After a change to the importer, ``python -m tests.test_onnx_node`` (from
-the repository root) rewrites the manifest from the current refusals: review its diff, a
+their own tests. After a change to the importer, ``python -m tests.frontends.test_onnx_node``
+(from the repository root) rewrites the manifest from the current refusals: review its diff, a
 refusal from a supported converter that should take the case is a bug, not a skip. The
 session ends with the counts: passed, skipped by reason (:func:`skip_reason`) and failed,
 per opset range and per op, and the pass rate of the cases whose dtypes bevir has.
