@@ -1,4 +1,5 @@
-"""Shared fixtures: reproducible random data, one generator per test."""
+"""Shared fixtures (reproducible random data, one generator per test; the BEVFormer INT8
+frame) and the markers given by file: slow, e2e, tvm."""
 from __future__ import annotations
 
 import zlib
@@ -8,6 +9,9 @@ import numpy as np
 import pytest
 
 pytest_plugins = ["pytester"]
+
+#: the shared checks (tests/shared.py) report failed asserts as the test modules do
+pytest.register_assert_rewrite("tests.shared")
 
 
 def stable_seed(name: str) -> int:
