@@ -22,11 +22,12 @@ demo: $(STAMP)
 	$(PY) examples/demo.py
 	$(PY) examples/bevformer/e2e.py --config test --out out/bevformer_test
 
+# PYTEST_ARGS narrows or adds to either: make test-fast PYTEST_ARGS=tests/passes
 test: $(STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -m "not slow"
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(PY) bench/run_all.py

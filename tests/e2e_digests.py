@@ -1,8 +1,8 @@
 """Stored digests of the BEVFormer e2e (``test`` config) outputs, and how to regenerate them.
 
-    python tests/e2e_digests.py [--check]
+    python -m tests.e2e_digests [--check]      # from the repository root
 
-Runs ``examples/bevformer/e2e.py`` exactly as ``tests/test_bevformer_e2e.py`` does (the
+Runs ``examples/bevformer/e2e.py`` exactly as ``tests/e2e/test_bevformer_e2e.py`` does (the
 seed-0 synthetic weights as a .pth checkpoint) and writes ``tests/data/e2e_digests.json``:
 per output file, the sha256 of each array's dtype, shape and bytes, with the commit and the
 library versions they were made from, under the platform they were made on. Float results
@@ -48,7 +48,6 @@ def output_digests(out: Path) -> dict[str, dict[str, str]]:
 
 def e2e_argv(out: Path) -> list[str]:
     """Writes the seed-0 checkpoint into ``out`` and returns the e2e CLI arguments the test uses."""
-    sys.path.insert(0, str(ROOT))
     from examples.bevformer.config import CONFIGS
     from examples.bevformer.weights import make_checkpoint, save_checkpoint
     pth = out / "weights.pth"
@@ -100,7 +99,6 @@ def _provenance() -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    sys.path.insert(0, str(ROOT))
     from examples.bevformer import e2e
     check = "--check" in (argv if argv is not None else sys.argv[1:])
     with tempfile.TemporaryDirectory() as tmp:

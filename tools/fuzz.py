@@ -413,8 +413,7 @@ def _seed_programs() -> dict:
     if not _SEED_PROGRAMS:
         import subprocess
         from bevir.flows.target import compile_program
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-        from test_partition import FREE_SYNC, GRAPHS      # splits pay: 2 and 3 cores
+        from tests.shared import FREE_SYNC, GRAPHS        # splits pay: 2 and 3 cores
         root = Path(tempfile.mkdtemp(prefix="bevir-fuzz-programs-"))
         graph, inputs = GRAPHS["chain"](np.random.default_rng(0))
         other, _ = GRAPHS["chain"](np.random.default_rng(1))

@@ -68,20 +68,21 @@ PACKAGE = "bevir"
 # ---- configuration -----------------------------------------------------------------------
 #: target module -> the test files that cover it
 TARGETS: dict[str, tuple[str, ...]] = {
-    "bevir/ops/numerics.py": ("tests/test_fixed_ops.py", "tests/test_bridge.py",
-                              "tests/test_quant.py", "tests/test_qdq.py",
-                              "tests/test_numerics_mutants.py"),
-    "bevir/ops/fixed_point.py": ("tests/test_fixed_ops.py", "tests/test_bridge.py",
-                                 "tests/test_numerics_mutants.py"),
-    "bevir/ops/fixed_products.py": ("tests/test_fixed_ops.py", "tests/test_bridge.py",
-                                    "tests/test_numerics_mutants.py"),
-    "bevir/ops/fixed_norms.py": ("tests/test_fixed_ops.py", "tests/test_bridge.py",
-                                 "tests/test_numerics_mutants.py"),
-    "bevir/ops/fixed_attention.py": ("tests/test_fixed_ops.py", "tests/test_bridge.py",
-                                     "tests/test_numerics_mutants.py"),
-    "bevir/ops/fixed_tables.py": ("tests/test_fixed_ops.py", "tests/test_numerics_mutants.py"),
-    "bevir/ops/qlinear.py": ("tests/test_quant.py", "tests/test_qdq.py", "tests/test_layout.py",
-                             "tests/test_numerics_mutants.py"),
+    "bevir/ops/numerics.py": ("tests/ops/test_fixed_point.py", "tests/passes/test_bridge.py",
+                              "tests/frontends/test_onnx_qoperator.py",
+                              "tests/passes/test_fold_qdq.py", "tests/ops/test_numerics_mutants.py"),
+    "bevir/ops/fixed_point.py": ("tests/ops/test_fixed_point.py", "tests/passes/test_bridge.py",
+                                 "tests/ops/test_numerics_mutants.py"),
+    "bevir/ops/fixed_products.py": ("tests/ops/test_fixed_point.py", "tests/passes/test_bridge.py",
+                                    "tests/ops/test_numerics_mutants.py"),
+    "bevir/ops/fixed_norms.py": ("tests/ops/test_fixed_point.py", "tests/passes/test_bridge.py",
+                                 "tests/ops/test_numerics_mutants.py"),
+    "bevir/ops/fixed_attention.py": ("tests/ops/test_fixed_point.py", "tests/passes/test_bridge.py",
+                                     "tests/ops/test_numerics_mutants.py"),
+    "bevir/ops/fixed_tables.py": ("tests/ops/test_fixed_point.py",
+                                  "tests/ops/test_numerics_mutants.py"),
+    "bevir/ops/qlinear.py": ("tests/frontends/test_onnx_qoperator.py", "tests/passes/test_fold_qdq.py",
+                             "tests/passes/test_layout.py", "tests/ops/test_numerics_mutants.py"),
 }
 #: functions and methods not mutated: type rules and shape checks ("*": in every target)
 SKIP: dict[str, tuple[str, ...]] = {

@@ -1,0 +1,1 @@
+"""bevir's test suite: one package per package of bevir (see docs/contributing.md)."""

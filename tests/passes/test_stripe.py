@@ -1,0 +1,152 @@
+"""stripe-images: the layers whose tensors the OCM cannot hold run one image at a time, so
+they stay on chip. The striped graph computes bit for bit what the graph did (golden model,
+per-core C programs on 1 and 2 cores, counting what the cycle model charges); only the ops
+that compute images alone are striped, and a group ends after its last op too large for
+the budget; the ranges other cores read of a piece are cut on the core that made it."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import bevir
+from bevir.flows.target import compile_program
+from bevir.passes import make_pass
+from bevir.passes.stripe import by_image, groups
+from bevir.target import HWConfig, model
+from bevir.testing import assert_bit_exact
+from tests.shared import assert_counted_as_modelled, fx, ints, partitioned
+
+#: an OCM small enough that the net's first layers do not fit it (the budget is half of it
+#: per core: 32 KB a core, 64 KB on two)
+SMALL = "QC-U 64KB 16MAC x2"
+
+
+def net(rng, images: int = 3, rows: int = 23):
+    """conv 3x3 -> conv 3x3 -> residual add (large: images x 16 x rows x 40) -> conv 3x3
+    stride 4 (small) -> a reshape that mixes the images (the end of any group)."""
+    b = bevir.Builder("net")
+    x = b.input("x", fx((images, 4, rows, 40), 5))
+    def conv(v, cin, cout, name, stride=1):
+        w = b.const(ints(rng, (cout, cin, 3, 3)), f"{name}.w", fx((cout, cin, 3, 3), 7))
+        return b.fx_conv2d(v, w, strides=(stride, stride), pads=(1, 1, 1, 1),
+                           out_frac_bits=4, loc=f"net/{name}", name=name)
+    y1 = conv(x, 4, 16, "conv1")
+    y2 = conv(y1, 16, 16, "conv2")
+    y3 = b.fx_add(y1, y2, out_frac_bits=3, loc="net/residual", name="residual")
+    y4 = conv(y3, 16, 8, "conv3", stride=4)
+    t = y4.type.shape
+    b.output("y", b.reshape(y4, shape=[1, t[0] * t[1], t[2] * t[3]], loc="net/flatten"))
+    b.output("mid", y3)
+    return b.graph, {"x": ints(rng, (images, 4, rows, 40))}
+
+
+def striped(graph, hw: str = SMALL):
+    return bevir.optimize(graph.clone(), [make_pass("stripe-images", hw=hw)])
+
+
+def test_the_large_layers_run_image_by_image_bit_for_bit(rng):
+    graph, feed = net(rng)
+    g = striped(graph)
+    stripes = [n for n in g.nodes if "stripe" in n.meta]
+    # conv1, conv2 and the add exceed the budget: three copies each; conv3 (stride 4)
+    # fits and reads the whole batch, as the reshape after it
+    assert sorted((n.meta["stripe"]["of"], n.meta["stripe"]["index"]) for n in stripes) == \
+        sorted((of, i) for of in ("conv1", "conv2", "residual") for i in range(3))
+    assert all(n.output.type.shape[0] == 1 for n in stripes)
+    assert [n.op for n in g.nodes if n.output.name in ("conv3", "residual")] == \
+        ["core_gather", "fx_conv2d"]
+    # image-major: every op of image 0 before any of image 1
+    order = [n.meta["stripe"]["index"] for n in stripes]
+    assert order == sorted(order)
+    assert_bit_exact(bevir.run(g, feed), bevir.run(graph, feed))
+
+
+def test_nothing_is_striped_where_the_tensors_fit(rng):
+    graph, _ = net(rng)
+    g = striped(graph, "QC-U 8MB 16MAC x2")
+    assert [n.op for n in g.nodes] == [n.op for n in graph.nodes]
+
+
+def test_only_ops_that_compute_images_alone_join_a_group(rng):
+    graph, _ = net(rng)
+    by = {n.output.name: by_image(n) for n in graph.nodes}
+    assert by["conv1"] and by["conv2"] and by["residual"] and by["conv3"]
+    assert not any(v for k, v in by.items() if k not in ("conv1", "conv2", "residual",
+                                                          "conv3"))   # the reshape
+    hw = HWConfig.parse(SMALL)
+    (group,) = groups(graph, hw.ocm_per_core // 2, hw.cores)
+    assert [n.output.name for n in group] == ["conv1", "conv2", "residual"]
+
+
+@pytest.mark.parametrize("cores", [1, 2])
+def test_striped_programs_are_bit_exact_and_count_what_the_model_charges(rng, tmp_path,
+                                                                          cores):
+    """The target pipeline stripes, partitions (where the model says it pays) and plans
+    memory; the per-core C programs compute the golden model's integers, counting the
+    bytes the model charges, and nothing streams: every striped tensor is on chip."""
+    graph, feed = net(rng, rows=29)             # odd rows: uneven pieces, halos at borders
+    hw = HWConfig.parse(SMALL).with_cores(cores)
+    program = compile_program(graph, tmp_path, hw=hw)
+    g = program.graph
+    assert any("stripe" in n.meta for n in g.nodes)
+    assert_bit_exact(program.run(feed), bevir.run(graph, feed))
+    assert_counted_as_modelled(program, hw)
+    assert not any("stream" in n.meta for n in g.nodes if "stripe" in n.meta)
+
+
+def test_striping_cuts_the_ddr_traffic(rng):
+    graph, _ = net(rng)
+    hw = HWConfig.parse(SMALL).with_cores(1)
+    whole = bevir.optimize(graph.clone(), [make_pass("plan-memory", hw=hw)])
+    images = bevir.optimize(striped(graph, hw.option_text()), [make_pass("plan-memory", hw=hw)])
+    assert model(images, hw).ddr_bytes < model(whole, hw).ddr_bytes
+
+
+def test_a_piece_s_halo_is_cut_where_it_was_made(rng):
+    """A row piece reads its neighbours' halo rows: the neighbour cuts them (core_slice on
+    the core that made the piece) and only those rows cross, not the whole piece."""
+    graph, _ = net(rng, images=1, rows=40)
+    g = partitioned(graph, 2)
+    cross = [n for n in g.nodes if n.op == "core_slice" and n.inputs[0].producer is not None
+             and n.inputs[0].producer.meta.get("piece")]
+    assert cross
+    assert all(n.meta["core"] == n.inputs[0].producer.meta["core"] for n in cross)
+    assert all(n.output.type.nbytes < n.inputs[0].type.nbytes for n in cross)
+
+
+def test_a_bad_budget_is_a_clear_error(rng):
+    graph, _ = net(rng)
+    with pytest.raises(bevir.BevirError, match="budget"):
+        bevir.optimize(graph, [make_pass("stripe-images", budget=0.0)])
+
+
+def test_core_slices_and_gathers_split_along_the_other_axes(rng):
+    """Pieces of a core_slice or core_gather along any axis but its own read the same
+    range of each operand (what lets the partition split an image's plumbing by rows)."""
+    from bevir.passes.partition import pieces_at
+    graph, feed = net(rng)
+    g = striped(graph)
+    gather = next(n for n in g.nodes if n.op == "core_gather")
+    sl = next(n for n in g.nodes if n.op == "core_slice")
+    for node in (gather, sl):
+        assert 0 not in node.opdef.region_axes(node.opdef.ctx(node))
+        (spec,) = pieces_at(node, 2, [(3, 9)])
+        assert all(r == (2, 3, 9) for r in spec.ranges)
+    np.testing.assert_array_equal(bevir.run(g, feed)["mid"], bevir.run(graph, feed)["mid"])
+
+
+def test_show_schedule_lists_the_groups_splits_and_cycles(rng, tmp_path, capsys):
+    """bevir show --schedule: the schedule bevir compile makes, with the figures bevir sim
+    reports (the same makespan), the image-by-image group and its ops, the splits."""
+    from bevir.cli import main
+    from bevir.passes.target import plan_for_target
+    graph, _ = net(rng)
+    bevir.save(graph, tmp_path / "net.bevir")
+    assert main(["show", str(tmp_path / "net.bevir"), "--schedule", "--hw", SMALL]) == 0
+    text = capsys.readouterr().out
+    hw = HWConfig.parse(SMALL)
+    makespan = model(plan_for_target(graph, hw), hw).makespan
+    assert f"makespan {makespan:,} cycles" in text
+    assert "run image by image: 1 group(s)" in text
+    assert "group 0: 3 ops x 3 images from %conv1 (net/conv1) to %residual" in text
+    assert "splits (ops):" in text and "steps by bound:" in text

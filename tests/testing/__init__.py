@@ -1,0 +1,1 @@
+"""Tests of bevir.testing (golden runs, reports, the pytest plugin)."""
