@@ -70,7 +70,8 @@ PACKAGE = "bevir"
 TARGETS: dict[str, tuple[str, ...]] = {
     "bevir/ops/numerics.py": ("tests/ops/test_fixed_point.py", "tests/passes/test_bridge.py",
                               "tests/frontends/test_onnx_qoperator.py",
-                              "tests/passes/test_fold_qdq.py", "tests/ops/test_numerics_mutants.py"),
+                              "tests/passes/test_fold_qdq.py",
+                              "tests/ops/test_numerics_mutants.py"),
     "bevir/ops/fixed_point.py": ("tests/ops/test_fixed_point.py", "tests/passes/test_bridge.py",
                                  "tests/ops/test_numerics_mutants.py"),
     "bevir/ops/fixed_products.py": ("tests/ops/test_fixed_point.py", "tests/passes/test_bridge.py",
@@ -81,8 +82,9 @@ TARGETS: dict[str, tuple[str, ...]] = {
                                      "tests/ops/test_numerics_mutants.py"),
     "bevir/ops/fixed_tables.py": ("tests/ops/test_fixed_point.py",
                                   "tests/ops/test_numerics_mutants.py"),
-    "bevir/ops/qlinear.py": ("tests/frontends/test_onnx_qoperator.py", "tests/passes/test_fold_qdq.py",
-                             "tests/passes/test_layout.py", "tests/ops/test_numerics_mutants.py"),
+    "bevir/ops/qlinear.py": ("tests/frontends/test_onnx_qoperator.py",
+                             "tests/passes/test_fold_qdq.py", "tests/passes/test_layout.py",
+                             "tests/ops/test_numerics_mutants.py"),
 }
 #: functions and methods not mutated: type rules and shape checks ("*": in every target)
 SKIP: dict[str, tuple[str, ...]] = {

@@ -98,7 +98,9 @@ static void bevir_waiting(int64_t* since, int64_t* turns, int64_t what) {
   sched_yield();
 }
 /* ready flags: a value's producer publishes the run's epoch once the value is in DDR */
-void bevir_publish(int64_t* flag, int64_t epoch) { __atomic_store_n(flag, epoch, __ATOMIC_RELEASE); }
+void bevir_publish(int64_t* flag, int64_t epoch) {
+  __atomic_store_n(flag, epoch, __ATOMIC_RELEASE);
+}
 void bevir_wait(int64_t* flag, int64_t epoch) {
   int64_t since = 0, turns = 0;
   while (__atomic_load_n(flag, __ATOMIC_ACQUIRE) != epoch)
@@ -252,7 +254,8 @@ class _CoreWriter:
                        f"{self.ptr(src.place)}, {dst.nbytes});")
         if step.kernel:
             pointers = ", ".join(f"(void*)({self.ptr(a.place)})" for a in step.args)
-            out.append(f"  {{ void* a[] = {{{pointers}}}; if (bevir_{kernel}(a)) return {s + 1}; }}")
+            out.append(f"  {{ void* a[] = {{{pointers}}}; "
+                       f"if (bevir_{kernel}(a)) return {s + 1}; }}")
             out.append("  " + _count(s, kernel_calls=1))
         out.append(_stamp(s, "computed"))
         in_place = step.ddr_args()

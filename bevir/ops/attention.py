@@ -90,7 +90,8 @@ def _deform_sample(c, query, value, ref_fn, so_w, so_b, aw_w, aw_b, vp_w, vp_b, 
 
 
 class _DeformOp(OpDef):
-    attrs = {"num_heads": Int(), "num_levels": Int(1), "num_points": Int(), "spatial_shapes": Ints()}
+    attrs = {"num_heads": Int(), "num_levels": Int(1), "num_points": Int(),
+             "spatial_shapes": Ints()}
 
     def check(self, c, query, value):
         float_operands(query, value)
@@ -115,7 +116,8 @@ class _DeformOp(OpDef):
 class TemporalSelfAttention(_DeformOp):
     """BEVFormer TemporalSelfAttention: deformable self-attention over [prev_bev, query]
     (value omitted: [query, query]), offsets from [value[0], query+pos], averaged over the
-    queue, output projection and residual. query (bs, Q, C); reference_points (bs*queue, Q, L, 2)."""
+    queue, output projection and residual. query (bs, Q, C); reference_points
+    (bs*queue, Q, L, 2)."""
 
     name = "temporal_self_attention"
     operands = ("query", "value?", "query_pos", "reference_points",
@@ -123,7 +125,8 @@ class TemporalSelfAttention(_DeformOp):
     attrs = {**_DeformOp.attrs, "num_bev_queue": Int(2)}
 
     def infer(self, c, query, value, pos, ref, *params):
-        self.check(c, query, value or query.with_(shape=(query.shape[0] * c.num_bev_queue,) + query.shape[1:]))
+        self.check(c, query, value or query.with_(
+            shape=(query.shape[0] * c.num_bev_queue,) + query.shape[1:]))
         require(pos.shape == query.shape, f"query_pos {pos} must match query {query}")
         return query
 
@@ -136,7 +139,8 @@ class TemporalSelfAttention(_DeformOp):
         qcat = np.concatenate([value[:bs], q], -1)
 
         def place(off, aw):     # (bs, Q, H, queue, L, P, ...) -> batch = b*queue + i
-            off = off.transpose(0, 3, 1, 2, 4, 5, 6).reshape(bs * nbq, nq, *off.shape[2:3], *off.shape[4:])
+            off = off.transpose(0, 3, 1, 2, 4, 5, 6).reshape(bs * nbq, nq, *off.shape[2:3],
+                                                              *off.shape[4:])
             aw = aw.transpose(0, 3, 1, 2, 4, 5).reshape(bs * nbq, nq, aw.shape[2], *aw.shape[4:])
             return ref[:, :, None, :, None, :] + off, aw
         out = _deform_sample(c, qcat, value, place, so_w, so_b, aw_w, aw_b, vp_w, vp_b, groups=nbq)
@@ -287,7 +291,8 @@ class MsDeformAttn(OpDef):
         require(value.rank == 4 and loc.rank == 6 and aw.rank == 5 and loc.shape[-1] == 2
                 and loc.shape[:5] == aw.shape and value.shape[0] == loc.shape[0]
                 and value.shape[2] == loc.shape[2], f"shapes do not fit: {value}, {loc}, {aw}")
-        return TensorType((loc.shape[0], loc.shape[1], value.shape[2] * value.shape[3]), value.dtype)
+        return TensorType((loc.shape[0], loc.shape[1], value.shape[2] * value.shape[3]),
+                          value.dtype)
 
     def compute(self, c, value, loc, aw):
         return kernel_for("ms_deform_attn")(c, value, loc, aw)   # kernels/sample.py

@@ -358,7 +358,8 @@ class FxMul(OpDef):
         (ta, tb), out = c.in_types, c.out_types[0]
         f = ta.quant.frac_bits[0] + tb.quant.frac_bits[0]
         return L.compute(out, lambda *i: L.saturate(L.rshift_round(
-            L.i64(a[L.broadcast_index(ta, out.shape, i)]) * L.i64(b[L.broadcast_index(tb, out.shape, i)]),
+            L.i64(a[L.broadcast_index(ta, out.shape, i)])
+            * L.i64(b[L.broadcast_index(tb, out.shape, i)]),
             f - c.out_frac_bits), out_dtype(c).np))
 
 

@@ -18,8 +18,8 @@ from .common import require
 from .fixed_point import (I8, I16, OUT, WIDE_DTYPE, acc_quant, check_bias, fixed_type, frac_of,
                           out_dtype, require_out_frac, weight_quant)
 from .linalg import (CONV_ATTRS, NCHW_CHANNEL_LIMIT, Contraction, Convolution, MatrixProduct,
-                     batch_index, conv2d_nchw, conv2d_nhwc, conv_accumulator, from_nhwc, matmul_shape,
-                     to_nhwc)
+                     batch_index, conv2d_nchw, conv2d_nhwc, conv_accumulator, from_nhwc,
+                     matmul_shape, to_nhwc)
 from .numerics import MAX_REDUCTION, Rescale, int_matmul, saturate
 from .onnx_export import linear, matmul_bias, qdq
 
@@ -171,7 +171,8 @@ class FxLinear(_FxProduct):
 
     def split_piece(self, c, kind, start, stop):
         if kind == "rows":
-            return Piece(((self.split_axis(c, kind), start, stop),) + (None,) * (len(c.in_types) - 1))
+            return Piece(((self.split_axis(c, kind), start, stop),)
+                         + (None,) * (len(c.in_types) - 1))
         return Piece((None, (0, start, stop)) + ((0, start, stop),) * (len(c.in_types) - 2))
 
     def weight_axes(self, c, w):

@@ -227,7 +227,8 @@ class Conv2d(Convolution):
     a depthwise one (bevir.ops.kernels.conv): the same bits in either layout."""
 
     name = "conv2d"
-    onnx_export = onnx_as("Conv", {"strides": "strides", "pads": "pads", "dilations": "dilations", "groups": "group"})
+    onnx_export = onnx_as("Conv", {"strides": "strides", "pads": "pads",
+                                   "dilations": "dilations", "groups": "group"})
     fixed_point = FixedLowering("product")
     nhwc = NATIVE
     operands = ("x", "w", "b?")
@@ -265,7 +266,8 @@ class Gemm(Contraction):
     With trans_b it is a linear layer (torch's weight layout)."""
 
     name = "gemm"
-    onnx_export = onnx_as("Gemm", {"alpha": "alpha", "beta": "beta", "trans_a": "transA", "trans_b": "transB"})
+    onnx_export = onnx_as("Gemm", {"alpha": "alpha", "beta": "beta", "trans_a": "transA",
+                                   "trans_b": "transB"})
     fixed_point = FixedLowering("product")
     operands = ("a", "b", "c?")
     attrs = {"alpha": Float(1.0), "beta": Float(1.0), "trans_a": Bool(False),
@@ -330,7 +332,8 @@ def conv_accumulator(c, L, x, w, dtype: str, x_zero: int = 0, w_zero: np.ndarray
 
     def xv(b, cin, y, xx):
         load = x[(b, y, xx, cin) if nhwc else (b, cin, y, xx)]
-        return L.cast(load, dtype) - L.const_or_cast(x_zero, dtype) if x_zero else L.cast(load, dtype)
+        value = L.cast(load, dtype)
+        return value - L.const_or_cast(x_zero, dtype) if x_zero else value
 
     wz = None if w_zero is None else L.const(np.asarray(w_zero, np.int32).reshape(-1), "wzp")
 

@@ -128,7 +128,8 @@ class MaxPool2dIndices(OpDef):
             flat = (flat // (h * w)) * (h * w) + np.arange(w)[None, :] * h + np.arange(h)[:, None]
         fill = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
         best, where = None, None
-        for tap, idx in zip(window_taps(x, axes, c, out, fill), window_taps(flat, axes, c, out, -1)):
+        for tap, idx in zip(window_taps(x, axes, c, out, fill),
+                            window_taps(flat, axes, c, out, -1)):
             if best is None:
                 best, where = tap.copy(), idx.copy()
                 continue
@@ -415,7 +416,8 @@ class Resize(OpDef):
 
     def onnx_export(self, e, node, ins, outs):
         a = node.attrs
-        scales = None if a["scales"] is None else e.const(np.asarray(a["scales"], np.float32), "scales")
+        scales = (None if a["scales"] is None
+                  else e.const(np.asarray(a["scales"], np.float32), "scales"))
         roi = None if a["roi"] is None else e.const(np.asarray(a["roi"], np.float32), "roi")
         e.emit("Resize", ins + [roi, scales, None if scales else e.ints(a["size"], "sizes")], outs,
                mode=a["mode"], nearest_mode=a["nearest_mode"], cubic_coeff_a=a["cubic_coeff_a"],
@@ -447,7 +449,8 @@ class GridSample(OpDef):
     def onnx_export(self, e, node, ins, outs):
         mode = node.attrs["mode"]
         e.emit("GridSample", ins, outs, mode="linear" if mode == "bilinear" else mode,
-               padding_mode=node.attrs["padding_mode"], align_corners=int(node.attrs["align_corners"]))
+               padding_mode=node.attrs["padding_mode"],
+               align_corners=int(node.attrs["align_corners"]))
 
     def infer(self, c, x, grid):
         float_operands(x, grid)

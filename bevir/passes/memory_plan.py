@@ -21,7 +21,8 @@ hill-climb over the placement order (Vela) that stops at the lower bound, after
 ``search_steps`` placements or after ``search_patience`` placements in a row that did not
 lower the peak. Where best fit fragments (the bound fits, the placement does not), a value
 live where the placement overflows, at least as large as the overflow, moves to DDR (or,
-where none is, the node whose own tensors fill the OCM streams them). Results go to meta (registered keys, saved with the graph):
+where none is, the node whose own tensors fill the OCM streams them). Results go to meta
+(registered keys, saved with the graph):
 ``value.meta["ocm"]`` (a list of ``{"core", "offset", "size"}``, one per core holding the
 value), ``value.meta["mem"]`` (``"ocm"`` or ``"ddr"``), ``graph.meta["memory_plan"]`` (the
 options and per-core figures); :func:`memory_plan_of` reads them back as a :class:`MemoryPlan`
@@ -170,8 +171,9 @@ class _Timeline:
     (its load is node ``i``'s operand), one after it a subset of node ``i``'s results, so the
     live bytes peak at node steps and a placement without conflicts there has none at the
     DMA steps either. A value in OCM is live on each core that touches it from that core's
-    first touch to its last (graph inputs from step 0, outputs to the last step); a value in DDR is a load buffer at each node that reads it (from the
-    step it is issued at, when prefetched) and, with a producer, its result buffer until the store."""
+    first touch to its last (graph inputs from step 0, outputs to the last step); a value in
+    DDR is a load buffer at each node that reads it (from the step it is issued at, when
+    prefetched) and, with a producer, its result buffer until the store."""
 
     def __init__(self, graph: Graph, cores: int, shared: bool, align: int, ocm: int,
                  stream: bool = True):
@@ -208,7 +210,7 @@ class _Timeline:
             self._add(self.ocm_intervals(name), +1)
         self.bound_in_ocm = {c: int(live.max()) for c, live in self.live.items()}
         self.stages = self._stages(ocm) if stream else {}
-        for i, (stripes, size) in self.stages.items():
+        for i, (_, size) in self.stages.items():
             self.live[self.core[i]][i] += size
         self.streamed_values = {v.name for i in self.stages for v in self.held(self.nodes[i])}
         for name in self.values:
@@ -545,10 +547,11 @@ class PlanMemory(Pass):
         ahead there (Belady), then the largest, then the first."""
         live = tl.live[core]
         placement, fullest = t is not None, int(live.argmax())
-        for t in dict.fromkeys([fullest if t is None else t, fullest]):
-            best = self._candidate(tl, core, t, need)
+        for step in dict.fromkeys([fullest if t is None else t, fullest]):
+            best = self._candidate(tl, core, step, need)
             if best is not None:
                 return best
+        t = fullest                             # none moves: name the fullest step
         node = tl.nodes[t]
         held = sorted(((tl.size[key.value], key) for name in tl.values
                        for c, start, end, key in tl.intervals(name)
@@ -650,7 +653,8 @@ class PlanMemory(Pass):
                 self._load(graph, name, i, nodes[i], n, ddr_value, key_value)
         for v in graph.values():
             key_value.setdefault(BufferKey(v.name), v)
-        stage = {_stage_key(nodes[i]): (nodes[i], stripes) for i, (stripes, _) in sched.stages.items()}
+        stage = {_stage_key(nodes[i]): (nodes[i], stripes)
+                 for i, (stripes, _) in sched.stages.items()}
         for b in bufs:
             if b.key in stage:
                 node, stripes = stage[b.key]

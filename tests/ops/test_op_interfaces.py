@@ -43,7 +43,7 @@ def test_products_share_one_family_each():
     others = {n for n, op in OPS.items() if isinstance(op, Contraction)
               and type(op).__module__.startswith("bevir.")} - convs - products
     # docs/ops.md names each family's ops as the registry has them
-    doc = " ".join((Path(__file__).resolve().parents[1] / "docs" / "ops.md").read_text().split())
+    doc = " ".join((Path(__file__).resolve().parents[2] / "docs" / "ops.md").read_text().split())
 
     def listed(pattern):
         return set(re.findall(r"`(\w+)`", re.search(pattern, doc).group(1)))

@@ -127,7 +127,6 @@ def test_commutative_and_interior_uses():
     b.output("r", r)                    # the inner relu is a graph output too
     y = b.add(z, x)                     # constant first: matches through commutativity
     b.output("y", y)
-    g = b.graph
     m = match_pattern(AddZero.pattern, y.producer)
     assert m and m["x"] is x and m["zero"] is z
     miss = match_pattern(ReluRelu.pattern, s.producer)

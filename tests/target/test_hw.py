@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 
+import pydantic
 import pytest
 
 import bevir
@@ -41,7 +42,7 @@ def test_hash_is_stable_and_sensitive():
 
 def test_the_config_is_frozen():
     hw = HWConfig()
-    with pytest.raises(Exception):
+    with pytest.raises(pydantic.ValidationError):
         hw.cores = 2
     assert hw.cores == 1
 

@@ -190,8 +190,9 @@ class Calibrator:
         try:
             for sample in samples:
                 if not isinstance(sample, Mapping):
-                    raise CalibrationError(f"calibration sample {count} is a {type(sample).__name__}, "
-                                           "not a mapping of input name to array")
+                    raise CalibrationError(
+                        f"calibration sample {count} is a {type(sample).__name__}, "
+                        "not a mapping of input name to array")
                 interp.run(sample)
                 observer.observe_inputs(self.graph, sample)
                 count += 1

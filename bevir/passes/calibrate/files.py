@@ -72,7 +72,8 @@ class _reading:
     def __exit__(self, typ, exc, tb) -> bool:
         if exc is not None and isinstance(exc, (KeyError, TypeError, ValueError, AttributeError,
                                                 OverflowError)):
-            raise CalibrationError(f"{self.path}: malformed ranges file: {typ.__name__}: {exc}") from exc
+            raise CalibrationError(
+                f"{self.path}: malformed ranges file: {typ.__name__}: {exc}") from exc
         return False
 
 
@@ -116,7 +117,8 @@ def entry_from_json(i: int, d: dict, arrays: Mapping[str, np.ndarray]) -> Tensor
         raise ValueError(f"range [{lo!r}, {hi!r}] of value '{d['name']}': low above high")
     e = TensorRange(ValueKey(str(d["name"]), str(d["loc"]), int(d["index"])),
                     float(d["min"]), float(d["max"]), float(lo), float(hi), str(d["op"]),
-                    str(d["source"]), None if d["shape"] is None else tuple(int(s) for s in d["shape"]),
+                    str(d["source"]),
+                    None if d["shape"] is None else tuple(int(s) for s in d["shape"]),
                     int(d["count"]), int(d["nonfinite"]), int(d["samples"]),
                     None if d["axis"] is None else int(d["axis"]))
     if f"{i}.channel_min" in arrays:

@@ -39,7 +39,8 @@ def calibrate(graph: Graph,
     ``attach``: make the result the graph's calibration (see :meth:`Ranges.attach`).
     """
     m = RangeMethod(method, percentile, symmetric, bits)
-    seeded = seed if isinstance(seed, Ranges) else Ranges.load(seed) if seed is not None else Ranges()
+    seeded = (seed if isinstance(seed, Ranges)
+              else Ranges.load(seed) if seed is not None else Ranges())
     seeded.rekey(graph)
     cal = Calibrator(graph, select=Selector(tuple(ops), loc, tuple(names)), per_channel=per_channel,
                      axis=axis, histogram=m.needs_histogram if histogram is None else histogram,
@@ -82,7 +83,8 @@ class AttachedRanges:
     @property
     def missing(self) -> list[Value]:
         """Float values (inputs and results) without a range, in graph order."""
-        return [v for v in calibratable_values(self.graph) if v.type.dtype.is_float and v not in self._found]
+        return [v for v in calibratable_values(self.graph)
+                if v.type.dtype.is_float and v not in self._found]
 
     def __len__(self) -> int:
         return len(self._found)

@@ -101,7 +101,8 @@ class Ranges:
         return self[item].range
 
     def _by_provenance(self, key: ValueKey) -> TensorRange | None:
-        same = [e for e in self._entries.values() if (e.key.loc, e.key.index) == (key.loc, key.index)]
+        same = [e for e in self._entries.values()
+                if (e.key.loc, e.key.index) == (key.loc, key.index)]
         return same[-1] if key.loc and same else None
 
     def _resolved(self, graph: Graph) -> dict[Value, TensorRange]:
@@ -200,7 +201,8 @@ class Ranges:
         """A table of the first ``limit`` entries: name, op, loc, min, max, range."""
         rows = [("value", "op", "loc", "min", "max", "lo", "hi")]
         for e in list(self)[:limit]:
-            rows.append((e.name, e.op, e.key.loc, *(f"{x:.6g}" for x in (e.min, e.max, e.lo, e.hi))))
+            rows.append((e.name, e.op, e.key.loc,
+                         *(f"{x:.6g}" for x in (e.min, e.max, e.lo, e.hi))))
         width = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         lines = ["  ".join(c.ljust(w) for c, w in zip(r, width)).rstrip() for r in rows]
         more = len(self) - limit
