@@ -1,5 +1,6 @@
 """nn, reduce and shape ops: one-node graphs run by the interpreter against torch / numpy /
 onnx references."""
+import gc
 import sys
 
 import numpy as np
@@ -353,18 +354,23 @@ def test_grid_sample_matches_torch(mode, padding, align, rng):
 def _calls(fn, *args):
     """``fn(*args)`` and how many Python and C functions it called: a count that a loop over
     elements, samples or channels makes grow with the sizes, and that no machine's speed
-    changes."""
+    changes. The garbage collector is off meanwhile: a collection's callbacks (hypothesis
+    installs one) would count too, wherever the session's earlier tests make it fall."""
     n = 0
 
     def count(frame, event, arg):
         nonlocal n
         n += event in ("call", "c_call")
 
+    collecting = gc.isenabled()
+    gc.disable()
     sys.setprofile(count)
     try:
         result = fn(*args)
     finally:
         sys.setprofile(None)
+        if collecting:
+            gc.enable()
     return result, n
 
 
