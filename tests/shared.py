@@ -136,6 +136,20 @@ def chain(rng):
     return b.graph, {"x": ints(rng, (1, 12, 8, 4))}
 
 
+def prefetching(rng):
+    """A skip connection around four linears whose 64 KB weights do not all fit a 100 KB
+    OCM: the memory plan keeps the skip in DDR and prefetches loads."""
+    b = bevir.Builder("prefetch")
+    x = b.input("x", fx((64, 256), 5))
+    skip = b.fx_relu(x, out_frac_bits=5, name="skip")
+    v = skip
+    for k in range(4):
+        w = b.const(ints(rng, (256, 256)), f"w{k}", fx((256, 256), 7))
+        v = b.fx_linear(v, w, out_frac_bits=5, name=f"fc{k}")
+    b.output("y", b.fx_add(v, skip, out_frac_bits=4))
+    return b.graph, {"x": ints(rng, (64, 256))}
+
+
 GRAPHS = {f.__name__: f for f in (conv_nhwc, conv_nchw, matmul, linear, add, layer_norm,
                                   softmax, deform_attn, chain)}
 

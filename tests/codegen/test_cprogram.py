@@ -336,21 +336,13 @@ def test_loads_run_on_each_core_s_dma_engine_while_it_computes(rng, tmp_path):
     in the programs): the core issues it and goes on, the first step reading it waits for
     it. Bit-exact on 1 and 2 cores, counted as modelled; in the model the transfer runs
     after its issue and before its reader, overlapping the steps between."""
-    from tests.shared import fx, ints
-    b = bevir.Builder("prefetch")
-    x = b.input("x", fx((64, 256), 5))
-    skip = b.fx_relu(x, out_frac_bits=5, name="skip")
-    v = skip
-    for k in range(4):
-        w = b.const(ints(rng, (256, 256)), f"w{k}", fx((256, 256), 7))
-        v = b.fx_linear(v, w, out_frac_bits=5, name=f"fc{k}")
-    b.output("y", b.fx_add(v, skip, out_frac_bits=4))
-    feed = {"x": ints(rng, (64, 256))}
+    from tests.shared import prefetching
+    graph, feed = prefetching(rng)
     for cores, ocm in ((1, "100KB"), (2, "64KB")):          # the skip waits in DDR
         hw = HWConfig.parse(f"QC-U {ocm} 16MAC").with_cores(cores)
-        g = bevir.optimize(partitioned(b.graph, cores), [make_pass("plan-memory", hw=hw)])
+        g = bevir.optimize(partitioned(graph, cores), [make_pass("plan-memory", hw=hw)])
         program = compile_program(g, tmp_path / f"x{cores}")
-        assert_bit_exact(program.run(feed), bevir.run(b.graph, feed))
+        assert_bit_exact(program.run(feed), bevir.run(graph, feed))
         assert_counted_as_modelled(program, hw)
         steps = [s for p in program.manifest["programs"] for s in p["steps"]]
         issued = [s for s in steps if s["op"] == "dma_copy" and s["kernel"] is None]

@@ -18,26 +18,14 @@ from bevir.passes import make_pass
 from bevir.target import HWConfig, ScheduleError, check_schedule, schedule_of
 from bevir.target.schedule import Transfer, lowerable
 from bevir.testing import assert_bit_exact
-from test_partition import fx, ints, partitioned
-
-
-def prefetching(rng):
-    """Four linears whose weights do not all fit 100 KB: the plan prefetches them."""
-    b = bevir.Builder("prefetch")
-    x = b.input("x", fx((64, 256), 5))
-    skip = b.fx_relu(x, out_frac_bits=5, name="skip")
-    v = skip
-    for k in range(4):
-        w = b.const(ints(rng, (256, 256)), f"w{k}", fx((256, 256), 7))
-        v = b.fx_linear(v, w, out_frac_bits=5, name=f"fc{k}")
-    b.output("y", b.fx_add(v, skip, out_frac_bits=4))
-    hw = HWConfig.parse("QC-U 100KB 16MAC")
-    return bevir.optimize(partitioned(b.graph, 1), [make_pass("plan-memory", hw=hw)])
+from tests.shared import fx, ints, partitioned, prefetching
 
 
 @pytest.fixture
 def sched(rng):
-    s = schedule_of(prefetching(rng))
+    graph, _ = prefetching(rng)
+    hw = HWConfig.parse("QC-U 100KB 16MAC")
+    s = schedule_of(bevir.optimize(partitioned(graph, 1), [make_pass("plan-memory", hw=hw)]))
     check_schedule(s)                      # the plan as made passes
     assert any(st.prefetch for st in s.steps())
     return s
