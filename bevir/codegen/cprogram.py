@@ -98,9 +98,7 @@ static void bevir_waiting(int64_t* since, int64_t* turns, int64_t what) {
   sched_yield();
 }
 /* ready flags: a value's producer publishes the run's epoch once the value is in DDR */
-void bevir_publish(int64_t* flag, int64_t epoch) {
-  __atomic_store_n(flag, epoch, __ATOMIC_RELEASE);
-}
+void bevir_publish(int64_t* flag, int64_t epoch) { __atomic_store_n(flag, epoch, __ATOMIC_RELEASE); }
 void bevir_wait(int64_t* flag, int64_t epoch) {
   int64_t since = 0, turns = 0;
   while (__atomic_load_n(flag, __ATOMIC_ACQUIRE) != epoch)
@@ -189,7 +187,7 @@ int bevir_run(bevir_entry entry, int64_t core, uint8_t* ddr, uint8_t* ocm, int64
   if (failed) __atomic_store_n(&bevir_ctl[0], 1, __ATOMIC_RELEASE);
   return failed;
 }
-"""
+"""  # noqa: E501 (the runtime's C as the programs were built before)
 
 
 #: what the programs count per step (bevir exec --counters): bytes moved between DDR and
