@@ -49,6 +49,7 @@ def points():
 
 
 # ---- sweep -------------------------------------------------------------------------------
+@pytest.mark.slow          # the sweep plans 12 points (~30 s of the quick loop)
 def test_one_point_per_config_in_grid_order(points):
     assert len(points) == len(CORES) * len(MACS) * len(OCM)
     assert [(p.hw.cores, p.hw.macs_per_pe, p.hw.ocm_bytes) for p in points] == \
@@ -64,6 +65,7 @@ def test_one_point_per_config_in_grid_order(points):
         best.label.split()
 
 
+@pytest.mark.slow          # the sweep plans 12 points (~30 s of the quick loop)
 def test_a_point_is_what_sim_reports_for_the_plan_compile_makes(points):
     """Each point plans the graph as ``bevir compile`` does and models that plan: the
     figures of :func:`bevir.flows.target.simulate`, and of the planned graph itself."""
@@ -89,6 +91,7 @@ def test_more_macs_or_ocm_never_slow_the_same_partition():
     assert large.makespan < small.makespan and large.ddr_bytes < small.ddr_bytes
 
 
+@pytest.mark.slow          # the sweep plans 12 points (~30 s of the quick loop)
 def test_sweep_writes_json_and_plot(points, tmp_path):
     files = write(points, tmp_path)
     assert [f.name for f in files] == ["sweep.json", "sweep.png"]
