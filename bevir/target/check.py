@@ -71,7 +71,6 @@ class _Job:
     value: str
     src: tuple[int, int]
     dst: tuple[int, int]
-    node: Node
 
 
 def _overlaps(a: tuple[int, int], b: tuple[int, int]) -> bool:
@@ -104,11 +103,10 @@ class _Replay:
     def read(self, step: Step | None, mem: str, core: int, offset: int, name: str,
              what: str) -> None:
         span = self.span(offset, name)
-        for k, jobs in enumerate(self.jobs):
-            for job in jobs:
-                if mem == "ocm" and k == core and _overlaps(span, job.dst):
-                    self._fail(step, f"{what} reads OCM {span} while the prefetch of "
-                                     f"'{job.value}' may still write it")
+        for job in self.jobs[core] if mem == "ocm" else ():
+            if _overlaps(span, job.dst):
+                self._fail(step, f"{what} reads OCM {span} while the prefetch of "
+                                 f"'{job.value}' may still write it")
         if not self.space(mem, core).holds(*span, self.tag(name)):
             where = f"{mem} {span}" + (f" of core {core}" if mem == "ocm" else "")
             self._fail(step, f"{what} reads '{name}' from {where}, which does not hold it "
@@ -212,7 +210,7 @@ class _Replay:
             src, dst = step.args
             self.read(step, src.place.mem, core, src.place.offset, src.value, "the prefetch")
             self.jobs[core].append(_Job(dst.value, self.span(src.place.offset, src.value),
-                                        self.span(dst.place.offset, dst.value), node))
+                                        self.span(dst.place.offset, dst.value)))
         elif step.kernel:
             operands = len([v for v in node.inputs if v is not None])
             for a in step.args[:operands]:
