@@ -227,6 +227,10 @@ class OpDef:
     #: the op selects or joins whole ranges along one axis (core_slice, core_gather): with
     #: its tensors in DDR the code generator addresses the ranges in place, moving nothing
     in_place_ranges: ClassVar[bool] = False
+    #: each result element comes from the operand elements at its own (broadcast) index
+    #: by the same float operations whatever the shape: a piece of a node with float
+    #: operands computes the same bits (the partition may split it)
+    pointwise: ClassVar[bool] = False
     #: the results are the operands, value for value (a transfer between memories, a
     #: synchronization point): a build with one memory and one thread (the host build)
     #: passes the operands on instead of running a kernel

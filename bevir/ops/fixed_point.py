@@ -167,6 +167,7 @@ class FxQuantize(OpDef):
     operands = ("x",)
     attrs = {**OUT, **WIDE_DTYPE}
     splits = ("rows",)
+    pointwise = True
 
     def infer(self, c, x):
         require(x.dtype is DType.f32, f"x must be f32, got {x}")
@@ -432,6 +433,14 @@ class FxReduceSum(OpDef):
     operands = ("x",)
     attrs = {"axes": Ints(), "keepdims": Bool(True), **OUT}
     mean = False
+    splits = ("rows",)
+
+    def row_axes(self, c) -> tuple[int, ...]:
+        """The leading axes not reduced, where the reduced ones are kept (each operand
+        axis is then the result's)."""
+        rank = c.in_types[0].rank
+        axes = {norm_axis(a, rank) for a in c.axes}
+        return tuple(a for a in range(rank - 1) if a not in axes) if c.keepdims else ()
 
     def infer(self, c, x):
         frac_of(x, "x")

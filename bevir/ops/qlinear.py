@@ -131,6 +131,7 @@ class Quantize(OpDef):
     attrs = {"dtype": Str(choices=_Q8 + ("i16",)), "scale": Floats(), "zero_point": Ints(),
              "axis": Int(None)}
     splits = ("rows",)
+    pointwise = True
 
     def row_axes(self, c):
         """The leading axes but a per-channel one (a range of it would take its scales)."""

@@ -83,6 +83,14 @@ class Concat(OpDef):
         t = moved(x, shape, layouts.pop() if layouts else Layout.plain)
         return t if all(u.quant == x.quant for u in xs) else t.with_(quant=None)
 
+    splits = ("rows",)
+
+    def row_axes(self, c) -> tuple[int, ...]:
+        """The leading axes but the joined one: a range of one is the same range of every
+        operand."""
+        axis = norm_axis(c.axis, c.out_types[0].rank)
+        return tuple(a for a in range(c.out_types[0].rank - 1) if a != axis)
+
     def tvm_lowering(self, c, L, *xs):
         return L.joined(xs, norm_axis(c.axis, c.out_types[0].rank), c.out_types[0])
 
@@ -194,18 +202,26 @@ class Reshape(_RangeMap, OpDef):
         return L.same_order(x, c.in_types[0], c.out_types[0])
 
     def row_axes(self, c) -> tuple[int, ...]:
-        """The leading axes the operand shares with the result, all the axes before them
-        too (a range of one is the same range of the operand), of plain tensors."""
+        """The result axes but the last that are an operand axis with the same elements
+        before it (a range of one is the same range of that operand axis), of plain
+        tensors: (2500, 256) -> (1, 2500, 256) cuts the 2500 of both."""
+        return tuple(self._axis_map(c))
+
+    @staticmethod
+    def _axis_map(c) -> dict[int, int]:
         x, y = c.in_types[0], c.out_types[0]
         if x.layout is not Layout.plain or y.layout is not Layout.plain:
-            return ()
-        shared = 0
-        while shared < min(x.rank, y.rank) - 1 and x.shape[:shared + 1] == y.shape[:shared + 1]:
-            shared += 1
-        return tuple(range(shared))
+            return {}
+        before = {prod(x.shape[:b]): b for b in range(x.rank - 1) if x.shape[b] > 1}
+        out = {}
+        for a in range(y.rank - 1):
+            b = before.get(prod(y.shape[:a]))
+            if b is not None and x.shape[b] == y.shape[a]:
+                out[a] = b
+        return out
 
     def operand_axis(self, c, axis: int) -> int:
-        return axis
+        return self._axis_map(c)[axis]
 
     def changed(self, c, axis: int, size: int) -> dict:
         shape = list(c.shape)

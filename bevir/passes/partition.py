@@ -368,7 +368,7 @@ def unsplittable(node: Node, cores: int) -> str | None:
     if len(node.outputs) != 1:
         return "several results"
     values = [v for v in node.inputs if v is not None] + node.outputs
-    if not all(v.type.dtype.is_int for v in values):
+    if not node.opdef.pointwise and not all(v.type.dtype.is_int for v in values):
         return "not an integer op (float pieces could round differently)"
     return None
 

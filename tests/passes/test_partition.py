@@ -372,3 +372,54 @@ def test_reshapes_and_transposes_split_by_the_ranges_they_read(rng, tmp_path, ax
     g = partitioned(b.graph, 2, plan=str(tmp_path / "plan.json"))
     assert len(split_entries(g)) == 2
     assert differing(bevir.run(g, inputs), bevir.run(b.graph, inputs)) == 0
+
+
+def test_a_reshape_cuts_the_axes_it_keeps_whole():
+    """A reshape cuts each result axis (but the last) that is an operand axis with the
+    same elements before it: unit axes added or dropped keep the cut."""
+    def axes(src, dst):
+        b = bevir.Builder("r")
+        b.output("y", b.reshape(b.input("x", fx(src, 5)), shape=list(dst)))
+        node = b.graph.nodes[0]
+        c = node.opdef.ctx(node)
+        return {a: node.opdef.operand_axis(c, a) for a in node.opdef.region_axes(c)}
+    assert axes((2500, 256), (1, 2500, 256)) == {1: 0}
+    assert axes((1, 2500, 256), (2500, 256)) == {0: 1}
+    assert axes((2500, 128), (1, 2500, 8, 1, 1, 8, 2)) == {1: 0}
+    assert axes((2, 6, 8), (2, 6, 2, 4)) == {0: 0, 1: 1}
+    assert axes((5000, 256), (2, 2500, 8, 32)) == {}      # 5000 rows become two axes
+
+
+def _forced_rows(graph, tmp_path, cores):
+    """``graph`` partitioned with every node that cuts rows split by them."""
+    plan = search(graph, FREE_SYNC.with_cores(cores))
+    for e in plan["ops"]:
+        cand = next((c for c in e["candidates"] if c["split"] == "rows" and c["applies"]),
+                    None)
+        assert cand is not None, e
+        e["choice"], e["axis"] = "rows", cand["axis"]
+    save_plan(plan, tmp_path / f"rows{cores}.json")
+    return partitioned(graph, cores, plan=str(tmp_path / f"rows{cores}.json"))
+
+
+@pytest.mark.parametrize("cores", [2, 3])
+def test_float_quantize_reshape_concat_and_kept_reductions_split_by_rows(rng, tmp_path, cores):
+    """The encoder's plumbing splits by rows, bit for bit: a quantize of float input (one
+    rounding per element, whatever the piece), reshapes that add a unit axis, a concat
+    along the last axis, a sum over an axis it keeps."""
+    b = bevir.Builder("plumbing")
+    x = b.input("x", TensorType((10, 8), DType.f32))
+    s = b.input("s", fx((3, 1, 10, 8), 4))
+    qx = b.fx_quantize(x, out_frac_bits=4)
+    r = b.reshape(qx, shape=[1, 10, 8])
+    q = b.quantize(x, dtype="i8", scale=[0.05], zero_point=[3])
+    total = b.fx_reduce_sum(s, axes=[0], keepdims=True, out_frac_bits=3)
+    flat = b.reshape(total, shape=[1, 10, 8])
+    b.output("cat", b.concat(r, flat, axis=2))
+    b.output("q", q)
+    feed = {"x": rng.normal(scale=2.0, size=(10, 8)).astype(np.float32),
+            "s": ints(rng, (3, 1, 10, 8))}
+    g = _forced_rows(b.graph, tmp_path, cores)
+    pieces = {n.meta["piece"]["of"] for n in g.nodes if "piece" in n.meta}
+    assert len(pieces) == len(b.graph.nodes)                  # every node was split
+    assert differing(bevir.run(g, feed), bevir.run(b.graph, feed)) == 0
