@@ -157,8 +157,8 @@ def add_show(sub) -> None:
                    "model's own, or the one bevir compile makes for --hw, with the modelled "
                    "makespan bevir sim reports")
     s.add_argument("--schedule", action="store_true", help="print the schedule bevir compile "
-                   "makes for --hw: layers run image by image, splits, transfers, what bounds "
-                   "the steps, each with its modelled cycles")
+                   "makes for --hw: layers run stripe by stripe, splits, transfers, what "
+                   "bounds the steps, each with its modelled cycles")
     s.add_argument("--hw", metavar="CONFIG", help="with --partition or --schedule: the "
                    "hardware config (default: qc-u-4c)")
     s.add_argument("--cores", type=int, help="with --partition or --schedule: cores "

@@ -5,7 +5,7 @@ operands and writes its results, all in OCM at once. A buffer (a value on one co
 live from the first step that touches it to the last; graph inputs from step 0, graph
 outputs to the last step. A constant, as any value made elsewhere, is loaded at its first
 use on a core and lives until its last: the weights of the layers that ran give their room
-to the next ones (a layer run image by image keeps its weights for all its images).
+to the next ones (a layer run stripe by stripe keeps its weights for all its stripes).
 
 Plan: start with every value in OCM. While a core's live bytes at some step exceed its
 OCM (the lower bound ``max_t sum(live bytes)``), or the placement does not fit, move one

@@ -1,28 +1,37 @@
-"""stripe-images{hw=...}: run the layers whose activations the OCM cannot hold one image
-at a time, so that they stay on chip.
+"""stripe-images{hw=...}: run the layers whose activations the OCM cannot hold a few
+images at a time, so that they stay on chip.
 
 A network over a batch of images (BEVFormer's six cameras) computes every image alone
 through its backbone: each op of it computes the images of its result from the same
 images of its activations (:meth:`OpDef.region` along axis 0 reads axis 0 of every
 activation by the same range, no halo). Run op after op, such a layer holds the whole
 batch at once: ResNet-50's first stage over six 480x800 cameras holds 37 MB per tensor, far
-more than an 8 MB OCM, so every op streams its tensors through DDR. Run image after image,
-a *group* of consecutive such ops holds one image's tensors: the group becomes one copy of
-itself per image, in image order (``%y.i3`` is image 3 of ``%y``), reading its image of each
-operand made before the group (``core_slice``) and joining each result read after it from
-its images (``core_gather``, named as the result was). The partition then splits every
-image's ops across the cores (by rows), and the memory plan keeps them on chip.
+more than an 8 MB OCM, so every op streams its tensors through DDR. Run a stripe of images
+after another, a *group* of consecutive such ops holds one stripe's tensors: the group
+becomes one copy of itself per stripe, in image order (``%y.i3`` is image 3 of ``%y``,
+``%y.i0_3`` images 0 to 2), reading its images of each operand made before the group
+(``core_slice``, or the stripes an earlier group made, joined) and joining each result
+read after it from its stripes (``core_gather``, named as the result was). The partition
+then splits every stripe's ops across the cores (by rows), and the memory plan keeps them
+on chip.
 
-Which ops: a group is a maximal run of consecutive ops that compute images alone, cut
-after its last op whose tensors, split over the cores, exceed ``budget`` of a core's OCM:
-the later ops (ResNet's last stages: small activations, large weights) run on the whole
-batch, loading each weight once instead of once per image. A group's weights are read by
-each of its images: the memory plan keeps those that fit resident while the group runs.
+Which ops: a run of consecutive ops that compute images alone is cut after its last op
+whose tensors, split over the cores, exceed ``budget`` of a core's OCM: the later ops
+(ResNet's last stage: small activations, large weights) run on the whole batch, loading
+each weight once instead of once per stripe. How many images a stripe holds: as many (a
+divisor of the batch) as keep each op's tensors within the budget and as few as any later
+op of the run needs, so deeper layers, whose images are smaller, run wider stripes (a
+group per width); of the widths that fit, the narrowest, unless the cycle model finds a
+wider one fills the array's rows (a stripe of a few rows split over the cores leaves most
+of a 16-row array idle). A group's weights are read by each of its stripes: the memory plan
+keeps those that fit resident while the group runs.
 
-Results are bit-identical: every image's ops compute the same integers. Each striped node
-has ``node.meta["stripe"]`` = {of, index, stripes, group}.
+Results are bit-identical: every stripe's ops compute the same integers. Each striped node
+has ``node.meta["stripe"]`` = {of, index, stripes, images, group}.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from ..errors import PassError, VerifyError
 from ..ir.graph import Graph, Node, Value
@@ -31,10 +40,11 @@ from ..target.hw import HWConfig
 from ..target.schedule import held_tensors, lowerable
 from .analysis import AnalysisManager
 from .core import Pass
-from .partition import DEFAULT_HW, pieces_at
+from ..target.cycles import op_cost
+from .partition import DEFAULT_HW, balanced, pieces_at, pieces_of
 
-register_meta_key("stripe", dict, doc="stripe-images: {of, index, stripes, group} of a node "
-                  "computing one image of a striped node (bevir.passes.stripe)")
+register_meta_key("stripe", dict, doc="stripe-images: {of, index, stripes, images, group} of a "
+                  "node computing a stripe of images of a striped node (bevir.passes.stripe)")
 
 #: the ops that carry pieces between cores and stripes: never striped themselves
 PLUMBING = ("core_slice", "core_gather", "dma_copy", "barrier")
@@ -70,9 +80,18 @@ def by_image(node: Node) -> bool:
     return True
 
 
-def groups(graph: Graph, budget: int, cores: int) -> list[list[Node]]:
-    """The groups to run image by image (see the module docstring), in graph order."""
-    out: list[list[Node]] = []
+@dataclass
+class Group:
+    """Consecutive ops run ``images`` images at a time (a stripe of the batch)."""
+
+    nodes: list[Node]
+    images: int
+
+
+def groups(graph: Graph, budget: int, cores: int, hw: HWConfig | None = None) -> list[Group]:
+    """The groups to run a few images at a time (see the module docstring), in graph
+    order."""
+    out: list[Group] = []
     run: list[Node] = []
     for node in graph.nodes + [None]:
         if node is not None and by_image(node) and (
@@ -81,19 +100,75 @@ def groups(graph: Graph, budget: int, cores: int) -> list[list[Node]]:
             continue
         large = [k for k, n in enumerate(run) if working_set(n) > budget * cores]
         if large:
-            out.append(run[:large[-1] + 1])
+            out += stripes_of(run[:large[-1] + 1], budget * cores, cores, hw)
         run = [node] if node is not None and by_image(node) else []
     return out
 
 
+def stripes_of(run: list[Node], limit: int, cores: int, hw: HWConfig | None) -> list[Group]:
+    """``run`` cut where the images a stripe may hold change: an op's stripe holds as many
+    images (a divisor of the batch) as keep its tensors within ``limit``, and as few as any
+    later op of the run needs (deeper layers are smaller: the stripes only widen). Of the
+    widths that fit, each part takes the one the cycle model finds fastest, its ops split
+    by rows over ``cores`` (a stripe of too few rows leaves the array's rows idle)."""
+    batch = run[0].output.type.shape[0]
+    widths = [d for d in range(1, batch + 1) if batch % d == 0]
+    fit = [max((d for d in widths if working_set(n) * d <= limit * batch), default=1)
+           for n in run]
+    for k in range(len(fit) - 2, -1, -1):
+        fit[k] = min(fit[k], fit[k + 1])
+    parts: list[Group] = []
+    for k, n in enumerate(run):
+        if parts and fit[k] == fit[k - 1]:
+            parts[-1].nodes.append(n)
+        else:
+            parts.append(Group([n], fit[k]))
+    for part in parts:
+        if hw is not None and part.images > 1:
+            part.images = _width(part, [d for d in widths if d <= part.images], cores, hw)
+    return parts
+
+
+def _width(part: Group, widths: list[int], cores: int, hw: HWConfig) -> int:
+    """The narrowest of ``widths`` but where a wider stripe fills the array's idle rows:
+    it saves more than one PE row's share (1 / pe_rows) of the narrowest one's cycles
+    (less is rounding, not rows filled)."""
+    cycles = {d: stripe_cycles(part.nodes, d, cores, hw) for d in widths}
+    best = widths[0]
+    for d in widths[1:]:
+        if cycles[d] < cycles[best] - cycles[widths[0]] // hw.pe_rows:
+            best = d
+    return best
+
+
+def stripe_cycles(nodes: list[Node], images: int, cores: int, hw: HWConfig) -> int:
+    """The array cycles of ``nodes`` run ``images`` images at a time over the batch, each
+    op split by rows over ``cores`` as the partition splits a stripe (its busiest piece),
+    or whole where it cuts no rows."""
+    total = 0
+    for node in nodes:
+        (stripe,) = pieces_at(node, 0, [(0, images)])
+        one = stripe.node
+        axis = one.opdef.split_axis(one.opdef.ctx(one), "rows") if (
+            cores > 1 and "rows" in one.opdef.splits) else None
+        if axis is None or one.output.type.shape[axis] < cores:
+            busy = op_cost(one, hw).terms.busy
+        else:
+            sizes = balanced(one.output.type.shape[axis], cores)
+            busy = max(op_cost(p.node, hw).terms.busy for p in pieces_of(one, axis, sizes))
+        total += busy * (node.output.type.shape[0] // images)
+    return total
+
+
 class StripeImages(Pass):
-    """Run the layers too large for the OCM image after image (see the module docstring).
+    """Run the layers too large for the OCM a stripe of images after another (see the
+    module docstring).
     ``hw``: the config whose OCM bounds the working sets (default QC-U x4); ``cores``: the
     cores the graph will be split over (0: the config's); ``budget``: the share of a core's
     OCM an op's tensors may take before their layer is striped."""
 
     name = "stripe-images"
-    description = "run the layers too large for the OCM one image at a time (on chip)"
+    description = "run the layers too large for the OCM a few images at a time (on chip)"
 
     hw: HWConfig | None = None
     cores: int = 0
@@ -103,52 +178,54 @@ class StripeImages(Pass):
         if not 0 < self.budget <= 1:
             raise PassError(f"pass 'stripe-images': budget {self.budget} must be in (0, 1]")
         hw = self.hw or HWConfig.preset(DEFAULT_HW)
-        found = groups(graph, int(hw.ocm_per_core * self.budget), self.cores or hw.cores)
+        found = groups(graph, int(hw.ocm_per_core * self.budget), self.cores or hw.cores, hw)
         for index, group in enumerate(found):
             write(graph, group, index)
             self.stat("groups")
-            self.stat("striped-nodes", len(group))
+            self.stat("striped-nodes", len(group.nodes))
 
 
-def write(graph: Graph, group: list[Node], index: int) -> None:
-    """Replace ``group`` by one copy of it per image (image-major, where its first node was)
-    and, for each result read after it, the gather of its images."""
-    ids = {id(n) for n in group}
-    anchor = group[0]
-    images = anchor.output.type.shape[0]
-    made: dict[int, list[Value]] = {id(n): [] for n in group}
-    for i in range(images):
-        sliced: dict[int, Value] = {}
-        for node in group:
+def write(graph: Graph, group: Group, index: int) -> None:
+    """Replace ``group`` by one copy of it per stripe of ``group.images`` images (stripe
+    after stripe, where its first node was) and, for each result read after it, the gather
+    of its stripes."""
+    nodes = group.nodes
+    ids = {id(n) for n in nodes}
+    anchor = nodes[0]
+    batch, width = anchor.output.type.shape[0], group.images
+    made: dict[int, list[Value]] = {id(n): [] for n in nodes}
+    read = list({id(v): v for n in nodes for v in n.inputs if v is not None
+                 and v.producer is not None and id(v.producer) not in ids}.values())
+    for k, i in enumerate(range(0, batch, width)):
+        taken: dict[int, Value] = {}
+        for node in nodes:
             try:
-                (spec,) = pieces_at(node, 0, [(i, i + 1)])
+                (spec,) = pieces_at(node, 0, [(i, i + width)])
             except VerifyError as e:
-                raise PassError(f"cannot compute image {i} alone: {e.message}",
-                                node=node.name, op=node.op, loc=node.loc) from None
+                raise PassError(f"cannot compute images {i}..{i + width - 1} alone: "
+                                f"{e.message}", node=node.name, op=node.op,
+                                loc=node.loc) from None
             inputs = []
             for v in node.inputs:
                 if v is None or v.is_const:
                     inputs.append(v)
                 elif v.producer is not None and id(v.producer) in ids:
-                    inputs.append(made[id(v.producer)][i])
+                    inputs.append(made[id(v.producer)][k])
                 else:
-                    if id(v) not in sliced:
-                        s = graph.create_node(
-                            "core_slice", [v], {"axis": 0, "start": i, "stop": i + 1},
-                            loc=node.loc, names=[graph.unique_name(f"{v.name}.i{i}")],
-                            before=anchor)
-                        sliced[id(v)] = s.output
-                    inputs.append(sliced[id(v)])
+                    if id(v) not in taken:
+                        taken[id(v)] = _images(graph, v, i, i + width, anchor)
+                    inputs.append(taken[id(v)])
+            suffix = f"i{i}" if width == 1 else f"i{i}_{i + width}"
             p = graph.create_node(node.op, inputs, spec.attrs, loc=node.loc,
-                                  names=[graph.unique_name(f"{node.output.name}.i{i}")],
+                                  names=[graph.unique_name(f"{node.output.name}.{suffix}")],
                                   before=anchor)
             p.meta.update(node.meta)
-            p.meta["stripe"] = {"of": node.output.name, "index": i, "stripes": images,
-                                "group": index}
+            p.meta["stripe"] = {"of": node.output.name, "index": k,
+                                "stripes": batch // width, "images": width, "group": index}
             made[id(node)].append(p.output)
     outputs = {id(v) for v in graph.outputs.values()}
     renames = []
-    for node in group:
+    for node in nodes:
         out = node.output
         if any(id(u) not in ids for u, _ in out.uses) or id(out) in outputs:
             g = graph.create_node("core_gather", made[id(node)], {"axis": 0}, loc=node.loc,
@@ -156,7 +233,33 @@ def write(graph: Graph, group: list[Node], index: int) -> None:
                                   before=anchor)
             graph.replace_all_uses(out, g.output)
             renames.append((g.output, out.name))
-    for node in reversed(group):
+    for node in reversed(nodes):
         graph.erase(node)
+    for v in read:            # an earlier group's whole batch, now read stripe by stripe
+        if v.producer.op == "core_gather" and not v.uses and id(v) not in outputs:
+            graph.erase(v.producer)
     for whole, name in renames:
         graph.rename(whole, name)
+
+
+def _images(graph: Graph, v: Value, lo: int, hi: int, anchor: Node) -> Value:
+    """Images [lo, hi) of ``v``: the stripes an earlier group made of it where they cover
+    the range exactly (joined if several: the whole batch is never gathered between two
+    groups), else a ``core_slice``."""
+    made = v.producer
+    if made is not None and made.op == "core_gather" and made.attrs["axis"] == 0 and all(
+            u.producer is not None and "stripe" in u.producer.meta for u in made.inputs):
+        starts, at = [], 0
+        for u in made.inputs:
+            starts.append(at)
+            at += u.type.shape[0]
+        if lo in starts and (hi in starts or hi == at):
+            parts = made.inputs[starts.index(lo):starts.index(hi) if hi < at else None]
+            if len(parts) == 1:
+                return parts[0]
+            return graph.create_node("core_gather", list(parts), {"axis": 0}, loc=anchor.loc,
+                                     names=[graph.unique_name(f"{v.name}.i{lo}_{hi}")],
+                                     before=anchor).output
+    return graph.create_node("core_slice", [v], {"axis": 0, "start": lo, "stop": hi},
+                             loc=anchor.loc, names=[graph.unique_name(f"{v.name}.i{lo}")],
+                             before=anchor).output

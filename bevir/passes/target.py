@@ -6,7 +6,7 @@
 On a copy of the lowered graph it runs :func:`target_pipeline`: the epilogues fused into
 their producers (``fuse{enable=fuse-qlinear-clip}``: a relu or clip of a QLinear op's codes
 clamps its result, bit for bit), ``stripe-images{hw=...}`` (layers too large for the OCM
-run image by image), ``partition{hw=...}`` and ``plan-memory{hw=...}``. The
+run a few images at a time), ``partition{hw=...}`` and ``plan-memory{hw=...}``. The
 partition is kept only where it pays: the graph is also planned on one core, both are
 modelled (bevir/target/cycles.py), and the faster one is the plan (a partitioned graph is
 never slower than one core); the figures are in ``graph.meta["partition"]["modelled"]``.

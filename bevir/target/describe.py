@@ -1,5 +1,5 @@
 """A planned graph's schedule as text (``bevir show --schedule``): the modelled figures,
-the layers run image by image, the splits, what the memory plan moved, and where the cycles
+the layers run stripe by stripe of images, the splits, what the memory plan moved, and where the cycles
 go, each with its modelled cycles.
 
     print(describe_schedule(planned_graph, model(planned_graph, hw)))
@@ -37,17 +37,18 @@ def describe_schedule(graph: Graph, profile: Profile) -> str:
     for n in graph.nodes:
         s = n.meta.get("stripe")
         if s is not None:
-            g = groups.setdefault(s["group"], {"of": [], "images": s["stripes"], "cycles": 0,
-                                               "loc": n.loc})
+            g = groups.setdefault(s["group"], {"of": [], "stripes": s["stripes"], "cycles": 0,
+                                               "images": s.get("images", 1), "loc": n.loc})
             if s["of"] not in g["of"]:
                 g["of"].append(s["of"])
     for n in graph.nodes:                  # the pieces of striped nodes count with them
         s = n.meta.get("stripe")
         if s is not None:
             groups[s["group"]]["cycles"] += node_cycles.get(n.name, 0)
-    lines.append(f"  run image by image: {len(groups)} group(s)")
+    lines.append(f"  run stripe by stripe: {len(groups)} group(s)")
     for k, g in sorted(groups.items()):
-        lines.append(f"    group {k}: {len(g['of'])} ops x {g['images']} images from "
+        lines.append(f"    group {k}: {len(g['of'])} ops x {g['stripes']} stripes of "
+                     f"{g['images']} image(s) from "
                      f"%{g['of'][0]} ({g['loc'] or '-'}) to %{g['of'][-1]}: "
                      f"{g['cycles']:,} cycles")
     kinds, kind_cycles = Counter(), Counter()

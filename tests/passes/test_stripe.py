@@ -75,7 +75,8 @@ def test_only_ops_that_compute_images_alone_join_a_group(rng):
                                                           "conv3"))   # the reshape
     hw = HWConfig.parse(SMALL)
     (group,) = groups(graph, hw.ocm_per_core // 2, hw.cores)
-    assert [n.output.name for n in group] == ["conv1", "conv2", "residual"]
+    assert [n.output.name for n in group.nodes] == ["conv1", "conv2", "residual"]
+    assert group.images == 1
 
 
 @pytest.mark.parametrize("cores", [1, 2])
@@ -137,7 +138,7 @@ def test_core_slices_and_gathers_split_along_the_other_axes(rng):
 
 def test_show_schedule_lists_the_groups_splits_and_cycles(rng, tmp_path, capsys):
     """bevir show --schedule: the schedule bevir compile makes, with the figures bevir sim
-    reports (the same makespan), the image-by-image group and its ops, the splits."""
+    reports (the same makespan), the striped group and its ops, the splits."""
     from bevir.cli import main
     from bevir.passes.target import plan_for_target
     graph, _ = net(rng)
@@ -147,6 +148,56 @@ def test_show_schedule_lists_the_groups_splits_and_cycles(rng, tmp_path, capsys)
     hw = HWConfig.parse(SMALL)
     makespan = model(plan_for_target(graph, hw), hw).makespan
     assert f"makespan {makespan:,} cycles" in text
-    assert "run image by image: 1 group(s)" in text
-    assert "group 0: 3 ops x 3 images from %conv1 (net/conv1) to %residual" in text
+    assert "run stripe by stripe: 1 group(s)" in text
+    assert "group 0: 3 ops x 3 stripes of 1 image(s) from %conv1 (net/conv1) to %residual" \
+        in text
     assert "splits (ops):" in text and "steps by bound:" in text
+
+
+def deep(rng):
+    """Six images through conv 3x3 -> conv 3x3 stride 4 (both too large for more than one
+    image a stripe) -> conv 3x3 -> residual add (small images: three a stripe fit), then a
+    reshape that mixes the images."""
+    b = bevir.Builder("deep")
+    x = b.input("x", fx((6, 8, 32, 64), 5))
+    def conv(v, cin, cout, name, stride=1):
+        w = b.const(ints(rng, (cout, cin, 3, 3)), f"{name}.w", fx((cout, cin, 3, 3), 7))
+        return b.fx_conv2d(v, w, strides=(stride, stride), pads=(1, 1, 1, 1),
+                           out_frac_bits=4, loc=f"deep/{name}", name=name)
+    y2 = conv(conv(x, 8, 16, "conv1"), 16, 32, "conv2", stride=4)
+    y4 = b.fx_add(y2, conv(y2, 32, 32, "conv3"), out_frac_bits=3, loc="deep/add", name="add")
+    b.output("y", b.reshape(y4, shape=[1, 6 * 32, 8 * 16], loc="deep/mix"))
+    return b.graph, {"x": ints(rng, (6, 8, 32, 64))}
+
+
+def test_smaller_layers_run_several_images_a_stripe(rng):
+    """Where a layer's images are small, a stripe holds as many as fit (and fill the
+    array's rows): the stripes widen after the first layers, and the wider stripes read
+    the narrow ones joined, never the whole batch."""
+    graph, feed = deep(rng)
+    hw = HWConfig.parse(SMALL)
+    found = groups(graph, hw.ocm_per_core // 2, hw.cores, hw)
+    assert [([n.output.name for n in g.nodes], g.images) for g in found] == \
+        [(["conv1", "conv2"], 1), (["conv3", "add"], 3)]
+    g = striped(graph)
+    wide = [n for n in g.nodes if n.meta.get("stripe", {}).get("images") == 3]
+    assert sorted(n.output.name for n in wide) == ["add.i0_3", "add.i3_6", "conv3.i0_3",
+                                                   "conv3.i3_6"]
+    joins = {n.output.name: n for n in g.nodes if n.op == "core_gather"}
+    for k in (0, 3):                # three single-image stripes of conv2, joined
+        conv3 = next(n for n in wide if n.output.name == f"conv3.i{k}_{k + 3}")
+        join = conv3.inputs[0].producer
+        assert join.op == "core_gather" and join.output.name in joins
+        assert [v.producer.meta["stripe"]["index"] for v in join.inputs] == [k, k + 1, k + 2]
+    assert "conv2" not in {v.name for v in g.values()}     # conv2's batch is never whole
+    assert_bit_exact(bevir.run(g, feed), bevir.run(graph, feed))
+
+
+@pytest.mark.parametrize("cores", [1, 2])
+def test_wide_stripes_programs_are_bit_exact(rng, tmp_path, cores):
+    graph, feed = deep(rng)
+    hw = HWConfig.parse(SMALL).with_cores(cores)
+    program = compile_program(graph, tmp_path, hw=hw)
+    assert any(n.meta.get("stripe", {}).get("images", 1) > 1 for n in program.graph.nodes)
+    assert_bit_exact(program.run(feed), bevir.run(graph, feed))
+    assert_counted_as_modelled(program, hw)
