@@ -94,7 +94,9 @@ def main() -> int:
     row(f"plan + model wall time, {hw.cores} cores (s)", seconds[hw.cores],
         before.get("plan_model_seconds"), "{:.1f}")
     print(f"  split kept on {hw.cores} cores: {kept.get('kept')} (one core "
-          f"{kept.get('one_core', one.makespan):,}, partitioned "
+          f"{kept.get('one_core', one.makespan):,}"
+          + (f", its MAC roofline {kept['one_core_at_least']:,}: not planned"
+             if "one_core_at_least" in kept else "") + ", partitioned "
           f"{kept.get('partitioned', many.makespan):,}); never slower than one core: "
           f"{all(p.makespan <= one.makespan for p in profiles.values())} "
           f"({', '.join(f'x{c} {p.makespan:,}' for c, p in profiles.items())})")

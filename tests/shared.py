@@ -363,3 +363,16 @@ def check_node_case(case) -> None:
                     f"not match: {e}", pytrace=False)
     pytest.fail(f"listed as skip but passes: remove it from the manifest ({case.name} in "
                 f"{NODE_SKIPS_FILE.name})", pytrace=False)
+
+
+def check_never_slower(figures: dict, one: int, got: int) -> None:
+    """A planned graph's ``meta["partition"]["modelled"]`` figures against the one-core
+    plan's makespan ``one`` and the planned graph's ``got``: the kept plan is the faster;
+    where one core was not planned, its MAC roofline is below one core's makespan and
+    above the split's."""
+    if "one_core" in figures:
+        assert figures["one_core"] == one and got == min(one, figures["partitioned"]) <= one
+        assert figures["kept"] == (figures["partitioned"] < one)
+    else:
+        assert figures["kept"] and got == figures["partitioned"]
+        assert got < figures["one_core_at_least"] <= one

@@ -254,12 +254,16 @@ class _Timeline:
 
     # ---- intervals (core, start, end, key) of one value -------------------------------
     def ocm_intervals(self, name: str) -> list[tuple]:
-        out = []
-        for c, steps in self.touches[name].items():
-            start = 0 if name in self.pinned_in or not steps else steps[0]
-            end = self.last if name in self.pinned_out or not steps else steps[-1]
-            out.append((c, start, end, BufferKey(name)))
-        return out
+        return [(c, *self.ocm_span(name, c), BufferKey(name)) for c in self.touches[name]]
+
+    def ocm_span(self, name: str, core: int) -> tuple[int, int] | None:
+        """The first and last step ``name`` lives in ``core``'s OCM (None: never)."""
+        steps = self.touches[name].get(core)
+        if steps is None:
+            return None
+        start = 0 if name in self.pinned_in or not steps else steps[0]
+        end = self.last if name in self.pinned_out or not steps else steps[-1]
+        return start, end
 
     def ddr_intervals(self, name: str) -> list[tuple]:
         out = [(self.core[i], self.prefetch.get((name, i), i), i, BufferKey(name, load=i))
@@ -479,14 +483,14 @@ class PlanMemory(Pass):
         for i, name in enumerate(tl.values):
             if name in tl.ddr or name in here or not tl.size[name]:
                 continue
-            for c, start, end, _ in tl.ocm_intervals(name):
-                if c == core and start <= t <= end:
-                    steps = tl.touches[name].get(core, [])
-                    j = bisect_right(steps, t)
-                    key = (tl.size[name] >= need, steps[j] if j < len(steps) else tl.last + 2,
-                           tl.size[name], -i)
-                    if best_key is None or key > best_key:
-                        best, best_key = name, key
+            span = tl.ocm_span(name, core)
+            if span is not None and span[0] <= t <= span[1]:
+                steps = tl.touches[name][core]
+                j = bisect_right(steps, t)
+                key = (tl.size[name] >= need, steps[j] if j < len(steps) else tl.last + 2,
+                       tl.size[name], -i)
+                if best_key is None or key > best_key:
+                    best, best_key = name, key
         return best
 
     def _prefetch(self, tl: _Timeline, bufs: list[Buffer], figures: dict[int, dict]):

@@ -775,10 +775,13 @@ def format_plan(plan: dict) -> str:
              + (", ".join(f"{n} {r}" for r, n in sorted(skipped.items())) or "none")]
     if "modelled" in plan:
         m = plan["modelled"]
+        one = m.get("one_core", m.get("one_core_at_least"))
+        at_least = "" if "one_core" in m else "at least "
         lines.append(f"  modelled makespan (planned, the figure bevir sim reports): "
-                     f"{m['one_core']:,} cycles on one core -> {m['partitioned']:,} on "
-                     f"{plan['cores']} ({m['one_core'] / max(m['partitioned'], 1):.2f}x)"
-                     + ("" if m["kept"] else "; the split is not kept (not faster)"))
+                     f"{at_least}{one:,} cycles on one core -> {m['partitioned']:,} on "
+                     f"{plan['cores']} ({at_least}{one / max(m['partitioned'], 1):.2f}x)"
+                     + ("" if m["kept"] else "; the split is not kept (not faster)")
+                     + ("" if at_least == "" else " (one core's MAC roofline: not planned)"))
     for e in considered:
         cands = "  ".join(f"{_label(c)} {c['cycles']}" if c["applies"] else f"{_label(c)} -"
                           for c in e["candidates"])

@@ -126,7 +126,15 @@ def stripes_of(run: list[Node], limit: int, cores: int, hw: HWConfig | None) -> 
     for part in parts:
         if hw is not None and part.images > 1:
             part.images = _width(part, [d for d in widths if d <= part.images], cores, hw)
-    return parts
+        else:
+            part.images = 1
+    merged: list[Group] = []
+    for part in parts:                  # neighbours of one width are one group
+        if merged and merged[-1].images == part.images:
+            merged[-1].nodes += part.nodes
+        else:
+            merged.append(part)
+    return merged
 
 
 def _width(part: Group, widths: list[int], cores: int, hw: HWConfig) -> int:

@@ -9,7 +9,10 @@ clamps its result, bit for bit), ``stripe-images{hw=...}`` (layers too large for
 run a few images at a time), ``partition{hw=...}`` and ``plan-memory{hw=...}``. The
 partition is kept only where it pays: the graph is also planned on one core, both are
 modelled (bevir/target/cycles.py), and the faster one is the plan (a partitioned graph is
-never slower than one core); the figures are in ``graph.meta["partition"]["modelled"]``.
+never slower than one core); where the split is faster than one core's MAC roofline, one
+core cannot win and is not planned. The figures are in
+``graph.meta["partition"]["modelled"]``: ``one_core`` (or ``one_core_at_least``, the
+roofline), ``partitioned``, ``kept``.
 A graph planned already (it has a memory plan) is taken as it is.
 
 Plans are cached on disk (``$BEVIR_CACHE/plans``) by the graph's content (text,
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -67,16 +71,24 @@ def plan_for_target(graph: Graph, hw: HWConfig, cache: bool = True) -> Graph:
 
 
 def _faster(graph: Graph, hw: HWConfig) -> Graph:
-    """The graph planned on ``hw``'s cores or on one, whichever the model says is faster."""
-    one = optimize(graph.clone(), target_pipeline(hw, cores=1))
+    """The graph planned on ``hw``'s cores or on one, whichever the model says is faster.
+    One core is not planned where the split beats one core's MAC roofline (every step
+    takes at least its MACs over the array's peak, and one core runs them one by one)."""
     if hw.cores == 1:
-        return one
+        return optimize(graph.clone(), target_pipeline(hw, cores=1))
     split = optimize(graph.clone(), target_pipeline(hw))
-    t_one, t_split = model(one, hw).makespan, model(split, hw).makespan
-    best = split if t_split < t_one else one
+    profile = model(split, hw)
+    t_split, bound = profile.makespan, math.ceil(profile.macs / hw.peak_macs_per_cycle)
+    if t_split < bound:
+        figures = {"one_core_at_least": bound, "partitioned": t_split, "kept": True}
+        best = split
+    else:
+        one = optimize(graph.clone(), target_pipeline(hw, cores=1))
+        t_one = model(one, hw).makespan
+        best = split if t_split < t_one else one
+        figures = {"one_core": t_one, "partitioned": t_split, "kept": best is split}
     best.meta["partition"] = {**best.meta["partition"], "modelled": {
-        "one_core": t_one, "partitioned": t_split, "kept": best is split,
-        "hw": hw.option_text()}}
+        **figures, "hw": hw.option_text()}}
     return best
 
 

@@ -17,6 +17,7 @@ from bevir.passes import make_pass, parse_pipeline, pipeline_text
 from bevir.passes.partition import plan_of
 from bevir.passes.target import plan_for_target
 from bevir.target import HWConfig, model
+from tests.shared import check_never_slower
 
 QCU = "QC-U 8MB 16MAC x4"
 
@@ -116,8 +117,9 @@ def test_the_pipeline_keeps_a_split_only_where_it_pays(rng, cores):
         g = plan_for_target(graph, hw, cache=False)
         m = g.meta["partition"]["modelled"]
         one = model(plan_for_target(graph, hw.with_cores(1), cache=False), hw).makespan
-        assert m["one_core"] == one and model(g, hw).makespan == min(one, m["partitioned"])
-        assert m["kept"] == (m["partitioned"] < one)
+        check_never_slower(m, one, model(g, hw).makespan)
+        # 2048 tokens: faster than one core's MAC roofline, so one core is not planned
+        assert ("one_core_at_least" in m) == (tokens == 2048)
         assert plan_of(g)["cores"] == (cores if m["kept"] else 1)
         out, reference = bevir.run(g, feed), bevir.run(graph, feed)
         assert all(np.array_equal(out[k], reference[k]) for k in reference)
