@@ -24,7 +24,8 @@ op of the run needs, so deeper layers, whose images are smaller, run wider strip
 group per width); of the widths that fit, the narrowest, unless the cycle model finds a
 wider one fills the array's rows (a stripe of a few rows split over the cores leaves most
 of a 16-row array idle). A group's weights are read by each of its stripes: the memory plan
-keeps those that fit resident while the group runs.
+keeps them resident while the group runs, and a group whose weights would not fit beside
+its activations is cut in consecutive groups that do (where what crosses the cut fits).
 
 Results are bit-identical: every stripe's ops compute the same integers. Each striped node
 has ``node.meta["stripe"]`` = {of, index, stripes, images, group}.
@@ -100,9 +101,40 @@ def groups(graph: Graph, budget: int, cores: int, hw: HWConfig | None = None) ->
             continue
         large = [k for k, n in enumerate(run) if working_set(n) > budget * cores]
         if large:
-            out += stripes_of(run[:large[-1] + 1], budget * cores, cores, hw)
+            for group in stripes_of(run[:large[-1] + 1], budget * cores, cores, hw):
+                out += by_weights(group, hw.ocm_per_core - budget if hw else None, budget,
+                                  cores)
         run = [node] if node is not None and by_image(node) else []
     return out
+
+
+def by_weights(group: Group, weights: int | None, budget: int, cores: int) -> list[Group]:
+    """``group`` cut into consecutive groups whose weights stay within ``weights`` bytes
+    (what a core's OCM keeps beside the activations; None: no limit), so that each keeps
+    its weights on chip for all its stripes instead of loading them again for each (a
+    stripe runs its group's ops one after the other: ResNet-50's third stage holds 7 MB of
+    weights). A cut is made only where what crosses it, for all the stripes, split over
+    the cores, fits ``budget``: the whole batch of it waits there for the next group."""
+    if weights is None:
+        return [group]
+    out = [Group([], group.images)]
+    held: dict[int, int] = {}
+    for k, node in enumerate(group.nodes):
+        own = {id(v): v.type.nbytes for v in node.inputs if v is not None and v.is_const}
+        if (out[-1].nodes and sum({**held, **own}.values()) > weights
+                and _crossing(out[-1].nodes, group.nodes[k:]) <= budget * cores):
+            out.append(Group([], group.images))
+            held = {}
+        out[-1].nodes.append(node)
+        held.update(own)
+    return out
+
+
+def _crossing(before: list[Node], after: list[Node]) -> int:
+    """Bytes of the results of ``before`` that ``after`` reads."""
+    later = {id(n) for n in after}
+    return sum(n.output.type.nbytes for n in before
+               if any(id(u) in later for u, _ in n.output.uses))
 
 
 def stripes_of(run: list[Node], limit: int, cores: int, hw: HWConfig | None) -> list[Group]:

@@ -201,3 +201,25 @@ def test_wide_stripes_programs_are_bit_exact(rng, tmp_path, cores):
     assert any(n.meta.get("stripe", {}).get("images", 1) > 1 for n in program.graph.nodes)
     assert_bit_exact(program.run(feed), bevir.run(graph, feed))
     assert_counted_as_modelled(program, hw)
+
+
+def test_a_group_is_cut_where_its_weights_would_not_stay_on_chip(rng):
+    """A group whose weights exceed what a core keeps beside its activations is cut, so
+    each part keeps its weights for all its stripes; only where what crosses the cut, for
+    all the stripes, fits the budget; the result is bit for bit the same."""
+    from bevir.passes.stripe import Group, by_weights
+    graph, feed = deep(rng)
+    conv1, conv2, conv3, add = graph.nodes[:4]
+    weights = [sum(v.type.nbytes for v in n.inputs if v is not None and v.is_const)
+               for n in (conv1, conv2, conv3, add)]
+    group = Group([conv1, conv2, conv3, add], 1)
+    assert [g.nodes for g in by_weights(group, None, 1, 1)] == [group.nodes]
+    roomy = 1 << 30                       # conv3 and add read conv2's 6 x 32 x 8 x 16
+    cut = by_weights(group, weights[1] + weights[2] - 1, roomy, 1)
+    assert [g.nodes for g in cut] == [[conv1, conv2], [conv3, add]]
+    assert all(g.images == 1 for g in cut)
+    crossing = conv2.output.type.nbytes
+    assert [g.nodes for g in by_weights(group, weights[1] + weights[2] - 1, crossing - 1, 1)
+            ] == [group.nodes]           # conv2's batch would not fit the budget: no cut
+    g = bevir.optimize(graph.clone(), [make_pass("stripe-images", hw=SMALL)])
+    assert_bit_exact(bevir.run(g, feed), bevir.run(graph, feed))
