@@ -29,7 +29,9 @@ from pathlib import Path
 import numpy as np
 
 from ..fsutil import building_folder
+from ..errors import PassError, VerifyError
 from ..ir.graph import Graph
+from ..ir.verifier import verify
 from ..ir.serialize import graph_digest, load, meta_document, save
 from ..ops.native import cache_dir
 from ..target.cycles import model
@@ -62,7 +64,7 @@ def plan_for_target(graph: Graph, hw: HWConfig, cache: bool = True) -> Graph:
     if cache and (folder / "graph.bevir").exists():
         return load(folder / "graph.bevir")
     if "partition" in graph.meta:           # partitioned by hand: plan its memory
-        best = optimize(graph.clone(), [make_pass("plan-memory", hw=hw)])
+        best = _planned(graph, [make_pass("plan-memory", hw=hw)])
     else:
         best = _faster(graph, hw)
     if cache:
@@ -75,21 +77,34 @@ def _faster(graph: Graph, hw: HWConfig) -> Graph:
     One core is not planned where the split beats one core's MAC roofline (every step
     takes at least its MACs over the array's peak, and one core runs them one by one)."""
     if hw.cores == 1:
-        return optimize(graph.clone(), target_pipeline(hw, cores=1))
-    split = optimize(graph.clone(), target_pipeline(hw))
+        return _planned(graph, target_pipeline(hw, cores=1))
+    split = _planned(graph, target_pipeline(hw))
     profile = model(split, hw)
     t_split, bound = profile.makespan, math.ceil(profile.macs / hw.peak_macs_per_cycle)
     if t_split < bound:
         figures = {"one_core_at_least": bound, "partitioned": t_split, "kept": True}
         best = split
     else:
-        one = optimize(graph.clone(), target_pipeline(hw, cores=1))
+        one = _planned(graph, target_pipeline(hw, cores=1))
         t_one = model(one, hw).makespan
         best = split if t_split < t_one else one
         figures = {"one_core": t_one, "partitioned": t_split, "kept": best is split}
     best.meta["partition"] = {**best.meta["partition"], "modelled": {
         **figures, "hw": hw.option_text()}}
     return best
+
+
+def _planned(graph: Graph, pipeline: list[Pass]) -> Graph:
+    """A copy of ``graph`` through ``pipeline``, verified once at the end (the passes are
+    bevir's own); where that fails, the pipeline runs again verifying its input and the
+    graph after each pass, so that the error names what broke it."""
+    try:
+        out = optimize(graph.clone(), pipeline, verify_each=False)
+        verify(out)
+    except (PassError, VerifyError):
+        optimize(graph.clone(), pipeline)         # names the invalid input or pass
+        raise
+    return out
 
 
 def plan_key(graph: Graph, hw: HWConfig) -> str:
