@@ -32,7 +32,7 @@ has ``node.meta["stripe"]`` = {of, index, stripes, images, group}.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..errors import PassError, VerifyError
 from ..ir.graph import Graph, Node, Value
@@ -44,6 +44,10 @@ from .core import Pass
 from ..target.cycles import op_cost
 from .partition import DEFAULT_HW, balanced, pieces_at, pieces_of
 
+META_KEY = "stripe_groups"
+register_meta_key(META_KEY, list, doc="stripe-images: the groups of a graph, each with its "
+                  "first and last op, ops, images a stripe and the widths weighed (images -> "
+                  "modelled array cycles) (bevir.passes.stripe)")
 register_meta_key("stripe", dict, doc="stripe-images: {of, index, stripes, images, group} of a "
                   "node computing a stripe of images of a striped node (bevir.passes.stripe)")
 
@@ -83,10 +87,20 @@ def by_image(node: Node) -> bool:
 
 @dataclass
 class Group:
-    """Consecutive ops run ``images`` images at a time (a stripe of the batch)."""
+    """Consecutive ops run ``images`` images at a time (a stripe of the batch).
+    ``widths``: the array cycles the cycle model gave each width that fits (the choice
+    and the alternatives it rejected)."""
 
     nodes: list[Node]
     images: int
+    widths: dict[int, int] = field(default_factory=dict)
+
+    def summary(self) -> dict:
+        """The group as JSON: its first and last op, ops, images a stripe, the widths
+        weighed (images -> modelled array cycles)."""
+        return {"first": self.nodes[0].output.name, "last": self.nodes[-1].output.name,
+                "ops": len(self.nodes), "images": self.images,
+                "widths": {str(k): v for k, v in self.widths.items()}}
 
 
 def groups(graph: Graph, budget: int, cores: int, hw: HWConfig | None = None) -> list[Group]:
@@ -102,8 +116,12 @@ def groups(graph: Graph, budget: int, cores: int, hw: HWConfig | None = None) ->
         large = [k for k, n in enumerate(run) if working_set(n) > budget * cores]
         if large:
             for group in stripes_of(run[:large[-1] + 1], budget * cores, cores, hw):
-                out += by_weights(group, hw.ocm_per_core - budget if hw else None, budget,
-                                  cores)
+                cut = by_weights(group, hw.ocm_per_core - budget if hw else None, budget,
+                                 cores)
+                for part in cut:                       # each part's own cycles
+                    part.widths = group.widths if len(cut) == 1 else {
+                        d: stripe_cycles(part.nodes, d, cores, hw) for d in group.widths}
+                out += cut
         run = [node] if node is not None and by_image(node) else []
     return out
 
@@ -156,24 +174,28 @@ def stripes_of(run: list[Node], limit: int, cores: int, hw: HWConfig | None) -> 
         else:
             parts.append(Group([n], fit[k]))
     for part in parts:
-        if hw is not None and part.images > 1:
-            part.images = _width(part, [d for d in widths if d <= part.images], cores, hw)
+        if hw is not None:
+            part.widths = {d: stripe_cycles(part.nodes, d, cores, hw)
+                           for d in widths if d <= part.images}
+            part.images = _width(part.widths, hw)
         else:
             part.images = 1
     merged: list[Group] = []
     for part in parts:                  # neighbours of one width are one group
         if merged and merged[-1].images == part.images:
             merged[-1].nodes += part.nodes
+            merged[-1].widths = {d: c + part.widths[d] for d, c in merged[-1].widths.items()
+                                 if d in part.widths}
         else:
             merged.append(part)
     return merged
 
 
-def _width(part: Group, widths: list[int], cores: int, hw: HWConfig) -> int:
-    """The narrowest of ``widths`` but where a wider stripe fills the array's idle rows:
-    it saves more than one PE row's share (1 / pe_rows) of the narrowest one's cycles
-    (less is rounding, not rows filled)."""
-    cycles = {d: stripe_cycles(part.nodes, d, cores, hw) for d in widths}
+def _width(cycles: dict[int, int], hw: HWConfig) -> int:
+    """The narrowest width of ``cycles`` (width -> array cycles) but where a wider stripe
+    fills the array's idle rows: it saves more than one PE row's share (1 / pe_rows) of
+    the narrowest one's cycles (less is rounding, not rows filled)."""
+    widths = sorted(cycles)
     best = widths[0]
     for d in widths[1:]:
         if cycles[d] < cycles[best] - cycles[widths[0]] // hw.pe_rows:
@@ -219,6 +241,8 @@ class StripeImages(Pass):
             raise PassError(f"pass 'stripe-images': budget {self.budget} must be in (0, 1]")
         hw = self.hw or HWConfig.preset(DEFAULT_HW)
         found = groups(graph, int(hw.ocm_per_core * self.budget), self.cores or hw.cores, hw)
+        if found:
+            graph.meta[META_KEY] = [g.summary() for g in found]
         for index, group in enumerate(found):
             write(graph, group, index)
             self.stat("groups")

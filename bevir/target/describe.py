@@ -1,6 +1,6 @@
 """A planned graph's schedule as text (``bevir show --schedule``): the modelled figures,
-the layers run stripe by stripe of images, the splits, what the memory plan moved, and where the cycles
-go, each with its modelled cycles.
+the layers run stripe by stripe of images, the splits, what the memory plan moved, and
+where the cycles go, each with its modelled cycles.
 
     print(describe_schedule(planned_graph, model(planned_graph, hw)))
 """
@@ -20,9 +20,9 @@ def _line(label: str, cycles: Counter, counts: Counter) -> str:
 
 def describe_schedule(graph: Graph, profile: Profile) -> str:
     """The schedule of ``graph`` (planned) as ``profile`` models it: one line of figures,
-    then the image-by-image groups, the splits by kind, the memory plan's transfers, the
-    steps by what bounds them and the costliest steps. Cycles are the steps' own cycles
-    summed over the cores."""
+    then the striped groups (and the stripe widths weighed), the splits by kind, the
+    memory plan's transfers, the steps by what bounds them and the costliest steps.
+    Cycles are the steps' own cycles summed over the cores."""
     hw = profile.hw
     own = {(r.core, r.name): r.own_cycles for r in profile.records}
     node_cycles = defaultdict(int)
@@ -46,11 +46,17 @@ def describe_schedule(graph: Graph, profile: Profile) -> str:
         if s is not None:
             groups[s["group"]]["cycles"] += node_cycles.get(n.name, 0)
     lines.append(f"  run stripe by stripe: {len(groups)} group(s)")
+    weighed = graph.meta.get("stripe_groups", [])
     for k, g in sorted(groups.items()):
         lines.append(f"    group {k}: {len(g['of'])} ops x {g['stripes']} stripes of "
                      f"{g['images']} image(s) from "
                      f"%{g['of'][0]} ({g['loc'] or '-'}) to %{g['of'][-1]}: "
                      f"{g['cycles']:,} cycles")
+        widths = weighed[k].get("widths") if k < len(weighed) else None
+        if widths and len(widths) > 1:
+            lines.append("      images a stripe that fit, array cycles as modelled: " + ", ".join(
+                f"{w}: {c:,}" + (" (chosen)" if int(w) == g["images"] else "")
+                for w, c in sorted(widths.items(), key=lambda wc: int(wc[0]))))
     kinds, kind_cycles = Counter(), Counter()
     for n in graph.nodes:
         p = n.meta.get("piece")

@@ -12,6 +12,8 @@ import bevir
 from bevir.flows.target import compile_program
 from bevir.passes import make_pass
 from bevir.passes.stripe import by_image, groups
+from bevir.passes.target import plan_for_target
+from bevir.target.describe import describe_schedule
 from bevir.target import HWConfig, model
 from bevir.testing import assert_bit_exact
 from tests.shared import assert_counted_as_modelled, fx, ints, partitioned
@@ -191,6 +193,18 @@ def test_smaller_layers_run_several_images_a_stripe(rng):
         assert [v.producer.meta["stripe"]["index"] for v in join.inputs] == [k, k + 1, k + 2]
     assert "conv2" not in {v.name for v in g.values()}     # conv2's batch is never whole
     assert_bit_exact(bevir.run(g, feed), bevir.run(graph, feed))
+    # the widths weighed, with the cycles the model gave each: wider fills the array
+    weighed = [(w["ops"], w["images"], w["widths"]) for w in g.meta["stripe_groups"]]
+    assert [(ops, images, sorted(widths)) for ops, images, widths in weighed] == \
+        [(2, 1, ["1"]), (2, 3, ["1", "2", "3"])]
+    cycles = weighed[1][2]
+    assert cycles["3"] < cycles["2"] < cycles["1"]
+    planned = plan_for_target(graph, hw)                # bevir show --schedule says so
+    text = describe_schedule(planned, model(planned, hw))
+    wide = planned.meta["stripe_groups"][1]
+    widths = ", ".join(f"{w}: {c:,}" + (" (chosen)" if int(w) == wide["images"] else "")
+                       for w, c in wide["widths"].items())
+    assert f"images a stripe that fit, array cycles as modelled: {widths}" in text
 
 
 @pytest.mark.parametrize("cores", [1, 2])
