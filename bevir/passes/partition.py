@@ -569,12 +569,14 @@ class Splitter:
     def pieces(self, node: Node, d: Decision) -> None:
         name = node.output.name
         outs = []
-        operands = []            # every core's operands first: a core cutting a range for
-        for core, spec in enumerate(d.pieces):       # another does so before its own piece
+        operands = []            # every core's cuts first, then the joins: a core cuts the
+        for core, spec in enumerate(d.pieces):      # ranges others read before it waits for
             ranges = list(spec.ranges) + [None] * (len(node.inputs) - len(spec.ranges))
-            operands.append([None if v is None else
+            operands.append([None if v is None else    # theirs (no core waits on a chain)
                              self.operand(v, r, core, node, f"{name}.c{core}.{i}")
                              for i, (v, r) in enumerate(zip(node.inputs, ranges))])
+        operands = [[self.join(*x, node) if isinstance(x, tuple) else x for x in row]
+                    for row in operands]
         for core, (spec, inputs) in enumerate(zip(d.pieces, operands)):
             p = self.graph.create_node(node.op, inputs, spec.attrs, loc=node.loc,
                                        names=[f"{name}.c{core}"], before=node)
@@ -594,11 +596,12 @@ class Splitter:
         self.split[id(gather.output)] = (d, outs)
         self.gathers.append(gather)
 
-    def operand(self, v: Value, r, core: int, node: Node, name: str) -> Value:
+    def operand(self, v: Value, r, core: int, node: Node, name: str) -> Value | tuple:
         """Core ``core``'s operand: range ``r`` of ``v`` (None: all), as routed. A range of
         another core's piece is cut on that core, so that only the range crosses (the piece
         stays in its core's OCM); a range of a whole value, by ``core`` (in place where the
-        value lies in DDR)."""
+        value lies in DDR). Ranges of several pieces: (parts, axis, core, name), the join
+        :meth:`pieces` makes once every core has cut what the others read."""
         if v.is_const:
             return v if r is None else self.const_slice(v, r)
         if r is None:
@@ -610,11 +613,11 @@ class Splitter:
             parts = [self.slice(pieces[k], axis, max(lo, a) - a, min(hi, b) - a, k, node,
                                 f"{name}.p{k}")
                      for k, (a, b) in enumerate(d.ranges()) if a < hi and lo < b]
-            return parts[0] if len(parts) == 1 else self.join(parts, axis, core, node, name)
+            return parts[0] if len(parts) == 1 else (parts, axis, core, name)
         if split is not None:        # cut along another axis: each piece's range, joined
             d, pieces = split
             parts = [self.slice(p, *r, k, node, f"{name}.p{k}") for k, p in enumerate(pieces)]
-            return self.join(parts, d.axis, core, node, name)
+            return (parts, d.axis, core, name)
         return self.slice(v, *r, core, node, name)
 
     def slice(self, v: Value, axis: int, lo: int, hi: int, core: int, node: Node,
@@ -627,7 +630,7 @@ class Splitter:
         s.meta["core"] = core
         return s.output
 
-    def join(self, parts: list[Value], axis: int, core: int, node: Node, name: str) -> Value:
+    def join(self, parts: list[Value], axis: int, core: int, name: str, node: Node) -> Value:
         g = self.graph.create_node("core_gather", parts, {"axis": axis}, loc=node.loc,
                                    names=[self.graph.unique_name(name)], before=node)
         g.meta["core"] = core

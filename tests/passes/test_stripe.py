@@ -237,3 +237,23 @@ def test_a_group_is_cut_where_its_weights_would_not_stay_on_chip(rng):
             ] == [group.nodes]           # conv2's batch would not fit the budget: no cut
     g = bevir.optimize(graph.clone(), [make_pass("stripe-images", hw=SMALL)])
     assert_bit_exact(bevir.run(g, feed), bevir.run(graph, feed))
+
+
+def test_each_core_cuts_what_its_neighbours_read_before_it_waits_for_theirs(rng):
+    """Program order of a halo exchange: on every core the cuts the other cores read come
+    before its own join, so no core waits on a chain of its neighbours' joins (the model
+    shows no wait there)."""
+    graph, _ = net(rng, images=1, rows=40)
+    g = partitioned(graph, 3)
+    position = {id(n): k for k, n in enumerate(g.nodes)}
+    joins = [n for n in g.nodes if n.op == "core_gather" and any(
+        u.meta.get("piece") for u, _ in n.output.uses)]
+    assert joins
+    for join in joins:
+        reader = next(u for u, _ in join.output.uses)
+        of = reader.meta["piece"]["of"]
+        cuts = [n for n in g.nodes if n.op == "core_slice" and n.meta["core"] ==
+                join.meta["core"] and any(u.op == "core_gather" and u is not join and any(
+                    w.meta.get("piece", {}).get("of") == of for w, _ in u.output.uses)
+                    for u, _ in n.output.uses)]
+        assert all(position[id(c)] < position[id(join)] for c in cuts), join.name
