@@ -449,3 +449,47 @@ def test_attention_scores_with_a_constant_mask_lower_to_a_product_and_an_add():
     assert add.inputs[0].producer.op == "fx_matmul" and add.output.type.dtype.value == "i16"
     sqnr, _, _ = layer_error(bevir.run(ref, feeds[0])["p"], bevir.run(g, feeds[0])["p"])
     assert sqnr > 25, sqnr
+
+
+def test_a_mask_computed_from_constants_is_folded_not_left_on_the_host():
+    """where(mask, 0, -inf-like) of constants only (an encoder's attention mask when no
+    mask is given) is folded before lowering: nothing float between the inputs and the
+    output, the mask added to the scores' codes."""
+    rng = np.random.default_rng(7)
+    b = Builder("masked")
+    q = b.input("q", TensorType((1, 2, 8, 16)))
+    k = b.input("k", TensorType((1, 2, 16, 8)))
+    keep = b.const(np.tril(np.ones((1, 1, 8, 8), bool)), "keep")
+    mask = b.where(keep, b.const(np.float32(0.0), "zero"), b.const(np.float32(-8.0), "low"))
+    b.output("p", b.softmax(b.add(b.matmul(q, k), mask), axis=-1))
+    g = b.graph
+    ref = g.clone()
+    feeds = [{"q": rng.standard_normal((1, 2, 8, 16)).astype(np.float32),
+              "k": rng.standard_normal((1, 2, 16, 8)).astype(np.float32)} for _ in range(4)]
+    bevir.calibrate(g, feeds)
+    stats = quantize(g, QuantConfig())
+    assert "float-left" not in stats and "where" not in g.op_counts(), stats
+    assert len(bevir.passes.float_ops_between(g, ["q", "k"])) == 0
+    sqnr, _, _ = layer_error(bevir.run(ref, feeds[0])["p"], bevir.run(g, feeds[0])["p"])
+    assert sqnr > 25, sqnr          # 8-bit softmax probabilities: well above 25 dB
+
+
+def test_a_constant_left_operand_of_a_product_is_quantized_as_codes():
+    """matmul(constant queries, activation) (learned queries against an encoder's keys):
+    one fx_matmul on the constant's codes, nothing left in float."""
+    rng = np.random.default_rng(8)
+    b = Builder("queries")
+    k = b.input("k", TensorType((1, 2, 16, 6)))
+    queries = (rng.standard_normal((1, 2, 4, 16)) * 0.5).astype(np.float32)
+    b.output("s", b.matmul(b.const(queries, "queries"), k))
+    g = b.graph
+    ref = g.clone()
+    feeds = [{"k": rng.standard_normal((1, 2, 16, 6)).astype(np.float32)} for _ in range(4)]
+    bevir.calibrate(g, feeds)
+    stats = quantize(g, QuantConfig())
+    assert stats.get("lowered-matmul") == 1 and "float-left" not in stats, stats
+    assert len(bevir.passes.float_ops_between(g, ["k"])) == 0
+    mm = next(n for n in g.nodes if n.op == "fx_matmul")
+    assert mm.inputs[0].is_const and mm.inputs[0].type.dtype.value == "i8"
+    sqnr, _, _ = layer_error(bevir.run(ref, feeds[0])["s"], bevir.run(g, feeds[0])["s"])
+    assert sqnr > 30, sqnr          # two 8-bit operands, one rounding: about 40 dB

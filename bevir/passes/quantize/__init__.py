@@ -66,7 +66,12 @@ def load_config(config: QuantConfig | str) -> QuantConfig:
 
 def lower(graph: Graph, config: QuantConfig | str, stat) -> Context:
     """Lower ``graph`` in place by ``config``, counting with ``stat(counter)``; the context
-    (``left``: the ops left in float and why)."""
+    (``left``: the ops left in float and why). Float ops on constants only (an attention
+    mask built from constants, a position table) are folded first: no lowering needs to
+    take them, and left in float they would run on the host."""
+    from ..canonicalize import FoldConstants
+    from ..patterns import apply_patterns
+    apply_patterns(graph, [FoldConstants()])
     cx = Context(graph, load_config(config), stat)
     lower_graph(cx)
     for bound in accumulator_bounds(graph):
