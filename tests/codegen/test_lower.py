@@ -52,6 +52,8 @@ EDGE_CASES = {
     "sigmoid-table": lambda b, x: b.fx_sigmoid(x, out_frac_bits=7),
     "dequantize": lambda b, x: b.fx_dequantize(x),
     "quantize-roundtrip": lambda b, x: b.fx_quantize(b.fx_dequantize(x), out_frac_bits=4),
+    "pad-constant-crop": lambda b, x: b.pad(x, pads=[1, -3, 2, 4], value=-5.0),
+    "pad-edge": lambda b, x: b.pad(x, pads=[2, 1, 1, 3], mode="edge"),
 }
 
 

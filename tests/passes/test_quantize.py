@@ -53,9 +53,10 @@ def test_mlp_is_integer_between_input_and_outputs_and_close_to_float(weights):
     bevir.verify(g)
     assert stats == {"lowered-gemm": 1, "lowered-relu": 1, "lowered-matmul": 1,
                      "lowered-add": 1, "lowered-layer_norm": 1, "lowered-softmax": 1,
-                     "lowered-sigmoid": 1}
+                     "lowered-sigmoid": 1, "norm-input-i16": 1}   # the residual sum
     ops = [n.op for n in g.nodes]
-    assert ops.count("fx_quantize") == 1                       # the input, once
+    widths = sorted(n.output.type.dtype.value for n in g.nodes if n.op == "fx_quantize")
+    assert widths == ["i16", "i8"]        # the input: for the product, for the normed sum
     assert {o for o in ops if not o.startswith("fx_")} == set()
     w1 = next(n for n in g.nodes if n.op == "fx_linear").inputs[1].type.quant
     assert isinstance(w1, AffineQuant) and (w1.axis == 0) == (weights == "per_channel")
@@ -493,3 +494,82 @@ def test_a_constant_left_operand_of_a_product_is_quantized_as_codes():
     assert mm.inputs[0].is_const and mm.inputs[0].type.dtype.value == "i8"
     sqnr, _, _ = layer_error(bevir.run(ref, feeds[0])["s"], bevir.run(g, feeds[0])["s"])
     assert sqnr > 30, sqnr          # two 8-bit operands, one rounding: about 40 dB
+
+
+def _token_stream(seed=0):
+    """A class token far smaller than the patch tokens (as a ViT's is before training),
+    concatenated with them, position embeddings added, a layer norm: the norm divides the
+    class token's row by its own small spread."""
+    rng = np.random.default_rng(seed)
+    b = Builder("tokens")
+    x = b.input("x", TensorType((1, 8, 32)))
+    cls = b.const((rng.standard_normal((1, 1, 32)) * 1e-3).astype(np.float32), "cls")
+    pos = b.const((rng.standard_normal((1, 9, 32)) * 0.02).astype(np.float32), "pos")
+    s = b.add(b.concat(cls, x, axis=1), pos)
+    ones, zeros = np.ones(32, np.float32), np.zeros(32, np.float32)
+    b.output("y", b.layer_norm(s, b.const(ones, "g"), b.const(zeros, "beta")))
+    return b.graph
+
+
+def test_a_sum_a_layer_norm_reads_keeps_16_bits_and_its_small_rows():
+    """The tokens a layer norm reads (concat and add) keep 16 bits, the norm reads them:
+    the class token's normalized row stays close to float; in 8 bits it would be noise."""
+    g = _token_stream()
+    ref = g.clone()
+    rng = np.random.default_rng(9)
+    feeds = [{"x": rng.standard_normal((1, 8, 32)).astype(np.float32)} for _ in range(4)]
+    bevir.calibrate(g, feeds)
+    stats = quantize(g, QuantConfig())
+    assert "float-left" not in stats and stats.get("norm-input-i16") == 1, stats
+    ln = next(n for n in g.nodes if n.op == "fx_layer_norm")
+    assert ln.inputs[0].type.dtype.value == "i16"
+    assert ln.inputs[0].producer.inputs[0].producer.op == "concat"
+    assert ln.inputs[0].producer.inputs[0].type.dtype.value == "i16"
+    want, got = bevir.run(ref, feeds[0])["y"], bevir.run(g, feeds[0])["y"]
+    sqnr, _, _ = layer_error(want[:, :1], got[:, :1])
+    assert sqnr > 30, sqnr          # the 8-bit output's own rounding: about 40 dB
+
+
+def test_a_causal_mask_of_infinities_saturates_the_masked_scores():
+    """scores + where(causal, 0, -inf) folded to a constant: its codes are int32 at the
+    sum's frac bits, -inf the lowest; the masked probabilities are exactly 0."""
+    rng = np.random.default_rng(10)
+    b = Builder("causal")
+    q = b.input("q", TensorType((1, 2, 8, 16)))
+    k = b.input("k", TensorType((1, 2, 16, 8)))
+    keep = b.const(np.tril(np.ones((1, 1, 8, 8), bool)), "keep")
+    mask = b.where(keep, b.const(np.float32(0.0), "zero"), b.const(np.float32(-np.inf), "ninf"))
+    b.output("p", b.softmax(b.add(b.matmul(q, k), mask), axis=-1))
+    g = b.graph
+    feeds = [{"q": rng.standard_normal((1, 2, 8, 16)).astype(np.float32),
+              "k": rng.standard_normal((1, 2, 16, 8)).astype(np.float32)} for _ in range(4)]
+    bevir.calibrate(g, feeds)
+    stats = quantize(g, QuantConfig())
+    assert "float-left" not in stats, stats
+    add = next(n for n in g.nodes if n.op == "fx_add")
+    codes = add.inputs[1]
+    assert codes.is_const and codes.type.dtype.value == "i32"
+    assert codes.type.quant.frac_bits[0] == add.attrs["out_frac_bits"]
+    assert codes.const.min() == np.iinfo(np.int32).min
+    p = bevir.run(g, feeds[0])["p"]
+    assert (p[..., ~np.tril(np.ones((8, 8), bool))] == 0).all()
+
+
+@pytest.mark.parametrize("mode", ["constant", "edge"])
+def test_padding_runs_on_the_codes(mode):
+    """conv, pad, conv (a window partition's padding): the pad moves codes (zero is code
+    0), nothing float between the input and the output, the kernels bit-exact."""
+    rng = np.random.default_rng(11)
+    b = Builder("padded")
+    x = b.input("x", TensorType((1, 4, 6, 6)))
+    w = lambda o, i: b.const((rng.standard_normal((o, i, 1, 1)) * 0.5).astype(np.float32))  # noqa: E731
+    p = b.pad(b.conv2d(x, w(8, 4), None), pads=[0, 0, 1, 0, 0, 0, 1, 2], mode=mode)
+    b.output("y", b.conv2d(p, w(4, 8), None))
+    g = b.graph
+    feeds = [{"x": rng.standard_normal((1, 4, 6, 6)).astype(np.float32)} for _ in range(3)]
+    bevir.calibrate(g, feeds)
+    stats = quantize(g, QuantConfig())
+    assert stats.get("lowered-pad") == 1 and "float-left" not in stats, stats
+    assert len(bevir.passes.float_ops_between(g, ["x"])) == 0
+    report = Program(g, "c").check(feeds[0])
+    assert report.ok and report.checked >= 3, report.mismatch

@@ -10,7 +10,7 @@ from ...ir.graph import Node, Value
 from ...ir.types import DType
 from ...ops import get_op
 from ..quant_config import Rule
-from .context import Context, exact_sum, is_table, lowers
+from .context import Context, exact_sum, is_table, lowers, read_by_norm
 
 
 @lowers("unary")
@@ -32,10 +32,13 @@ def binary(cx: Context, node: Node, rule: Rule, fy: int, target: str) -> str | N
         return "both operands are constants"
     dt, out = cx.width(node, rule, fy, target)
     exact = dt is DType.i8 and exact_sum(node)
-    qs = cx.wide_operands(node) if exact else cx.operands(node, None, dt)
+    normed = dt is DType.i8 and not exact and target == "fx_add" and read_by_norm(node.output)
+    qs = cx.wide_operands(node) if exact or normed else cx.operands(node, None, dt)
     if qs is None:
         return "uncalibrated input"
-    out = cx.exact_width(node.output, qs) if exact else out
+    out = cx.exact_width(node.output, qs) if exact else cx.norm_width(node) if normed else out
+    if target in ("fx_add", "fx_sub"):
+        qs = [cx.addend(v, out["out_frac_bits"]) or q for v, q in zip(node.inputs, qs)]
     cx.replace(node, target, within_reach(qs, out["out_frac_bits"], cx, node), out)
     return None
 

@@ -2,18 +2,23 @@
 (reshape, transpose, split, gather, max pooling) run on the codes; concatenation."""
 from __future__ import annotations
 
+import math
+
+import numpy as np
+
 from ...ir.graph import Node, Value
 from ...ir.types import DType
 from ..quant_config import Rule
-from .context import Context, lowers, read_by_tables
+from .context import Context, lowers, read_by_norm, read_by_tables
 
 
 @lowers("concat")
 def concat(cx: Context, node: Node, rule: Rule, fy: int, target: None) -> str | None:
     """concat on the codes, each operand requantized to the result's frac bits; in 16
     bits, keeping every bit, where some operands are exact sums on their way to a table
-    (see Context.exact_width)."""
-    qs = cx.wide_operands(node) if read_by_tables(node.output) else cx.operands(node)
+    (see Context.exact_width), or on their way to a layer norm (Context.norm_width)."""
+    wide = read_by_tables(node.output) or read_by_norm(node.output)
+    qs = cx.wide_operands(node) if wide else cx.operands(node)
     if qs is None:
         return "uncalibrated input"
     out = {"out_frac_bits": fy} if all(q.type.dtype is DType.i8 for q in qs) else \
@@ -51,6 +56,25 @@ def split(cx: Context, node: Node, rule: Rule, fy: int, target: None) -> str | N
                                                "axes": [axis], "steps": [1]}, node))
         start += size
     cx.swap_all(node, pieces)
+    return None
+
+
+@lowers("pad")
+def pad(cx: Context, node: Node, rule: Rule, fy: int, target: None) -> str | None:
+    """Constant or edge padding on the codes, the frac bits kept; a constant's value as a
+    code of them (where it is one: the op stays float otherwise)."""
+    q, why = _codes(cx, node)
+    if q is None:
+        return why
+    attrs = dict(node.attrs)
+    if attrs["mode"] not in ("constant", "edge"):
+        return f"{attrs['mode']} padding"
+    code = math.ldexp(attrs["value"], q.type.quant.frac_bits[0])
+    info = np.iinfo(q.type.dtype.np)
+    if attrs["mode"] == "constant" and not (code.is_integer() and info.min <= code <= info.max):
+        return f"the pad value {attrs['value']} is not a code of the operand's frac bits"
+    attrs["value"] = code
+    cx.swap(node, cx.create("pad", [q], attrs, node))
     return None
 
 

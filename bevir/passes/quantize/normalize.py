@@ -8,7 +8,7 @@ from ...ir.graph import Node
 from ...ir.types import DType, Layout
 from ...ops.numerics import NORM_FRAC
 from ..quant_config import Rule
-from .context import Context, feeds, fixed_const, fixed_type, lowers, most_frac_bits
+from .context import Context, feeds, fixed_const, fixed_type, lowers, most_frac_bits, takes_x
 
 
 @lowers("reduce")
@@ -42,7 +42,8 @@ def layer_norm(cx: Context, node: Node, rule: Rule, fy: int, target: None) -> st
     if any(p is not None and not p.is_const for p in (scale, bias)):
         return "scale or bias is not a constant"
     dt, out = cx.width(node, rule, fy, "fx_layer_norm")
-    xq = cx.fixed(x, node, dt)
+    wide = cx.twin(x, DType.i16) if takes_x("fx_layer_norm", DType.i16, x.type.shape) else None
+    xq = wide if wide is not None else cx.fixed(x, node, dt)   # a residual stream's 16 bits
     if xq is None:
         return "uncalibrated input"
     g = cx.graph

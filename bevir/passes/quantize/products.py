@@ -83,7 +83,8 @@ def _activation_product(cx: Context, node: Node, fy: int, spec) -> str | None:
         return None
     dt = DType(out.get("out_dtype", "i8"))
     scores = cx.create("fx_matmul", [a, b], out, node)     # at the masked scores' frac bits
-    qs = within_reach([scores, cx.fixed(bias, node, dt)], out["out_frac_bits"], cx, node)
+    mask = cx.addend(bias, out["out_frac_bits"]) or cx.fixed(bias, node, dt)
+    qs = within_reach([scores, mask], out["out_frac_bits"], cx, node)
     cx.replace(node, "fx_add", qs, out)
     return None
 
