@@ -327,7 +327,7 @@ Div = binary("div", np.divide, _int_div, fixed_point=FixedLowering("div"),
              onnx_export=onnx_as("Div"))
 Max = binary("max", np.maximum, commutative=True, onnx_export=onnx_as("Max"))
 Min = binary("min", np.minimum, commutative=True, onnx_export=onnx_as("Min"))
-Pow = binary("pow", np.power, onnx_export=onnx_as("Pow"))
+Pow = binary("pow", np.power, fixed_point=FixedLowering("pow"), onnx_export=onnx_as("Pow"))
 Atan2 = binary("atan2", np.arctan2,        # atan2(a, b) = angle of the point (b, a)
                onnx_export=staticmethod(atan2))
 

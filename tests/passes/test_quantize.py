@@ -573,3 +573,82 @@ def test_padding_runs_on_the_codes(mode):
     assert len(bevir.passes.float_ops_between(g, ["x"])) == 0
     report = Program(g, "c").check(feeds[0])
     assert report.ok and report.checked >= 3, report.mismatch
+
+
+def _feeds(shape, n=4, seed=12):
+    rng = np.random.default_rng(seed)
+    return [{"x": rng.standard_normal(shape).astype(np.float32)} for _ in range(n)]
+
+
+def _lowered(g, feeds, output="y"):
+    """Quantize g (default config) on feeds: (stats, SQNR of output on feeds[0] in dB);
+    nothing may stay float between the input and the outputs."""
+    ref = g.clone()
+    bevir.calibrate(g, feeds)
+    stats = quantize(g, QuantConfig())
+    bevir.verify(g)
+    assert "float-left" not in stats and len(bevir.passes.float_ops_between(g, ["x"])) == 0, stats
+    sqnr, _, _ = layer_error(bevir.run(ref, feeds[0])[output], bevir.run(g, feeds[0])[output])
+    return stats, sqnr
+
+
+def test_squares_and_cubes_are_products_of_the_codes():
+    """relu(x)**2 (a squared ReLU) and x**3: fx_mul of the codes (the cube's square in 16
+    bits); close to float."""
+    b = Builder("powers")
+    x = b.input("x", TensorType((4, 64)))
+    sq = b.pow(b.relu(x), b.const(np.float32(2.0), "two"))
+    b.output("y", b.add(sq, b.pow(x, b.const(np.float32(3.0), "three"))))
+    rng = np.random.default_rng(15)
+    feeds = [{"x": rng.uniform(-1, 1, (4, 64)).astype(np.float32)} for _ in range(4)]
+    stats, sqnr = _lowered(b.graph, feeds)
+    assert stats["lowered-pow"] == 2 and "pow" not in b.graph.op_counts(), stats
+    assert sqnr > 30, sqnr          # values in [-1, 1], 8-bit codes, a few roundings: ~40 dB
+
+
+def test_a_decomposed_tanh_gelu_is_one_table():
+    """0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x**3))) as a GPT-2 writes it is
+    recognized before lowering: one fx_gelu (tanh) table, no product chain."""
+    b = Builder("gelu_new")
+    x = b.input("x", TensorType((4, 64)))
+    c = lambda v, n: b.const(np.float32(v), n)  # noqa: E731
+    cube = b.mul(b.pow(x, c(3.0, "three")), c(0.044715, "c"))
+    t = b.tanh(b.mul(b.add(x, cube), c(np.sqrt(2 / np.pi), "k")))
+    b.output("y", b.mul(b.mul(x, c(0.5, "half")), b.add(t, c(1.0, "one"))))
+    stats, sqnr = _lowered(b.graph, _feeds((4, 64)))
+    gelu = [n for n in b.graph.nodes if n.op == "fx_gelu"]
+    assert len(gelu) == 1 and gelu[0].attrs["approximate"] == "tanh", b.graph.op_counts()
+    assert "fx_mul" not in b.graph.op_counts()
+    assert sqnr > 30, sqnr          # one table on 8-bit codes: about 40 dB
+
+
+@pytest.mark.parametrize("mode", ["nearest", "linear"])
+def test_upsampling_runs_on_the_codes(mode):
+    """conv, 2x upsampling, conv (a segmentation head, a feature pyramid): the resize on
+    the codes (linear: the golden model's 8-bit bilinear kernel), the kernels bit-exact."""
+    rng = np.random.default_rng(13)
+    b = Builder("upsample")
+    x = b.input("x", TensorType((1, 4, 5, 6)))
+    w = lambda o, i: b.const((rng.standard_normal((o, i, 1, 1)) * 0.5).astype(np.float32))  # noqa: E731
+    up = b.resize(b.conv2d(x, w(8, 4), None), size=[1, 8, 10, 12], mode=mode)
+    b.output("y", b.conv2d(up, w(4, 8), None))
+    feeds = _feeds((1, 4, 5, 6))
+    stats, sqnr = _lowered(b.graph, feeds)
+    assert stats.get("lowered-resize") == 1 and sqnr > 25, (stats, sqnr)
+    report = Program(b.graph, "c").check(feeds[0])
+    assert report.ok and report.checked >= 4, report.mismatch
+
+
+def test_a_graph_input_is_quantized_before_it_moves():
+    """unsqueeze(x) before a convolution (a 1-D conv as torch exports it): the input is
+    quantized first and the unsqueeze moves codes, so nothing runs on the host."""
+    rng = np.random.default_rng(14)
+    b = Builder("conv1d")
+    x = b.input("x", TensorType((1, 4, 16)))
+    w = b.const((rng.standard_normal((8, 4, 1, 3)) * 0.5).astype(np.float32), "w")
+    y = b.conv2d(b.unsqueeze(x, axes=[2]), w, None, pads=[0, 1, 0, 1])
+    b.output("y", b.squeeze(y, axes=[2]))
+    stats, sqnr = _lowered(b.graph, _feeds((1, 4, 16)))
+    first = b.graph.nodes[0]
+    assert first.op == "fx_quantize" and first.inputs[0].name == "x", b.graph.op_counts()
+    assert sqnr > 30, sqnr          # one 8-bit convolution: about 40 dB

@@ -10,7 +10,7 @@ from ...ir.graph import Node, Value
 from ...ir.types import DType
 from ...ops import get_op
 from ..quant_config import Rule
-from .context import Context, exact_sum, is_table, lowers, read_by_norm
+from .context import Context, exact_sum, is_table, lowers, most_frac_bits, read_by_norm
 
 
 @lowers("unary")
@@ -80,6 +80,27 @@ def mul(cx: Context, node: Node, rule: Rule, fy: int, target: None) -> str | Non
     if aq is None or bq is None:
         return "uncalibrated input"
     cx.replace(node, "fx_mul", [aq, bq], out)
+    return None
+
+
+@lowers("pow")
+def power(cx: Context, node: Node, rule: Rule, fy: int, target: None) -> str | None:
+    """x ** 2 and x ** 3 (a squared ReLU, an RMS norm's square, a tanh GELU's cube) as
+    products of the codes; the square inside a cube in 16 bits."""
+    x, e = node.inputs
+    n = float(e.const.reshape(-1)[0]) if e.is_const and e.const.size == 1 else None
+    if x.is_const or n not in (2.0, 3.0):
+        return "not an activation to the power 2 or 3"
+    dt, out = cx.width(node, rule, fy, "fx_mul")
+    xq = cx.fixed(x, node, dt)
+    if xq is None:
+        return "uncalibrated input"
+    sq = xq
+    if n == 3.0:                # the square's frac bits from the codes' bound
+        amax = math.ldexp(np.iinfo(xq.type.dtype.np).max, -xq.type.quant.frac_bits[0])
+        f2 = most_frac_bits(amax * amax, np.iinfo(np.int16).max, -31, 31, 15)
+        sq = cx.create("fx_mul", [xq, xq], {"out_frac_bits": f2, "out_dtype": "i16"}, node)
+    cx.replace(node, "fx_mul", [sq, xq], out)
     return None
 
 

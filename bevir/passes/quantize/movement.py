@@ -8,6 +8,7 @@ import numpy as np
 
 from ...ir.graph import Node, Value
 from ...ir.types import DType
+from ...ops.kernels.resize import BILINEAR_MODES
 from ..quant_config import Rule
 from .context import Context, lowers, read_by_norm, read_by_tables
 
@@ -78,12 +79,39 @@ def pad(cx: Context, node: Node, rule: Rule, fy: int, target: None) -> str | Non
     return None
 
 
+@lowers("resize")
+def resize(cx: Context, node: Node, rule: Rule, fy: int, target: None) -> str | None:
+    """Resize on the codes, the frac bits kept: nearest; linear on 8-bit codes (at most
+    two resized axes: onnxruntime's fixed-point bilinear kernel, as the golden model runs
+    resize of int8)."""
+    a = node.attrs
+    if a["mode"] == "cubic" or a["roi"] is not None or (a["mode"] == "nearest" and a["scales"]):
+        return f"{a['mode']} resize with these coordinates has no integer form here"
+    t = node.inputs[0].type
+    if a["mode"] == "linear":
+        resized = sum(i != o for i, o in zip(t.shape, a["size"]))
+        if resized > 2 or a["coordinate_transformation_mode"] not in BILINEAR_MODES:
+            return "a linear resize of more than two axes, or of other coordinates"
+        q = cx.fixed(node.inputs[0], node)
+        if q is None:
+            return "uncalibrated input"
+    else:
+        q, why = _codes(cx, node)
+        if q is None:
+            return why
+    cx.swap(node, cx.create("resize", [q], a, node))
+    return None
+
+
 def _codes(cx: Context, node: Node) -> tuple[Value | None, str]:
-    """(the codes of ``node``'s data operand, or None and why not)."""
+    """(the codes of ``node``'s data operand, or None and why not): its fixed twin, or a
+    constant's or a graph input's codes (the input quantized before it moves, so that
+    the move runs on the device)."""
     x = node.inputs[0]
-    q = cx.fixed(x, node) if x.is_const else (cx.twin(x, DType.i8) or cx.twin(x, DType.i16))
+    given = x.is_const or any(x is v for v in cx.graph.inputs)     # a table, a graph input
+    q = cx.fixed(x, node) if given else (cx.twin(x, DType.i8) or cx.twin(x, DType.i16))
     if q is None:
-        return None, "its data is computed in float" if not x.is_const else "uncalibrated table"
+        return None, "its data is computed in float" if not given else "uncalibrated data"
     if q.type.quant.axis is not None:
         return None, "its codes are quantized per channel"
     return q, ""
