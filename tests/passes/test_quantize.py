@@ -652,3 +652,24 @@ def test_a_graph_input_is_quantized_before_it_moves():
     first = b.graph.nodes[0]
     assert first.op == "fx_quantize" and first.inputs[0].name == "x", b.graph.op_counts()
     assert sqnr > 30, sqnr          # one 8-bit convolution: about 40 dB
+
+
+def test_rms_norm_and_l2_normalize_lower_through_tables():
+    """x * reciprocal(sqrt(mean(x**2) + eps)) (T5's RMS norm) and x / max(norm, eps)
+    (an L2 normalize): squares as products, fx_sqrt and fx_reciprocal tables, the
+    division as a product by a 16-bit reciprocal; nothing float, close to float."""
+    b = Builder("norms")
+    x = b.input("x", TensorType((4, 32)))
+    ms = b.reduce_mean(b.pow(x, b.const(np.float32(2.0), "two")), axes=[1], keepdims=True)
+    rms = b.reciprocal(b.sqrt(b.add(ms, b.const(np.float32(1e-6), "eps"))))
+    y = b.mul(x, rms)
+    norm = b.sqrt(b.reduce_sum(b.mul(y, y), axes=[1], keepdims=True))
+    b.output("y", b.div(y, b.clip(norm, min=1e-12)))
+    g = b.graph
+    rng = np.random.default_rng(16)
+    feeds = [{"x": (rng.standard_normal((4, 32)) * rng.uniform(0.5, 2, (4, 1))).astype(np.float32)}
+             for _ in range(4)]
+    stats, sqnr = _lowered(g, feeds)
+    ops = g.op_counts()
+    assert ops.get("fx_sqrt") == 2 and ops.get("fx_reciprocal") == 2, ops
+    assert sqnr > 25, sqnr          # five 8-bit steps of values of unit scale: about 30 dB

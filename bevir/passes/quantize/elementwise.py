@@ -118,10 +118,24 @@ def div(cx: Context, node: Node, rule: Rule, fy: int, target: None) -> str | Non
         return None
     e = cx.ranges.get(d)
     if not _integer_valued(d) or e is None or e.hi > 1 << 16:
-        return "the divisor is neither a constant nor a count"
+        return _by_reciprocal(cx, node, xq, d, fy)
     count = cx.create("cast", [d], {"to": "i32", "saturate": True}, node)
     cx.replace(node, "fx_div", [xq, count], {"out_frac_bits": fy,
                                              "max_count": max(255, math.ceil(e.hi))})
+    return None
+
+
+def _by_reciprocal(cx: Context, node: Node, xq: Value, d: Value, fy: int) -> str | None:
+    """x / d for an activation d of one sign (a norm, a sum of exponentials): x times a
+    16-bit table of 1 / d on d's codes (its 16-bit ones where it has them)."""
+    dq = cx.twin(d, DType.i16) or cx.fixed(d, node)
+    e = cx.ranges.get(d) or (cx.ranges.get(dq.name) if dq is not None else None)
+    if dq is None or e is None or not (e.lo > 0 or e.hi < 0):
+        return "the divisor is neither a constant, a count nor of one sign"
+    inv = 1.0 / min(abs(e.lo), abs(e.hi))
+    fr = most_frac_bits(inv, np.iinfo(np.int16).max, -31, 31, 15)
+    r = cx.create("fx_reciprocal", [dq], {"out_frac_bits": fr, "out_dtype": "i16"}, node)
+    cx.replace(node, "fx_mul", [xq, r], {"out_frac_bits": fy})
     return None
 
 
