@@ -10,7 +10,8 @@ from ...ir.graph import Node, Value
 from ...ir.types import DType
 from ...ops import get_op
 from ..quant_config import Rule
-from .context import Context, exact_sum, is_table, lowers, most_frac_bits, read_by_norm
+from .context import (Context, exact_sum, feeds, is_table, lowers, most_frac_bits,
+                      read_by_norm)
 
 
 @lowers("unary")
@@ -38,9 +39,29 @@ def binary(cx: Context, node: Node, rule: Rule, fy: int, target: str) -> str | N
         return "uncalibrated input"
     out = cx.exact_width(node.output, qs) if exact else cx.norm_width(node) if normed else out
     if target in ("fx_add", "fx_sub"):
+        out = _masked_width(cx, node, out)
         qs = [cx.addend(v, out["out_frac_bits"]) or q for v, q in zip(node.inputs, qs)]
     cx.replace(node, target, within_reach(qs, out["out_frac_bits"], cx, node), out)
     return None
+
+
+#: how far below its finite range a masked (-inf) softmax input's format reaches:
+#: e**-12 < 2**-16, nothing of a 16-bit probability
+MASK_MARGIN = 12.0
+
+
+def _masked_width(cx: Context, node: Node, out: dict) -> dict:
+    """The result attributes of a sum with an infinite constant addend (a causal mask) that
+    a softmax reads: 16 bits reaching MASK_MARGIN beyond its finite range, so that a
+    masked score, saturated to the lowest code, weighs nothing (at the frac bits of a
+    small range it would be a score like the others)."""
+    masked = any(v.is_const and not np.isfinite(v.const).all() for v in node.inputs)
+    e = cx.ranges.get(node.output)
+    if not masked or e is None or not feeds(node.output, ("softmax",)):
+        return out
+    amax = max(abs(e.lo), abs(e.hi)) + MASK_MARGIN
+    return {"out_dtype": "i16",
+            "out_frac_bits": most_frac_bits(amax, np.iinfo(np.int16).max, -31, 31, 15)}
 
 
 @lowers("add_relu")
