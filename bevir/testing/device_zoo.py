@@ -8,8 +8,10 @@ import, ``bevir quantize`` with the default config, ``bevir compile --hw``, ``be
 
 A row holds the compiled program's stages (device and host), the elements of its outputs
 that differ from the golden model, the INT8 vs float SQNR of the outputs (dB, the lowest
-over them) on the example input and on a held-out one, and the first failure (the step,
-op and node) where a step fails. Calibration: the example input and ``CALIBRATION - 1``
+over them) on the example input and on a held-out one, the layers the config's
+``widen_to`` moved to 16-bit activations (measured on the example input, as ``bevir
+quantize --inputs`` does), and the first failure (the step, op and node) where a step
+fails, or what runs on the host. Calibration: the example input and ``CALIBRATION - 1``
 more drawn as the zoo draws its inputs (seeds 1, 2, ...); the held-out input is the next
 seed. ``bench/bench_zoo_device.py`` prints the table over the zoos.
 """
@@ -46,6 +48,7 @@ class DeviceRow:
     differing: int | None = None
     sqnr: float | None = None
     sqnr_heldout: float | None = None
+    widened: int = 0
     float_left: dict[str, int] = field(default_factory=dict)
     failure: str = ""
     seconds: float = 0.0
@@ -60,11 +63,12 @@ class DeviceRow:
         stages = f"{self.device_stages}d+{self.host_stages}h"
         diff = "-" if self.differing is None else str(self.differing)
         return (f"{self.name:28} {self.family:18} {stages:>7} {diff:>5} {db(self.sqnr):>6} "
-                f"{db(self.sqnr_heldout):>6} {self.seconds:5.0f}s  {self.failure}")
+                f"{db(self.sqnr_heldout):>6} {self.widened:>5} {self.seconds:5.0f}s  "
+                f"{self.failure}")
 
 
 HEADER = (f"{'model':28} {'family':18} {'stages':>7} {'diff':>5} {'SQNR':>6} {'held':>6} "
-          f"{'time':>6}  first failure")
+          f"{'i16':>5} {'time':>6}  first failure")
 
 
 def names() -> list[str]:
@@ -118,7 +122,8 @@ def device_row(name: str, hw: str = HW, frames: int = CALIBRATION,
     from ..flows.target import compile_program
     from ..passes import optimize
     from ..passes.calibrate import calibrate
-    from ..passes.quantize import quantize
+    from ..passes.precision import widen
+    from ..passes.quantize import load_config, quantize
     from ..sim import run
     t0 = time.perf_counter()
     torch = require("torch")
@@ -132,8 +137,11 @@ def device_row(name: str, hw: str = HW, frames: int = CALIBRATION,
         feeds = [{v.name: a.numpy() for v, a in zip(graph.inputs, x)} for x in inputs]
         step = "quantize"
         calibrate(graph, feeds[:frames], progress=False)
+        cfg = load_config(config)
+        if cfg.widen_to is not None:          # as bevir quantize does, on the example input
+            cfg, _, row.widened = widen(graph, feeds[0], cfg, cfg.widen_to)
         q = graph.clone()
-        quantize(q, config)
+        quantize(q, cfg)
         optimize(q, "cse,dce")
         row.float_left = _float_ops(q)
         row.sqnr, row.sqnr_heldout = _sqnr(graph, q, feeds[0]), _sqnr(graph, q, feeds[-1])
