@@ -679,3 +679,28 @@ def test_rms_norm_and_l2_normalize_lower_through_tables():
     ops = g.op_counts()
     assert ops.get("fx_sqrt") == 2 and ops.get("fx_reciprocal") == 2, ops
     assert sqnr > 25, sqnr          # five 8-bit steps of values of unit scale: about 30 dB
+
+
+def test_an_unfused_batch_norm_of_a_fixed16_group_keeps_16_bits():
+    """conv, batch norm (a re-parameterizable block's branch) in a fixed16 group: the norm
+    reads the conv's 16-bit codes and gives 16 bits; closer to float than in 8 bits."""
+    rng = np.random.default_rng(17)
+    b = Builder("bn")
+    x = b.input("x", TensorType((1, 4, 6, 6)))
+    w = b.const((rng.standard_normal((8, 4, 3, 3)) * 0.3).astype(np.float32), "w")
+    bn = [b.const(v.astype(np.float32), f"bn{i}") for i, v in enumerate((
+        rng.uniform(0.5, 1.5, 8), rng.standard_normal(8) * 0.1, rng.standard_normal(8) * 0.1,
+        rng.uniform(0.5, 1.5, 8)))]
+    b.output("y", b.batch_norm(b.conv2d(x, w, None, pads=[1, 1, 1, 1]), *bn))
+    feeds = _feeds((1, 4, 6, 6))
+    results = {}
+    for acts in ("fixed", "fixed16"):
+        g = b.graph.clone()
+        bevir.calibrate(g, feeds)
+        stats = quantize(g, QuantConfig.build({"default": {"name": "d", "activations": acts}}))
+        assert stats.get("lowered-batch_norm") == 1, stats
+        add = next(n for n in g.nodes if n.op == "fx_add")
+        results[acts] = (add.output.type.dtype.value, layer_error(
+            bevir.run(b.graph, feeds[0])["y"], bevir.run(g, feeds[0])["y"])[0])
+    assert results["fixed"][0] == "i8" and results["fixed16"][0] == "i16", results
+    assert results["fixed16"][1] > results["fixed"][1] + 10, results   # 8 more bits: ~48 dB
