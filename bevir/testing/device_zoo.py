@@ -117,8 +117,8 @@ def _failure(step: str, e: Exception) -> str:
 def device_row(name: str, hw: str = HW, frames: int = CALIBRATION,
                config: str = "default") -> DeviceRow:
     """Measure zoo model ``name`` (see :func:`names`) on ``hw``: a :class:`DeviceRow`."""
-    import bevir
     from ..codegen.program import Program
+    from ..errors import BevirError
     from ..flows.target import compile_program
     from ..passes import optimize
     from ..passes.calibrate import calibrate
@@ -133,7 +133,7 @@ def device_row(name: str, hw: str = HW, frames: int = CALIBRATION,
     try:
         with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
             warnings.simplefilter("ignore")
-            graph = bevir.from_torch(model, list(inputs[0]))
+            graph = _from_torch(model, list(inputs[0]))
         feeds = [{v.name: a.numpy() for v, a in zip(graph.inputs, x)} for x in inputs]
         step = "quantize"
         calibrate(graph, feeds[:frames], progress=False)
@@ -161,11 +161,16 @@ def device_row(name: str, hw: str = HW, frames: int = CALIBRATION,
             row.failure = f"host: {_host_summary(q)}"
     except Exception as e:    # noqa: BLE001  (the table records it)
         row.failure = _failure(step, e)
-        if not isinstance(e, bevir.BevirError):
+        if not isinstance(e, BevirError):
             row.failure += " @ " + traceback.extract_tb(e.__traceback__)[-1].name
     del torch
     row.seconds = time.perf_counter() - t0
     return row
+
+
+def _from_torch(model, inputs):
+    from ..frontends.torch import from_torch
+    return from_torch(model, inputs)
 
 
 def _float_ops(q) -> dict[str, int]:
