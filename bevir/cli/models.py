@@ -120,9 +120,10 @@ def cmd_quantize(args) -> int:
         echo(f"{'met' if result.met else 'not met'} after {len(steps) - 1} step(s) "
              f"(result: {result.change})")
     elif config.widen_to is not None:
-        config, sqnr, layers = widen(graph, inputs, config, config.widen_to)
+        bar = config.widen_to
+        config, sqnr, layers = widen(graph, inputs, config, bar)
         echo(f"16-bit activations in {layers} layer(s) of the worst local error: SQNR "
-             f"{sqnr:.1f} dB against float (widen_to {config.widen_to:g})")
+             f"{sqnr:.1f} dB against float (widen_to {bar:g})")
     if args.write_config:
         config.save(args.write_config)
         echo(f"wrote {args.write_config} (--config reproduces it)")
