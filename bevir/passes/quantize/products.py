@@ -21,7 +21,7 @@ def product(cx: Context, node: Node, rule: Rule, fy: int, target: None) -> str |
     if spec is not None and spec.fixed is None:
         return f"activation {act} has no fixed-point lowering"
     if w is None:
-        return _activation_product(cx, node, rule, fy, spec)
+        return _activation_product(cx, node, fy, spec)
     target = "fx_conv2d" if conv else "fx_linear"
     dt, out = cx.width(node, rule, fy, target, *([spec.fixed] if spec else []))
     xq = cx.fixed(x, node, dt)
@@ -60,7 +60,7 @@ def _clipped(cx: Context, node: Node, op: str, inputs: list[Value], attrs: dict)
     return None
 
 
-def _activation_product(cx: Context, node: Node, rule: Rule, fy: int, spec) -> str | None:
+def _activation_product(cx: Context, node: Node, fy: int, spec) -> str | None:
     """A product of two activations (attention scores, attention times values), its fused
     activation after it, or its constant bias (an attention mask) added to its codes. One
     operand may be a constant of another form than a weight (learned queries on the left,
@@ -78,8 +78,6 @@ def _activation_product(cx: Context, node: Node, rule: Rule, fy: int, spec) -> s
         return "uncalibrated input"
     then = {a_: node.attrs[f] for a_, f in spec.attrs} if spec else {}
     out = {"out_frac_bits": fy, **(cx.result_width(node, fy) if spec is None else {})}
-    if spec is None and "out_dtype" not in out:     # a fixed16 group's: a 16-bit result
-        out = cx.width(node, rule, fy, "fx_matmul")[1]
     if bias is None:
         cx.replace(node, "fx_matmul", [a, b], out, spec and spec.fixed, then)
         return None
