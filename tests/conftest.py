@@ -44,7 +44,8 @@ SLOW_FILES = {"frontends/test_hub_zoo.py", "frontends/test_zoo.py", "flows/test_
               "flows/test_backbone.py", "scale/test_scale.py", "top/test_crash_safety.py",
               "top/test_determinism.py", "top/test_fuzz.py", "e2e/test_bevformer_e2e.py",
               "e2e/test_bevformer_model.py", "e2e/test_bevformer_sequence.py",
-              "e2e/test_walkthrough.py", "passes/test_precision.py", "passes/test_decompose.py"}
+              "e2e/test_walkthrough.py", "passes/test_precision.py", "passes/test_decompose.py",
+              "testing/test_device_zoo.py"}
 
 #: the folders whose tests are all ``e2e`` (the BEVFormer example: its model, the end-to-end
 #: flow, frame sequences, the views, the notebook); so is every test that builds a BEVFormer
@@ -56,13 +57,14 @@ E2E_DIRS = {"e2e"}
 #: the system C compiler, the host build's micro-kernels): all their tests are ``tvm``
 TVM_FILES = {"codegen/test_lower.py", "codegen/test_lower_fx.py", "codegen/test_lower_qlinear.py",
              "codegen/test_cprogram.py", "codegen/test_micro.py", "codegen/test_exec_trust.py",
-             "top/test_determinism.py", "e2e/test_walkthrough.py"}
+             "top/test_determinism.py", "e2e/test_walkthrough.py", "testing/test_device_zoo.py"}
 #: and the tests of other files that do (their names, or names with their parameters)
 TVM_TESTS = {
     "target/test_trace.py": {"test_sim_and_exec_traces_show_every_step_once_per_core",
                              "test_cli_writes_both_traces", "test_a_trace_before_a_run_is_one_line"},
     "passes/test_stripe.py": {"test_striped_programs_are_bit_exact_and_count_what_the_model_charges"},
-    "passes/test_quantize.py": {"test_every_op_of_a_mobile_cnn_lowers_with_the_default_config"},
+    "passes/test_quantize.py": {"test_every_op_of_a_mobile_cnn_lowers_with_the_default_config",
+                                "test_padding_runs_on_the_codes", "test_upsampling_runs_on_the_codes"},
     "scale/test_scale.py": {"test_evaluation_runs_the_generated_program_too"},
     "top/test_cli.py": {"test_every_command_that_reads_a_graph_takes_load"},
     "top/test_docs.py": {"test_doc_examples_run[codegen.md]", "test_doc_examples_run[target.md]"},
@@ -115,11 +117,13 @@ def pytest_collection_modifyitems(items):
 
 #: the zoo modules whose tables end the session, with their titles
 ZOO_TABLES = (("tests.frontends.test_zoo", "model zoo"),
-              ("tests.frontends.test_hub_zoo", "timm and transformers zoo"))
+              ("tests.frontends.test_hub_zoo", "timm and transformers zoo"),
+              ("tests.testing.test_device_zoo", "the zoos on the GPNPU (INT8, QC-U 8MB 16MAC x4)"))
 
 
 def pytest_terminal_summary(terminalreporter):
-    """The zoo tables (tests/frontends/test_zoo.py, test_hub_zoo.py), of the zoos that ran."""
+    """The zoo tables (tests/frontends/test_zoo.py, test_hub_zoo.py,
+    tests/testing/test_device_zoo.py), of the zoos that ran."""
     import sys
     for module, title in ZOO_TABLES:
         zoo = sys.modules.get(module)

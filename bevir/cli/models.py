@@ -80,7 +80,8 @@ def add_quantize(sub) -> None:
                    "--target is measured on")
     s.add_argument("--config", default="default", metavar="PRESET|FILE.json",
                    help="the quantization config, or the search's start (default: "
-                   "default: per-channel weights, 8-bit activations)")
+                   "default: per-channel weights, 8-bit activations, 16-bit where local "
+                   "error calls for them)")
     s.add_argument("--target", metavar="METRIC>=VALUE",
                    help="search the config first: metrics sqnr (the lowest over the "
                    "outputs), OUTPUT_sqnr (dB against the float run) and cycles; the "
@@ -100,7 +101,7 @@ def cmd_quantize(args) -> int:
     from ..ir import save
     from ..passes import optimize
     from ..passes.calibrate import calibrate, ranges_of
-    from ..passes.precision import Target, best, search, sqnr_evaluator
+    from ..passes.precision import Target, best, search, sqnr_evaluator, widen
     from ..passes.quantize import load_config, quantize
     config = load_config(args.config)
     target = Target.parse(args.target) if args.target else None   # bad input fails first
@@ -118,6 +119,11 @@ def cmd_quantize(args) -> int:
         config = result.config
         echo(f"{'met' if result.met else 'not met'} after {len(steps) - 1} step(s) "
              f"(result: {result.change})")
+    elif config.widen_to is not None:
+        bar = config.widen_to
+        config, sqnr, layers = widen(graph, inputs, config, bar)
+        echo(f"16-bit activations in {layers} layer(s) of the worst local error: SQNR "
+             f"{sqnr:.1f} dB against float (widen_to {bar:g})")
     if args.write_config:
         config.save(args.write_config)
         echo(f"wrote {args.write_config} (--config reproduces it)")

@@ -173,11 +173,14 @@ Tanh = unary("tanh", np.tanh, fixed_point=FixedLowering("unary", "fx_tanh"),
              onnx_export=onnx_as("Tanh"))
 Exp = unary("exp", np.exp, fixed_point=FixedLowering("unary", "fx_exp"), onnx_export=onnx_as("Exp"))
 Log = unary("log", np.log, fixed_point=FixedLowering("unary", "fx_log"), onnx_export=onnx_as("Log"))
-Sqrt = unary("sqrt", np.sqrt, onnx_export=onnx_as("Sqrt"))
+Sqrt = unary("sqrt", np.sqrt, fixed_point=FixedLowering("unary", "fx_sqrt"),
+             onnx_export=onnx_as("Sqrt"))
 Erf = unary("erf", _erf, onnx_export=onnx_as("Erf"))
 Neg = unary("neg", np.negative, onnx_export=onnx_as("Neg"))
 Abs = unary("abs", np.abs, onnx_export=onnx_as("Abs"))
-Reciprocal = unary("reciprocal", np.reciprocal, onnx_export=onnx_as("Reciprocal"))
+Reciprocal = unary("reciprocal", np.reciprocal,
+                   fixed_point=FixedLowering("unary", "fx_reciprocal"),
+                   onnx_export=onnx_as("Reciprocal"))
 Sin = unary("sin", np.sin, onnx_export=onnx_as("Sin"))
 Cos = unary("cos", np.cos, onnx_export=onnx_as("Cos"))
 
@@ -327,7 +330,7 @@ Div = binary("div", np.divide, _int_div, fixed_point=FixedLowering("div"),
              onnx_export=onnx_as("Div"))
 Max = binary("max", np.maximum, commutative=True, onnx_export=onnx_as("Max"))
 Min = binary("min", np.minimum, commutative=True, onnx_export=onnx_as("Min"))
-Pow = binary("pow", np.power, onnx_export=onnx_as("Pow"))
+Pow = binary("pow", np.power, fixed_point=FixedLowering("pow"), onnx_export=onnx_as("Pow"))
 Atan2 = binary("atan2", np.arctan2,        # atan2(a, b) = angle of the point (b, a)
                onnx_export=staticmethod(atan2))
 

@@ -83,6 +83,28 @@ class FxLog(FxLookup):
         return np.log(v)
 
 
+class FxSqrt(FxLookup):
+    """sqrt(x) as a table; x < 0 gives the lowest code."""
+
+    name = "fx_sqrt"
+    onnx_export = qdq("sqrt")
+
+    def real(self, v):
+        with np.errstate(invalid="ignore"):
+            return np.sqrt(v)
+
+
+class FxReciprocal(FxLookup):
+    """1 / x as a table; x = 0 saturates to the highest code."""
+
+    name = "fx_reciprocal"
+    onnx_export = qdq("reciprocal")
+
+    def real(self, v):
+        with np.errstate(divide="ignore"):
+            return 1.0 / v
+
+
 class FxInverseSigmoid(FxLookup):
     """BEVFormer's inverse_sigmoid: x clamped to [0, 1], log(max(x, eps) / max(1 - x, eps)),
     as a table."""

@@ -15,7 +15,7 @@ from .common import (float_operands, norm_axis, pool_dilations, pool_out, requir
                      spatial_axes, window_rows)
 from .kernels import kernel_for
 from .kernels.pool import window_taps
-from .kernels.resize import f32_scales
+from .kernels.resize import f32_scales, gather_tables
 from .layout_rules import NATIVE, size_attr
 from .shape import moved
 from .cost import Work, per_element
@@ -382,6 +382,7 @@ class Resize(OpDef):
 
     name = "resize"
     nhwc = LayoutRule(attrs=size_attr, check=_resize_ok)
+    fixed_point = FixedLowering("resize")       # on the codes: nearest, or 8-bit linear
     operands = ("x",)
     attrs = {"size": Ints(), "mode": Str("nearest", ("nearest", "linear", "cubic")),
              "coordinate_transformation_mode": Str("half_pixel", (
@@ -413,6 +414,37 @@ class Resize(OpDef):
 
     def compute(self, c, x):
         return kernel_for("resize")(c, x)            # kernels/resize.py
+
+    def tvm_lowering(self, c, L, x):
+        """Integer codes: nearest as a gather by index tables, linear as onnxruntime's
+        fixed-point kernel (two taps per resized axis, weights in 1/1024, the exact sum
+        divided truncating toward zero); the tables are the golden kernel's own."""
+        t, out = c.in_types[0], c.out_types[0]
+        tables = gather_tables(c, t.shape) if t.dtype.is_int else None
+        if tables is None:
+            raise NotImplementedError(f"{c.mode} resize of {t.dtype}")
+        consts = [None if tb is None else [L.const(a.astype(np.int32), f"r{k}_{j}")
+                                           for j, a in enumerate(tb)]
+                  for k, tb in enumerate(tables)]
+        resized = [k for k, tb in enumerate(consts) if tb is not None]
+        if c.mode == "nearest":
+            return L.compute(out, lambda *i: x[tuple(
+                i[k] if tb is None else tb[0][i[k]] for k, tb in enumerate(consts))])
+
+        def fn(*i):
+            acc = None
+            for corner in range(1 << len(resized)):
+                idx, w = list(i), L.i64(1)
+                for b, k in enumerate(resized):
+                    hi = corner >> b & 1
+                    idx[k] = consts[k][hi][i[k]]
+                    w = w * L.i64(consts[k][2 + hi][i[k]])
+                term = w * L.i64(x[tuple(idx)])
+                acc = term if acc is None else acc + term
+            s = L.i64(10 * len(resized))
+            down = L.select(acc >= L.i64(0), acc >> s, L.i64(0) - ((L.i64(0) - acc) >> s))
+            return L.cast(down, np.dtype(t.dtype.np).name)
+        return L.compute(out, fn)
 
     def onnx_export(self, e, node, ins, outs):
         a = node.attrs

@@ -436,6 +436,7 @@ class Pad(OpDef):
 
     name = "pad"
     nhwc = LayoutRule(attrs=pads_attr)
+    fixed_point = FixedLowering("pad")      # on the codes; a constant value as a code
     operands = ("x",)
     attrs = {"pads": Ints(), "mode": Str("constant", ("constant", "reflect", "edge", "wrap")),
              "value": Float(0.0)}
@@ -467,6 +468,26 @@ class Pad(OpDef):
         if c.mode == "constant":
             return np.pad(x, width, constant_values=np.asarray(c.value).astype(x.dtype))
         return np.pad(x, width, mode=c.mode)
+
+    def tvm_lowering(self, c, L, x):
+        """Constant and edge padding (and cropping): element i of the result reads element
+        i - begin of x, where it lies inside x (edge: the nearest inside)."""
+        t, out = c.in_types[0], c.out_types[0]
+        if c.mode not in ("constant", "edge"):
+            raise NotImplementedError(f"{c.mode} padding")
+        begin = c.pads[:t.rank]
+
+        def fn(*i):
+            src = [L.i64(k) - L.i64(b) for k, b in zip(i, begin)]
+            if c.mode == "edge":
+                return x[tuple(L.cast(L.min(L.max(s, L.i64(0)), L.i64(d - 1)), "int32")
+                               for s, d in zip(src, t.shape))]
+            inside = L.tirx.all(*(e for s, d in zip(src, t.shape)
+                                  for e in (s >= L.i64(0), s < L.i64(d))))
+            dt = np.dtype(t.dtype.np)
+            value = L.const_or_cast(np.asarray(c.value).astype(dt)[()], dt.name)
+            return L.tirx.if_then_else(inside, x[tuple(L.cast(s, "int32") for s in src)], value)
+        return L.compute(out, fn)
 
 
 class TopK(OpDef):

@@ -33,6 +33,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from ..ir.types import DType
 from .quant_config import ConfigError, QuantConfig
 
 _OPS = {">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt}
@@ -263,3 +264,49 @@ def sqnr_evaluator(graph, inputs: Mapping, hw=None, cleanup: str = "cse,dce"
         metrics["cycles"] = float(cycle_model(plan_for_target(q, hw), hw).makespan)
         return Evaluation(metrics, worst_groups(report, config, producers.get))
     return evaluate
+
+
+#: the ops whose error is their operand's format's (not ranked by widen)
+_CONVERSIONS = ("fx_quantize", "fx_dequantize", "fx_requantize")
+
+
+def widen(graph, inputs: Mapping, config: QuantConfig, target: float, share: float = 0.25,
+          max_steps: int = 8) -> tuple[QuantConfig, float, int]:
+    """16-bit activations where local error calls for them: from ``config``, the layers
+    (provenances) whose 8-bit ops have the worst local (teacher-forced) SQNR on ``inputs``
+    move to 16-bit activations, ``share`` of the 8-bit layers a step (at least one), until
+    the lowest SQNR of the float outputs against ``graph`` (float, calibrated) reaches
+    ``target`` dB or ``max_steps`` steps are taken. The layers are a rule ``widened``
+    (first, the config's default weights); returns (the config, with no ``widen_to``: it
+    reproduces the result, its SQNR, the number of layers widened)."""
+    import glob
+
+    from ..sim.compare import compare_graphs
+    from .manager import optimize
+    from .quant_config import Rule
+    from .quantize import quantize
+    outputs = [v.name for v in graph.outputs.values() if v.type.dtype.is_float]
+    wide: list[str] = []
+    cfg, sqnr = config, float("inf")
+    for step in range(max_steps + 1):
+        q = graph.clone()
+        quantize(q, cfg)
+        optimize(q, "cse,dce")
+        report = compare_graphs(graph, q, inputs)
+        sqnr = min((report[n].sqnr_db for n in outputs), default=float("inf"))
+        if sqnr >= target or step == max_steps:
+            break
+        codes = {v.name: v.type.dtype for v in q.values()}
+        ranked: list[str] = []
+        for e in report.worst(len(report), skip_ops=_CONVERSIONS):
+            if (e.local_sqnr_db is not None and e.layer and e.layer not in wide
+                    and e.layer not in ranked and codes.get(e.value) is DType.i8):
+                ranked.append(e.layer)
+        if not ranked:
+            break
+        wide += ranked[:max(1, round(share * len(ranked)))]
+        rule = Rule(name="widened", where=tuple(glob.escape(w) for w in wide),
+                    weights=config.default.weights, activations="fixed16")
+        cfg = QuantConfig.build({**config.model_dump(), "rules": [
+            rule.model_dump(), *(r.model_dump() for r in config.rules)]})
+    return QuantConfig.build({**cfg.model_dump(), "widen_to": None}), sqnr, len(wide)

@@ -74,7 +74,12 @@ class QuantConfig(BaseModel):
     ``sources``: the graph inputs whose computations are quantized (the image, the previous
     BEV); ops that do not depend on any of them (camera geometry from ``lidar2img`` and
     ``can_bus``, constant subgraphs) stay float and are quantized where they join. Empty,
-    or naming no input of the graph: every op."""
+    or naming no input of the graph: every op.
+
+    ``widen_to``: where the flow has frames to measure on (``bevir quantize --inputs``,
+    :func:`bevir.passes.precision.widen`), the layers with the worst local error move to
+    16-bit activations until the outputs' SQNR against float reaches this many dB (None:
+    as the rules say)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -83,6 +88,7 @@ class QuantConfig(BaseModel):
     sources: tuple[str, ...] = ()
     calibration: Literal["minmax", "percentile", "mse", "entropy"] = "minmax"
     percentile: float = Field(99.99, gt=0, le=100, strict=True)
+    widen_to: float | None = Field(None, gt=0, le=200, strict=True)
 
     @classmethod
     def build(cls, data: dict) -> QuantConfig:
@@ -190,8 +196,9 @@ def _describe(e: pydantic.ValidationError) -> str:
 #: presets are added with :func:`register_preset`
 PRESETS: dict[str, dict] = {
     # names no model: every weighted op per output channel, every activation 8-bit fixed
-    # point (per tensor), the whole graph from its inputs
-    "default": {"default": {"name": "default", "weights": "per_channel"}},
+    # point (per tensor), the whole graph from its inputs; 16-bit activations where local
+    # error calls for them, until the outputs are within 30 dB of float
+    "default": {"default": {"name": "default", "weights": "per_channel"}, "widen_to": 30.0},
 }
 
 

@@ -52,11 +52,17 @@ EDGE_CASES = {
     "sigmoid-table": lambda b, x: b.fx_sigmoid(x, out_frac_bits=7),
     "dequantize": lambda b, x: b.fx_dequantize(x),
     "quantize-roundtrip": lambda b, x: b.fx_quantize(b.fx_dequantize(x), out_frac_bits=4),
+    "pad-constant-crop": lambda b, x: b.pad(x, pads=[1, -3, 2, 4], value=-5.0),
+    "pad-edge": lambda b, x: b.pad(x, pads=[2, 1, 1, 3], mode="edge"),
+    "resize-nearest": lambda b, x: b.resize(x, size=[9, 100], mode="nearest"),
+    "resize-linear": lambda b, x: b.resize(x, size=[7, 129], mode="linear"),
+    "resize-linear-corners": lambda b, x: b.resize(
+        x, size=[16, 514], mode="linear", coordinate_transformation_mode="align_corners"),
 }
 
 
 #: the operand dtypes each case takes (frac bits: 1 for i8, 31 for the wider ones)
-I8_ONLY = ("relu-shift", "sigmoid-table", "sub-ties")
+I8_ONLY = ("relu-shift", "sigmoid-table", "sub-ties", "resize-linear", "resize-linear-corners")
 EDGE_PARAMS = [(case, dtype) for case in EDGE_CASES for dtype in (I8, I16, I32)
                if dtype is I8 or (case not in I8_ONLY
                                   and not (case == "mul-square" and dtype is I32))]

@@ -379,7 +379,9 @@ LUTS = [("fx_sigmoid", 4, 7, lambda v: 1 / (1 + math.exp(-v)), "sigmoid", {}),
         ("fx_hardswish", 4, 4, lambda v: v * min(max(v / 6 + 0.5, 0.0), 1.0), "hardswish", {}),
         ("fx_hardsigmoid", 3, 7, lambda v: min(max(v / 6 + 0.5, 0.0), 1.0), "hardsigmoid",
          {"alpha": 1 / 6, "beta": 0.5}),
-        ("fx_tanh", 5, 7, math.tanh, "tanh", {})]
+        ("fx_tanh", 5, 7, math.tanh, "tanh", {}),
+        ("fx_sqrt", 4, 5, lambda v: math.sqrt(v) if v >= 0 else -math.inf, "sqrt", {}),
+        ("fx_reciprocal", 4, 3, lambda v: 1 / v if v else math.inf, "reciprocal", {})]
 
 
 @pytest.mark.parametrize("op,fin,fout,ref,_f,attrs", LUTS, ids=lambda v: str(v)[:20])
@@ -743,7 +745,8 @@ def test_every_fx_op_has_a_definition():
              "fx_mul", "fx_div", "fx_relu", "fx_sigmoid", "fx_exp", "fx_log",
              "fx_inverse_sigmoid", "fx_gelu", "fx_softmax", "fx_layer_norm", "fx_ms_deform_attn",
              "fx_reduce_sum", "fx_reduce_mean", "fx_quantize", "fx_dequantize", "fx_bridge",
-             "fx_silu", "fx_hardswish", "fx_hardsigmoid", "fx_tanh", "fx_avgpool2d"}
+             "fx_silu", "fx_hardswish", "fx_hardsigmoid", "fx_tanh", "fx_avgpool2d", "fx_sqrt",
+             "fx_reciprocal"}
     assert names <= set(bevir.ops.all_ops())
     assert all(get_op(n).__doc__ for n in names)
 

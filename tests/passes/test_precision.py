@@ -192,3 +192,31 @@ def test_the_e2e_search_writes_the_best_config(tmp_path, capsys):
     assert "precision search for cls_sqnr>=99" in out and out.count("[not met: cls_sqnr>=99]") == 3
     assert len(seen) == 3 and final == best(seen).config
     assert QuantConfig.load(tmp_path / "quant_config.json") == final
+
+
+def test_widen_moves_the_worst_layers_to_16_bits_until_the_target_holds():
+    """From 8-bit activations, widen moves layers (by provenance) with the worst local
+    error to 16 bits, a share a step, until the output's SQNR reaches the target; the
+    config it returns reproduces that SQNR and widens no further; a target already met
+    widens nothing."""
+    from bevir.passes.precision import widen
+    graph = mlp()
+    rng = np.random.default_rng(5)
+    bevir.calibrate(graph, [{"x": rng.standard_normal((32, 16)).astype(np.float32)}
+                            for _ in range(3)], progress=False)
+    feed = {"x": rng.standard_normal((32, 16)).astype(np.float32)}
+    start = QuantConfig.build({"default": {"name": "default", "weights": "per_channel"}})
+
+    def sqnr(config):
+        q = graph.clone()
+        quantize(q, config)
+        return layer_error(bevir.run(graph, feed)["y"], bevir.run(q, feed)["y"])[0]
+    eight = sqnr(start)
+    target = eight + 6                  # a target 8-bit activations miss by 6 dB
+    cfg, got, layers = widen(graph, feed, start, target, share=0.25)
+    assert got >= target and 1 <= layers <= LAYERS, (eight, got, layers)
+    assert cfg.rules[0].name == "widened" and cfg.rules[0].activations == "fixed16"
+    assert set(cfg.rules[0].where) <= {f"layer{k}" for k in range(LAYERS)}
+    assert cfg.widen_to is None and sqnr(cfg) == pytest.approx(got)
+    same, met, none = widen(graph, feed, start, eight - 1)
+    assert none == 0 and same.rules == start.rules and met == pytest.approx(eight)

@@ -105,6 +105,8 @@ def test_save_and_load_round_trip(tmp_path):
     ({"rules": [{"name": "a", "exclude": 1}]}, r"rules\.0\.exclude: Input should be a valid "
                                                "boolean"),
     ({"percentile": "99"}, "percentile: Input should be a valid number"),
+    ({"widen_to": "30"}, "widen_to: Input should be a valid number"),
+    ({"widen_to": 0}, "widen_to: Input should be greater than 0"),
 ])
 def test_bad_configs_raise_config_error_naming_the_field(data, match):
     with pytest.raises(ConfigError, match=match):
@@ -152,3 +154,11 @@ def test_the_shipped_tiny_search_result_is_the_preset_with_more_precision():
             reachable.append(cfg.group(name))
         assert rule in reachable, name
     assert found != preset
+
+
+def test_the_default_preset_names_no_model_and_widens_to_30_db():
+    """Per-channel weights, 8-bit activations, no rule naming a layer; 16-bit activations
+    where local error calls for them, to 30 dB against float (bevir quantize)."""
+    cfg = QuantConfig.preset("default")
+    assert cfg.rules == () and cfg.default.weights == "per_channel"
+    assert cfg.default.activations == "fixed" and cfg.widen_to == 30.0

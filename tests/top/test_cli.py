@@ -461,6 +461,27 @@ def test_quantize_and_search_a_target(tmp_path, capsys):
     assert np.array_equal(bevir.run(bevir.load(again), feed)["y"], got)
 
 
+def test_quantize_with_the_default_config_widens_to_30_db_and_writes_what_it_did(tmp_path,
+                                                                               capsys):
+    """The default config's widen_to: bevir quantize says how many layers it moved to 16
+    bits and the SQNR reached; the config it writes has no widen_to and reproduces the
+    model bit for bit."""
+    model, inputs = mlp_model(tmp_path)
+    q, again, written = tmp_path / "q.bevir", tmp_path / "again.bevir", tmp_path / "w.json"
+    assert main(["quantize", str(model), "--inputs", str(inputs), "-o", str(q),
+                 "--write-config", str(written)]) == 0
+    out = capsys.readouterr().out
+    assert "layer(s) of the worst local error: SQNR " in out and "(widen_to 30)" in out
+    cfg = QuantConfig.load(written)
+    assert cfg.widen_to is None
+    assert main(["quantize", str(model), "--inputs", str(inputs), "-o", str(again),
+                 "--config", str(written)]) == 0
+    assert "worst local error" not in capsys.readouterr().out
+    feed = load_file(inputs)
+    assert np.array_equal(bevir.run(bevir.load(q), feed)["y"],
+                          bevir.run(bevir.load(again), feed)["y"])
+
+
 def test_quantize_says_what_stays_on_the_host(tmp_path, capsys):
     """The middle layer excluded: quantize names the host's float nodes and the round trip
     they make between the device's stages, and compile says the same."""

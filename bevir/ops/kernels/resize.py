@@ -185,6 +185,23 @@ def resize_linear_int8(c: Ctx, x: np.ndarray) -> np.ndarray:
     return (np.sign(y) * (np.abs(y) >> shift)).astype(x.dtype)
 
 
+def gather_tables(c: Ctx, shape: tuple[int, ...]
+                  ) -> list[tuple[np.ndarray, ...] | None] | None:
+    """What a generated kernel needs to compute :func:`resize` on integer codes, per axis
+    (None: not resized): nearest, with no ``scales``: (index,); linear (onnxruntime's
+    fixed-point kernel): (lo, hi, w_lo, w_hi) in 1/1024. None for the other cases."""
+    mode = c.coordinate_transformation_mode
+    if c.mode == "nearest" and c.scales is None and c.roi is None:
+        def nearest(n_in: int, n_out: int) -> tuple[np.ndarray, ...]:
+            lo, frac = resize_coords(mode, n_in, n_out)
+            return (np.clip(_nearest(lo, frac, c.nearest_mode), 0, n_in - 1),)
+        return [None if i == o else nearest(i, o) for i, o in zip(shape, c.size)]
+    if c.mode == "linear" and mode in BILINEAR_MODES:
+        return [None if s == 1 else _taps_1024(mode, i, o, s)
+                for i, o, s in zip(shape, c.size, f32_scales(c, shape))]
+    return None
+
+
 def _source_coords(mode: str, n_in: int, n_out: int, scale: float,
                    roi: tuple[float, float] = (0.0, 1.0)) -> np.ndarray:
     """ONNX Resize's source coordinate of each output index, in float64 as its reference

@@ -37,6 +37,7 @@ from pathlib import Path
 
 from ...ir.graph import Graph
 from ..accumulators import accumulator_bounds
+from .. import fuse
 from ..analysis import AnalysisManager
 from ..core import Pass
 from ..quant_config import QuantConfig
@@ -50,6 +51,11 @@ __all__ = ["quantize", "LowerToFixedPoint", "load_config", "Context", "lowers",
            "lowering_pattern", "LOWERINGS", "PATTERNS", "FloatOps", "float_ops_between",
            "frac_bits_for", "quantize_weight", "fixed_const", "LOC_BOUND", "LOC_TERM_BOUND",
            "DEFAULT_CONFIG"]
+
+#: the layers recognized in their decomposed forms before lowering
+RECOGNIZED = (fuse.RecognizeGelu, fuse.RecognizeGeluTanh, fuse.RecognizeSilu,
+              fuse.RecognizeHardSigmoid, fuse.RecognizeHardSwish, fuse.RecognizeSoftmax,
+              fuse.RecognizeLayerNorm, fuse.FoldScaleIntoLayerNorm, fuse.FoldBiasIntoLayerNorm)
 
 #: the config quantize uses unless given one (a preset that names no model)
 DEFAULT_CONFIG = "default"
@@ -66,7 +72,15 @@ def load_config(config: QuantConfig | str) -> QuantConfig:
 
 def lower(graph: Graph, config: QuantConfig | str, stat) -> Context:
     """Lower ``graph`` in place by ``config``, counting with ``stat(counter)``; the context
-    (``left``: the ops left in float and why)."""
+    (``left``: the ops left in float and why). Float ops on constants only (an attention
+    mask built from constants, a position table) are folded first: no lowering needs to
+    take them, and left in float they would run on the host; and the layers a chain of
+    ops computes (GELU and its tanh form, SiLU, hard sigmoid and swish, softmax, layer
+    norm) are recognized as one op (:mod:`bevir.passes.fuse`), which one table or one
+    integer op computes."""
+    from ..canonicalize import FoldConstants
+    from ..patterns import apply_patterns
+    apply_patterns(graph, [FoldConstants(), *(p() for p in RECOGNIZED)])
     cx = Context(graph, load_config(config), stat)
     lower_graph(cx)
     for bound in accumulator_bounds(graph):

@@ -101,8 +101,11 @@ def quantize_weight(w: np.ndarray, per_channel: bool) -> tuple[np.ndarray, Affin
 def fixed_const(a: np.ndarray, dtype, max_frac: int = 31, min_frac: int = -31
                 ) -> tuple[np.ndarray, int]:
     """A constant as fixed-point codes of ``dtype``: the most frac bits (within
-    [min_frac, max_frac]) that keep max|a| representable, round half up."""
-    f = most_frac_bits(float(np.abs(a).max(initial=0.0)), np.iinfo(dtype).max, min_frac,
+    [min_frac, max_frac]) that keep max|a| of the finite entries representable, round
+    half up (an infinite entry saturates)."""
+    a = np.asarray(a)
+    finite = np.abs(a[np.isfinite(a)])
+    f = most_frac_bits(float(finite.max(initial=0.0)), np.iinfo(dtype).max, min_frac,
                        max_frac, max_frac)
     return quantize_fixed(a, f, dtype), f
 
@@ -148,6 +151,17 @@ def read_by_tables(v: Value) -> bool:
         spec = u.opdef.fixed_point
         return spec is not None and is_table(spec.target)
     return all_uses(v, tabled, through=("concat",))
+
+
+def read_by_norm(v: Value) -> bool:
+    """Whether a layer norm that takes 16-bit rows of its shape reads ``v`` (one of its
+    uses, directly or through data movement, concatenation and sums: a residual stream,
+    the tokens and position embeddings that start it)."""
+    return any(
+        u.op == "layer_norm" and i == 0 and takes_x("fx_layer_norm", DType.i16, v.type.shape)
+        or (u.opdef.moves_data and i == 0 or u.op in ("concat", "add", "sub"))
+        and any(read_by_norm(o) for o in u.outputs)
+        for u, i in v.uses)
 
 
 def exact_sum(node: Node) -> bool:
@@ -222,6 +236,14 @@ class Context:
         name = f"{v.name}.{'recip' if reciprocal else 'q'}"
         return self.graph.add_const(codes, self.graph.unique_name(name), fixed_type(codes, f))
 
+    def addend(self, v: Value, fy: int) -> Value | None:
+        """A constant addend with infinite entries (a causal mask's -inf) as int32 codes at
+        the sum's frac bits ``fy``: an infinite entry saturates the sum, as it makes the
+        float sum infinite. None for any other value."""
+        if not v.is_const or np.isfinite(v.const).all():
+            return None
+        return self.const(v, np.int32, fy)
+
     def twin(self, v: Value, dtype: DType) -> Value | None:
         """The fixed codes ``v`` was dequantized from, through data movement (recreated on
         the integers), or None."""
@@ -293,6 +315,14 @@ class Context:
         score of a wide logit range would be too coarse for the exponentials."""
         if not feeds(node.output, ("softmax",)):
             return {}
+        return {"out_dtype": "i16", "out_frac_bits": self.frac(node.output, np.int16)}
+
+    def norm_width(self, node: Node) -> dict:
+        """The result attributes of a sum a layer norm reads (a residual stream): 16 bits.
+        The norm divides each row by its own spread, so a row much smaller than the
+        tensor's range (a class token, a position's embedding, the rows an outlier
+        channel dwarfs) keeps few of 8 bits, and its error grows by the ratio."""
+        self.stat("norm-input-i16")
         return {"out_dtype": "i16", "out_frac_bits": self.frac(node.output, np.int16)}
 
     def table_width(self, node: Node, dt: DType, out: dict) -> dict:

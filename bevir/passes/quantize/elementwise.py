@@ -10,7 +10,8 @@ from ...ir.graph import Node, Value
 from ...ir.types import DType
 from ...ops import get_op
 from ..quant_config import Rule
-from .context import Context, exact_sum, is_table, lowers
+from .context import (Context, exact_sum, feeds, is_table, lowers, most_frac_bits,
+                      read_by_norm)
 
 
 @lowers("unary")
@@ -32,12 +33,35 @@ def binary(cx: Context, node: Node, rule: Rule, fy: int, target: str) -> str | N
         return "both operands are constants"
     dt, out = cx.width(node, rule, fy, target)
     exact = dt is DType.i8 and exact_sum(node)
-    qs = cx.wide_operands(node) if exact else cx.operands(node, None, dt)
+    normed = dt is DType.i8 and not exact and target == "fx_add" and read_by_norm(node.output)
+    qs = cx.wide_operands(node) if exact or normed else cx.operands(node, None, dt)
     if qs is None:
         return "uncalibrated input"
-    out = cx.exact_width(node.output, qs) if exact else out
+    out = cx.exact_width(node.output, qs) if exact else cx.norm_width(node) if normed else out
+    if target in ("fx_add", "fx_sub"):
+        out = _masked_width(cx, node, out)
+        qs = [cx.addend(v, out["out_frac_bits"]) or q for v, q in zip(node.inputs, qs)]
     cx.replace(node, target, within_reach(qs, out["out_frac_bits"], cx, node), out)
     return None
+
+
+#: how far below its finite range a masked (-inf) softmax input's format reaches:
+#: e**-12 < 2**-16, nothing of a 16-bit probability
+MASK_MARGIN = 12.0
+
+
+def _masked_width(cx: Context, node: Node, out: dict) -> dict:
+    """The result attributes of a sum with an infinite constant addend (a causal mask) that
+    a softmax reads: 16 bits reaching MASK_MARGIN beyond its finite range, so that a
+    masked score, saturated to the lowest code, weighs nothing (at the frac bits of a
+    small range it would be a score like the others)."""
+    masked = any(v.is_const and not np.isfinite(v.const).all() for v in node.inputs)
+    e = cx.ranges.get(node.output)
+    if not masked or e is None or not feeds(node.output, ("softmax",)):
+        return out
+    amax = max(abs(e.lo), abs(e.hi)) + MASK_MARGIN
+    return {"out_dtype": "i16",
+            "out_frac_bits": most_frac_bits(amax, np.iinfo(np.int16).max, -31, 31, 15)}
 
 
 @lowers("add_relu")
@@ -80,6 +104,27 @@ def mul(cx: Context, node: Node, rule: Rule, fy: int, target: None) -> str | Non
     return None
 
 
+@lowers("pow")
+def power(cx: Context, node: Node, rule: Rule, fy: int, target: None) -> str | None:
+    """x ** 2 and x ** 3 (a squared ReLU, an RMS norm's square, a tanh GELU's cube) as
+    products of the codes; the square inside a cube in 16 bits."""
+    x, e = node.inputs
+    n = float(e.const.reshape(-1)[0]) if e.is_const and e.const.size == 1 else None
+    if x.is_const or n not in (2.0, 3.0):
+        return "not an activation to the power 2 or 3"
+    dt, out = cx.width(node, rule, fy, "fx_mul")
+    xq = cx.fixed(x, node, dt)
+    if xq is None:
+        return "uncalibrated input"
+    sq = xq
+    if n == 3.0:                # the square's frac bits from the codes' bound
+        amax = math.ldexp(np.iinfo(xq.type.dtype.np).max, -xq.type.quant.frac_bits[0])
+        f2 = most_frac_bits(amax * amax, np.iinfo(np.int16).max, -31, 31, 15)
+        sq = cx.create("fx_mul", [xq, xq], {"out_frac_bits": f2, "out_dtype": "i16"}, node)
+    cx.replace(node, "fx_mul", [sq, xq], out)
+    return None
+
+
 @lowers("div")
 def div(cx: Context, node: Node, rule: Rule, fy: int, target: None) -> str | None:
     x, d = node.inputs
@@ -94,10 +139,24 @@ def div(cx: Context, node: Node, rule: Rule, fy: int, target: None) -> str | Non
         return None
     e = cx.ranges.get(d)
     if not _integer_valued(d) or e is None or e.hi > 1 << 16:
-        return "the divisor is neither a constant nor a count"
+        return _by_reciprocal(cx, node, xq, d, fy)
     count = cx.create("cast", [d], {"to": "i32", "saturate": True}, node)
     cx.replace(node, "fx_div", [xq, count], {"out_frac_bits": fy,
                                              "max_count": max(255, math.ceil(e.hi))})
+    return None
+
+
+def _by_reciprocal(cx: Context, node: Node, xq: Value, d: Value, fy: int) -> str | None:
+    """x / d for an activation d of one sign (a norm, a sum of exponentials): x times a
+    16-bit table of 1 / d on d's codes (its 16-bit ones where it has them)."""
+    dq = cx.twin(d, DType.i16) or cx.fixed(d, node)
+    e = cx.ranges.get(d) or (cx.ranges.get(dq.name) if dq is not None else None)
+    if dq is None or e is None or not (e.lo > 0 or e.hi < 0):
+        return "the divisor is neither a constant, a count nor of one sign"
+    inv = 1.0 / min(abs(e.lo), abs(e.hi))
+    fr = most_frac_bits(inv, np.iinfo(np.int16).max, -31, 31, 15)
+    r = cx.create("fx_reciprocal", [dq], {"out_frac_bits": fr, "out_dtype": "i16"}, node)
+    cx.replace(node, "fx_mul", [xq, r], {"out_frac_bits": fy})
     return None
 
 

@@ -2,18 +2,24 @@
 (reshape, transpose, split, gather, max pooling) run on the codes; concatenation."""
 from __future__ import annotations
 
+import math
+
+import numpy as np
+
 from ...ir.graph import Node, Value
 from ...ir.types import DType
+from ...ops.kernels.resize import BILINEAR_MODES
 from ..quant_config import Rule
-from .context import Context, lowers, read_by_tables
+from .context import Context, lowers, read_by_norm, read_by_tables
 
 
 @lowers("concat")
 def concat(cx: Context, node: Node, rule: Rule, fy: int, target: None) -> str | None:
     """concat on the codes, each operand requantized to the result's frac bits; in 16
     bits, keeping every bit, where some operands are exact sums on their way to a table
-    (see Context.exact_width)."""
-    qs = cx.wide_operands(node) if read_by_tables(node.output) else cx.operands(node)
+    (see Context.exact_width), or on their way to a layer norm (Context.norm_width)."""
+    wide = read_by_tables(node.output) or read_by_norm(node.output)
+    qs = cx.wide_operands(node) if wide else cx.operands(node)
     if qs is None:
         return "uncalibrated input"
     out = {"out_frac_bits": fy} if all(q.type.dtype is DType.i8 for q in qs) else \
@@ -54,12 +60,58 @@ def split(cx: Context, node: Node, rule: Rule, fy: int, target: None) -> str | N
     return None
 
 
-def _codes(cx: Context, node: Node) -> tuple[Value | None, str]:
-    """(the codes of ``node``'s data operand, or None and why not)."""
-    x = node.inputs[0]
-    q = cx.fixed(x, node) if x.is_const else (cx.twin(x, DType.i8) or cx.twin(x, DType.i16))
+@lowers("pad")
+def pad(cx: Context, node: Node, rule: Rule, fy: int, target: None) -> str | None:
+    """Constant or edge padding on the codes, the frac bits kept; a constant's value as a
+    code of them (where it is one: the op stays float otherwise)."""
+    q, why = _codes(cx, node)
     if q is None:
-        return None, "its data is computed in float" if not x.is_const else "uncalibrated table"
+        return why
+    attrs = dict(node.attrs)
+    if attrs["mode"] not in ("constant", "edge"):
+        return f"{attrs['mode']} padding"
+    code = math.ldexp(attrs["value"], q.type.quant.frac_bits[0])
+    info = np.iinfo(q.type.dtype.np)
+    if attrs["mode"] == "constant" and not (code.is_integer() and info.min <= code <= info.max):
+        return f"the pad value {attrs['value']} is not a code of the operand's frac bits"
+    attrs["value"] = code
+    cx.swap(node, cx.create("pad", [q], attrs, node))
+    return None
+
+
+@lowers("resize")
+def resize(cx: Context, node: Node, rule: Rule, fy: int, target: None) -> str | None:
+    """Resize on the codes, the frac bits kept: nearest; linear on 8-bit codes (at most
+    two resized axes: onnxruntime's fixed-point bilinear kernel, as the golden model runs
+    resize of int8)."""
+    a = node.attrs
+    if a["mode"] == "cubic" or a["roi"] is not None or (a["mode"] == "nearest" and a["scales"]):
+        return f"{a['mode']} resize with these coordinates has no integer form here"
+    t = node.inputs[0].type
+    if a["mode"] == "linear":
+        resized = sum(i != o for i, o in zip(t.shape, a["size"]))
+        if resized > 2 or a["coordinate_transformation_mode"] not in BILINEAR_MODES:
+            return "a linear resize of more than two axes, or of other coordinates"
+        q = cx.fixed(node.inputs[0], node)
+        if q is None:
+            return "uncalibrated input"
+    else:
+        q, why = _codes(cx, node)
+        if q is None:
+            return why
+    cx.swap(node, cx.create("resize", [q], a, node))
+    return None
+
+
+def _codes(cx: Context, node: Node) -> tuple[Value | None, str]:
+    """(the codes of ``node``'s data operand, or None and why not): its fixed twin, or a
+    constant's or a graph input's codes (the input quantized before it moves, so that
+    the move runs on the device)."""
+    x = node.inputs[0]
+    given = x.is_const or any(x is v for v in cx.graph.inputs)     # a table, a graph input
+    q = cx.fixed(x, node) if given else (cx.twin(x, DType.i8) or cx.twin(x, DType.i16))
+    if q is None:
+        return None, "its data is computed in float" if not given else "uncalibrated data"
     if q.type.quant.axis is not None:
         return None, "its codes are quantized per channel"
     return q, ""

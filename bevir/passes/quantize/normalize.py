@@ -8,7 +8,7 @@ from ...ir.graph import Node
 from ...ir.types import DType, Layout
 from ...ops.numerics import NORM_FRAC
 from ..quant_config import Rule
-from .context import Context, feeds, fixed_const, fixed_type, lowers, most_frac_bits
+from .context import Context, feeds, fixed_const, fixed_type, lowers, most_frac_bits, takes_x
 
 
 @lowers("reduce")
@@ -42,7 +42,8 @@ def layer_norm(cx: Context, node: Node, rule: Rule, fy: int, target: None) -> st
     if any(p is not None and not p.is_const for p in (scale, bias)):
         return "scale or bias is not a constant"
     dt, out = cx.width(node, rule, fy, "fx_layer_norm")
-    xq = cx.fixed(x, node, dt)
+    wide = cx.twin(x, DType.i16) if takes_x("fx_layer_norm", DType.i16, x.type.shape) else None
+    xq = wide if wide is not None else cx.fixed(x, node, dt)   # a residual stream's 16 bits
     if xq is None:
         return "uncalibrated input"
     g = cx.graph
@@ -89,15 +90,16 @@ def avgpool(cx: Context, node: Node, rule: Rule, fy: int, target: None) -> str |
 @lowers("batch_norm")
 def batch_norm(cx: Context, node: Node, rule: Rule, fy: int, target: None) -> str | None:
     """batch norm as x * scale + shift per channel (i16 constants of their own frac bits):
-    fx_mul to 16 bits, then fx_add; the product's frac bits from the bound of x's codes
-    times max|scale|."""
+    fx_mul to 16 bits, then fx_add (to 16 bits in a fixed16 group, from 16-bit x); the
+    product's frac bits from the bound of x's codes times max|scale|."""
     x, *params = node.inputs
     if not all(p.is_const for p in params):
         return "its statistics are not constants"
     gamma, beta, mean, var = (p.const.astype(np.float64) for p in params)
     scale = gamma / np.sqrt(var + node.attrs["epsilon"])
     shift = beta - mean * scale
-    xq = cx.fixed(x, node)
+    dt, out = cx.width(node, rule, fy, "fx_mul", "fx_add")   # 16 bits in a fixed16 group
+    xq = cx.fixed(x, node, dt)
     if xq is None:
         return "uncalibrated input"
     axis = 3 if x.type.layout is Layout.nhwc else 1
@@ -113,5 +115,5 @@ def batch_norm(cx: Context, node: Node, rule: Rule, fy: int, target: None) -> st
     amax = top * 2.0 ** -xq.type.quant.frac_bits[0] * float(np.abs(scale).max())
     fm = most_frac_bits(amax, np.iinfo(np.int16).max, -31, 31, 15)
     scaled = cx.create("fx_mul", [xq, s], {"out_frac_bits": fm, "out_dtype": "i16"}, node)
-    cx.replace(node, "fx_add", [scaled, t], {"out_frac_bits": fy})
+    cx.replace(node, "fx_add", [scaled, t], out)
     return None

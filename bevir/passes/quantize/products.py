@@ -62,9 +62,11 @@ def _clipped(cx: Context, node: Node, op: str, inputs: list[Value], attrs: dict)
 
 def _activation_product(cx: Context, node: Node, fy: int, spec) -> str | None:
     """A product of two activations (attention scores, attention times values), its fused
-    activation after it, or its constant bias (an attention mask) added to its codes."""
+    activation after it, or its constant bias (an attention mask) added to its codes. One
+    operand may be a constant of another form than a weight (learned queries on the left,
+    a batched table), quantized per tensor with its own frac bits."""
     (x, y), bias = node.inputs[:2], node.inputs[2] if len(node.inputs) > 2 else None
-    if node.op not in ("matmul", "matmul_act") or x.is_const or y.is_const:
+    if node.op not in ("matmul", "matmul_act") or (x.is_const and y.is_const):
         return "not a product by a constant weight or of two activations"
     if node.attrs.get("activation", "none") == "clip" or node.attrs.get("trans_b"):
         return "a product of two activations with a fused clip or a transposed operand"
@@ -81,7 +83,8 @@ def _activation_product(cx: Context, node: Node, fy: int, spec) -> str | None:
         return None
     dt = DType(out.get("out_dtype", "i8"))
     scores = cx.create("fx_matmul", [a, b], out, node)     # at the masked scores' frac bits
-    qs = within_reach([scores, cx.fixed(bias, node, dt)], out["out_frac_bits"], cx, node)
+    mask = cx.addend(bias, out["out_frac_bits"]) or cx.fixed(bias, node, dt)
+    qs = within_reach([scores, mask], out["out_frac_bits"], cx, node)
     cx.replace(node, "fx_add", qs, out)
     return None
 
