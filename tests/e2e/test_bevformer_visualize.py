@@ -78,7 +78,7 @@ def test_scene_boxes_project_onto_the_objects_the_images_show():
     """The synthetic scene's boxes, drawn as detections are, land on the pixels the
     renderer painted them with: where the camera views put a box is where it is."""
     cfg = CONFIGS["tiny"]
-    scene, det = make_scene(0), scene_boxes(0)
+    scene, det = make_scene(0, cfg), scene_boxes(0, cfg)
     checked = 0
     for P in lidar2img_for(cfg):
         img = render_camera(P, cfg.resized_h, cfg.img_w, scene, np.random.default_rng(0))
