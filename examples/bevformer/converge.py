@@ -81,6 +81,10 @@ OBJECTNESS_IN_BEV = 1.0
 #: weight sets a per-tensor INT8 weight grid far coarser than the others'
 U_CHANNELS = 8
 VALUE_RANGE = 0.33
+#: the objectness's peak in the encoder head's value channels, as a fraction of the value
+#: tensor's 99.9th percentile: as much of its INT8 grid as the other channels leave, since
+#: the neck's objectness of a far object is a small part of a near one's
+OBJECTNESS_VALUE_SHARE = 0.5
 #: the gradient's (and the objectness') size in the decoder's stream
 GRADIENT_IN_STREAM = 0.4
 #: the pull's hidden units in each reg branch: relu(+-gain * gradient + level)
@@ -89,12 +93,16 @@ _PULL_GAIN, _PULL_LEVEL = 2.0, 2.0
 #: hidden units per kind that carry it (at most: see units_per_kind)
 SCORE_BOOST = 5.0
 SCORE_UNITS = 2
+#: the objectness (read so that an empty slot's is 0 and an occupied one's 1 on average on
+#: the calibration frames) from which a slot query's score rises, and at which its score
+#: units stop growing (an empty slot's is 0 +- 0.1, the scenes' objects' 0.4 to 1.5)
+SCORE_FROM, SCORE_FULL = 0.5, 1.5
 #: how much the gate counts in a score unit: a query without it stays far below 0
 GATE_WEIGHT = 3.0
 #: the score units' second layer, in units of that layer's spread: large, so that they
 #: dominate its LayerNorm where they hold, and the class weights that read them stay as
 #: small as the others (per-channel INT8 grids)
-SCORE_SPREAD = 4.0
+SCORE_SPREAD = 12.0
 #: the kinds of object the scenes hold, in the order of their gates
 KINDS = ("car", "truck", "pedestrian", "traffic_cone")
 
@@ -244,7 +252,7 @@ def build(model, pair: tuple[int, int], seed: int) -> None:
     """Make ``model``'s head detect the scene's objects (see the module docstring); ``pair``:
     the neck's objectness channels (objectness.install_neck)."""
     cfg, head = model.cfg, model.pts_bbox_head
-    tr, c = head.transformer, cfg.embed_dims
+    tr = head.transformer
     converging = resolves_objects(cfg)
     dirs = _Directions(cfg, converging, seed)
     for m in list(tr.encoder.modules()) + list(tr.decoder.modules()) + [tr.can_bus_mlp.norm]:
@@ -361,7 +369,8 @@ def _objectness_into_bev(cfg, head, work, inp, pair, o_dir, tokens, encode) -> N
         reads[a], reads[b] = 1 / math.sqrt(2), -1 / math.sqrt(2)
         m = work.transformer.encoder.layers[-1].attentions[1].deformable_attention
         feats = inp["feats"].flatten(2).transpose(1, 2)
-        value_gain = _sig(m.value_proj(feats).abs().amax(-1).mean().item() * VALUE_RANGE, 3)
+        value_gain = _sig(m.value_proj(feats).abs().flatten().quantile(0.999).item()
+                          * OBJECTNESS_VALUE_SHARE, 3)
         objectness = (feats @ reads).amax().item()
         value_gain /= _sig(max(objectness, 1e-6), 3)
 
@@ -605,10 +614,11 @@ def _score(br, orig, x, reads, kinds, occupied: list[torch.Tensor]) -> None:
     whatever INT8 rounds (a trained detector's empty queries score near it):
 
     - first layer, units_per_kind of each: ``relu(GATE_WEIGHT * (gate - 1) + objectness
-      (+ depth - 1) - 0.5)`` and ``relu(objectness - 1.5)`` (the objectness beyond what the
-      first needs);
-    - second layer: their difference, ``min(objectness - 0.5, 1)`` where the gate holds,
-      0 without it however strong an object's cell (and below 0.5 on an empty slot).
+      (+ depth - 1) - SCORE_FROM)`` and ``relu(objectness - SCORE_FULL)`` (the objectness
+      beyond what the first needs);
+    - second layer: their difference, ``min(objectness - SCORE_FROM, SCORE_FULL -
+      SCORE_FROM)`` where the gate holds, 0 without it however strong an object's cell
+      (and on an empty slot).
 
     Each unit has a mirror of the opposite sign, and so have the branch's other units
     (_mirror_rest): the LayerNorms' mean is 0 for every query, so they only scale the units
@@ -624,7 +634,7 @@ def _score(br, orig, x, reads, kinds, occupied: list[torch.Tensor]) -> None:
         o.weight.data[:count], o.bias.data[:count] = 1.0, 0.0
     w0, b0 = br[0].weight.data.clone(), br[0].bias.data.clone()
     sd = _sig(br[0](x).std().item(), 3)
-    extra_w, extra_b = torch.zeros_like(o_dir), -0.5 - GATE_WEIGHT
+    extra_w, extra_b = torch.zeros_like(o_dir), -SCORE_FROM - GATE_WEIGHT
     if "depth" in reads:         # the depth: the sum of four samples of U, -4 at most
         (da, db), d_dir = reads["depth"]
         extra_w, extra_b = -d_dir / da / 4, extra_b + db / da / 4 - 1
@@ -633,7 +643,7 @@ def _score(br, orig, x, reads, kinds, occupied: list[torch.Tensor]) -> None:
     for i, (((ga, gb), g), (oa, ob)) in enumerate(zip(reads["gates"], objectness)):
         on_w = (extra_w + o_dir / oa + GATE_WEIGHT * g / ga) * 2 * sd
         on_b = (extra_b - ob / oa - GATE_WEIGHT * gb / ga) * 2 * sd
-        ex_w, ex_b = o_dir / oa * 2 * sd, (-ob / oa - 1.5) * 2 * sd
+        ex_w, ex_b = o_dir / oa * 2 * sd, (-ob / oa - SCORE_FULL) * 2 * sd
         for r, (w, b) in zip(rows[i], ((on_w, on_b), (-on_w, -on_b), (ex_w, ex_b),
                                        (-ex_w, -ex_b))):
             w0[r], b0[r] = w, b

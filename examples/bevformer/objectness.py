@@ -13,19 +13,29 @@ look like.
   equal output channels (the stage's last), whose shortcut stays 0. The
   other bottlenecks' residual paths write 0 into them, and their shortcuts pass them on.
   Every BatchNorm on the path is an identity.
-- ``layer4``'s first block writes C5_COPIES channels of ``relu(x)`` and C5_COPIES of
-  ``relu(x - full)``, whose difference (``min(x, full)``, ``full`` the SATURATION quantile:
-  a near object counts no more than a far one) the neck's lateral convolution writes into
-  1/16 of its channels, which its 3x3 convolution sums over 3x3 into a pair of channels,
-  ``a`` and ``b`` (``b`` from as many copies of their bias): the objectness is the
-  neck output along ``(e_a - e_b)/sqrt(2)`` (a pair, so that a per-camera or per-level
-  embedding added to both cancels).
+- ``layer4``'s first block saturates it: SATURATION_COPIES of its middle channels keep
+  the 3x3 sum ``s``, as many take ``relu(s - full)`` (``full`` the SATURATION quantile:
+  a near object counts no more than a far one), and ``conv3`` writes their difference,
+  ``min(s, full)``, into C5_COPIES channels (the SATURATION_COPIES are its gain). The
+  neck's lateral convolution writes it into 1/16 of its channels, which its 3x3
+  convolution sums over 3x3 into a pair of channels, ``a`` and ``b`` (``b`` from as many
+  channels of 0): the objectness is the neck output along ``(e_a - e_b)/sqrt(2)`` (a
+  pair, so that a per-camera or per-level embedding added to both cancels).
 
 No weight of the path is larger than WEIGHT_SHARE of the largest other weight of its layer
 (BatchNorm folded in), and no stage's channels larger than PEAK_SHARE of the others, so that
 neither sets the per-tensor INT8 grid of a layer's weights or outputs; the copies make up
 the gain that small weights give away. The other filters still read the designated channels
 with their random weights.
+
+Where the objectness is saturated, it must stay many INT8 steps high through the stages
+after: a saturated level a few steps high (as a quantile of C5 itself was) leaves a far
+object's objectness to the rounding, which then loses it in INT8. So the saturation is
+done in layer4's middle channels, where the objectness is still strong, and the copies of
+the saturating channels and of C5's are offset by a dither spread over one INT8 step of
+their tensor (measured on the scene images): equal copies would all round alike, offset
+ones round in as many ways, and their sum keeps the value to a fraction of a step. The
+neck takes the offsets back.
 """
 from __future__ import annotations
 
@@ -42,12 +52,18 @@ DARK, WARM = 1.2, 80.0
 #: the channels that carry the objectness out of each stage (out of C5: twice C5_COPIES), and
 #: through each bottleneck
 COPIES, C5_COPIES, BOTTLENECK_COPIES = 16, 64, 8
+#: the middle channels of layer4's first block that keep the objectness, and as many that
+#: take its excess over the saturation level: their sum is C5's gain on the saturated
+#: objectness, which the weights' cap would otherwise keep a few INT8 steps high
+SATURATION_COPIES = 64
 #: a path weight's size, as a fraction of the largest other weight of its layer; its
 #: channels' 99.9th percentile, as a fraction of the other channels' (at most)
 WEIGHT_SHARE, PEAK_SHARE = 0.9, 0.5
 #: the objectness at which a C5 cell counts as full: this quantile of C5's positive values
 #: on the scene images (where a far pedestrian's cell lies; a near car's is ten times more)
 SATURATION = 0.75
+#: the positive levels of an INT8 activation grid (symmetric, per tensor)
+INT8_LEVELS = 127
 
 
 def _cap(weight: torch.Tensor, bn: nn.BatchNorm2d | None, rows: list[int]) -> float:
@@ -84,14 +100,15 @@ def _stem(backbone: ResNet50, mean: tuple, std: tuple) -> list[int]:
     return [dark, warm]
 
 
-def _carry(block, inputs: list[int], outputs: int) -> list[int]:
+def _carry(block, inputs: list[int], outputs: int, mids: int = BOTTLENECK_COPIES) -> list[int]:
     """A bottleneck with a projection shortcut: its residual path writes the 3x3 sum of the
-    sum of ``inputs`` into its last ``outputs`` channels; their shortcut is 0. Returns them."""
-    mids = _last(block.conv1.out_channels, BOTTLENECK_COPIES)
+    sum of ``inputs`` into its last ``outputs`` channels (through its last ``mids`` middle
+    channels); their shortcut is 0. Returns them."""
+    middle = _last(block.conv1.out_channels, mids)
     outs = _last(block.conv3.out_channels, outputs)
-    for conv, bn, rows, reads, taps in ((block.conv1, block.bn1, mids, inputs, None),
-                                        (block.conv2, block.bn2, mids, None, 9),
-                                        (block.conv3, block.bn3, outs, mids, None)):
+    for conv, bn, rows, reads, taps in ((block.conv1, block.bn1, middle, inputs, None),
+                                        (block.conv2, block.bn2, middle, None, 9),
+                                        (block.conv3, block.bn3, outs, middle, None)):
         cap = _cap(conv.weight, bn, rows)
         conv.weight[rows] = 0
         if taps:                                      # each channel its own 3x3 sum
@@ -105,6 +122,25 @@ def _carry(block, inputs: list[int], outputs: int) -> list[int]:
     return outs
 
 
+def _saturate(block, x: torch.Tensor, outs: list[int]) -> None:
+    """``layer4``'s first block (built by _carry with 2 * SATURATION_COPIES middle channels):
+    the first half of its middle channels keep the 3x3 sum ``s``, the second half take
+    ``relu(s - full)`` (``full`` the SATURATION quantile of ``s`` on the block's input ``x``),
+    each pair offset by the dither of the middle tensor's INT8 grid; ``conv3`` writes their
+    difference, ``min(s, full)``, into ``outs``."""
+    middle = _last(block.conv1.out_channels, 2 * SATURATION_COPIES)
+    keep, less = middle[:SATURATION_COPIES], middle[SATURATION_COPIES:]
+    cap = float(block.conv3.weight[outs[0], keep[0]])
+    block.conv3.weight[[[r] for r in outs], less] = -cap
+    mid = block.relu(block.bn2(block.conv2(block.relu(block.bn1(block.conv1(x))))))
+    s = mid[:, keep[0]]
+    full = _quantile(s[s > 0], SATURATION)
+    dither = _dither(SATURATION_COPIES, _quantile(mid.abs(), 1.0) / INT8_LEVELS)
+    block.bn2.running_mean[keep] = -dither
+    block.bn2.running_mean[less] = full - dither
+    block.bn3.running_mean[outs] = float(f"{cap * dither.sum().item():.6g}")
+
+
 def _bound(block, out: torch.Tensor, chans: list[int]) -> None:
     """Scale ``block``'s path down where its output ``out`` (on the scene images) would go
     beyond PEAK_SHARE of the other channels' 99.9th percentile: the output's per-tensor INT8
@@ -114,7 +150,9 @@ def _bound(block, out: torch.Tensor, chans: list[int]) -> None:
     limit = PEAK_SHARE * _quantile(out[:, keep], 0.999)
     peak = _quantile(out[:, chans[0]], 0.999)
     if peak > limit:
-        block.conv3.weight[chans] *= float(f"{limit / peak:.4g}")
+        f = float(f"{limit / peak:.4g}")
+        block.conv3.weight[chans] *= f
+        block.bn3.running_mean[chans] *= f
 
 
 def _pass(block, chans: list[int]) -> None:
@@ -124,50 +162,96 @@ def _pass(block, chans: list[int]) -> None:
 
 
 def install_backbone(backbone: ResNet50, images: torch.Tensor, mean: tuple, std: tuple) -> None:
-    """Build the objectness channels into ``backbone`` (in place); the saturation level is
-    measured on ``images`` (float64, normalized with ``mean`` and ``std``)."""
+    """Build the objectness channels into ``backbone`` (in place); the saturation level and
+    the INT8 grids the dither spreads over are measured on ``images`` (float64, normalized
+    with ``mean`` and ``std``)."""
     work = copy.deepcopy(backbone).double().eval()
     with torch.no_grad():
         chans = _stem(work, mean, std)
         x = work.maxpool(work.relu(work.bn1(work.conv1(images))))
         for i, layer in enumerate([work.layer1, work.layer2, work.layer3, work.layer4]):
             for block in layer:
-                if block.downsample is not None:
-                    chans = _carry(block, chans, 2 * C5_COPIES if i == 3 else COPIES)
+                if block.downsample is not None and i == 3:
+                    chans = _carry(block, chans, C5_COPIES, 2 * SATURATION_COPIES)
+                    _saturate(block, x, chans)
+                    _bound(block, block(x), chans)
+                elif block.downsample is not None:
+                    chans = _carry(block, chans, COPIES)
                     _bound(block, block(x), chans)
                 else:
                     _pass(block, chans)
                 x = block(x)
+        # the C5 copies, offset by the dither of C5's INT8 grid (the neck takes it back)
+        work.layer4[0].bn3.running_mean[chans] -= _dither(C5_COPIES, _quantile(x.abs(), 1.0)
+                                                          / INT8_LEVELS).double()
         for p, q in zip(work.state_dict().values(), backbone.state_dict().values()):
             q.copy_(p.to(q.dtype))
-        c5 = x[:, chans[0]]
-        backbone.layer4[0].bn3.running_mean[chans[C5_COPIES:]] = _quantile(c5[c5 > 0],
-                                                                           SATURATION)
 
 
-def install_neck(neck: FPN) -> tuple[int, int]:
-    """The neck passes min(x, full) of the backbone's objectness (C5's last 2 * C5_COPIES
-    channels: relu(x), then relu(x - full)) on along its channel pair (a, b), its last two:
-    the lateral convolution writes it into 1/16 of its channels (the ones before a and b;
-    copies of their bias into the 1/16 before those), the 3x3 convolution sums them over
-    3x3 into a (and the bias copies into b, so that the bias cancels). Returns (a, b)."""
-    lateral, fpn = neck.lateral_convs[0].conv, neck.fpn_convs[0].conv
-    c5 = _last(lateral.in_channels, 2 * C5_COPIES)
+def _dither(n: int, step: float) -> torch.Tensor:
+    """``n`` offsets spread evenly over one ``step``: copies of a value offset by them round
+    to a per-tensor INT8 grid of that step in ``n`` different ways, and their mean (less the
+    offsets) keeps the value to about step / n, where equal copies would all round alike."""
+    return torch.tensor([float(f"{(j + 0.5) * step / n:.4g}") for j in range(n)],
+                        dtype=torch.float64)
+
+
+def c5_offset(backbone: ResNet50) -> float:
+    """The sum of the dither offsets of C5's objectness channels (install_backbone), which
+    the neck takes back."""
+    block = backbone.layer4[0]
+    chans = _last(block.conv3.out_channels, C5_COPIES)
+    middle = _last(block.conv1.out_channels, 2 * SATURATION_COPIES)[:SATURATION_COPIES]
+    path = block.conv3.weight[chans[0], middle[0]].double() * \
+        -block.bn2.running_mean[middle].double().sum()              # the middle dither's
+    return float((path - block.bn3.running_mean[chans].double()).sum())
+
+
+def _bound_rows(conv: nn.Conv2d, rows: list[int], x: torch.Tensor) -> None:
+    """Scale ``rows`` of ``conv`` (their weights and biases) down where their outputs on
+    ``x`` would go beyond PEAK_SHARE of the other rows' 99.9th percentile (in magnitude)."""
+    out = conv(x)
+    keep = torch.ones(out.shape[1], dtype=torch.bool)
+    keep[rows] = False
+    limit = PEAK_SHARE * _quantile(out[:, keep].abs(), 0.999)
+    peak = _quantile(out[:, rows].abs(), 0.999)
+    if peak > limit:
+        f = float(f"{limit / peak:.4g}")
+        conv.weight[rows] *= f
+        conv.bias[rows] *= f
+
+
+def install_neck(neck: FPN, offset: float, c5: torch.Tensor) -> tuple[int, int]:
+    """The neck passes the backbone's objectness (C5's last C5_COPIES channels, less their
+    dither ``offset``) on along its channel pair (a, b), its last two: the lateral
+    convolution writes it into 1/16 of its channels (the ones before a and b; 0 into the
+    1/16 before those), the 3x3 convolution sums them over 3x3 into a (and the channels of
+    0 into b, with a's bias, so that the bias cancels). Each stays within PEAK_SHARE of its
+    layer's other channels on ``c5`` (the backbone's output on the scene images, float64).
+    Returns (a, b)."""
+    lateral = neck.lateral_convs[0].conv
+    c5_chans = _last(lateral.in_channels, C5_COPIES)
     a, b = lateral.out_channels - 1, lateral.out_channels - 2
     n = max(1, lateral.out_channels // 16)
     carry = _last(lateral.out_channels - 2, 2 * n)
     objects, biases = carry[n:], carry[:n]
     rows = objects + biases + [a, b]
+    work = copy.deepcopy(neck).double()
+    lat, top = work.lateral_convs[0].conv, work.fpn_convs[0].conv
     with torch.no_grad():
-        cap = _cap(lateral.weight, None, rows)
-        lateral.weight[rows] = 0
-        lateral.weight[[[r] for r in objects], c5[:C5_COPIES]] = cap
-        lateral.weight[[[r] for r in objects], c5[C5_COPIES:]] = -cap
-        lateral.bias[objects + biases] = lateral.bias[objects].mean()
-        cap = _cap(fpn.weight, None, rows)
-        fpn.weight[rows] = 0
-        fpn.weight[a, objects] = fpn.weight[b, biases] = cap
-        fpn.bias[b] = fpn.bias[a]
+        cap = _cap(lat.weight, None, rows)
+        lat.weight[rows] = 0
+        lat.weight[[[r] for r in objects], c5_chans] = cap
+        lat.bias[objects] = -cap * offset             # 0 where C5 shows no object
+        lat.bias[biases] = 0
+        _bound_rows(lat, objects, c5)
+        cap = _cap(top.weight, None, rows)
+        top.weight[rows] = 0
+        top.weight[a, objects] = top.weight[b, biases] = cap
+        top.bias[b] = top.bias[a]
+        _bound_rows(top, [a, b], lat(c5))
+        for p, q in zip(work.state_dict().values(), neck.state_dict().values()):
+            q.copy_(p.to(q.dtype))
     return a, b
 
 

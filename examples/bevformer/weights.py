@@ -162,7 +162,8 @@ def _calibrate(model: BEVFormer, seed: int, principal: bool) -> None:
 
         others = slice(None)
         if principal:
-            pair = objectness.install_neck(model.img_neck)
+            pair = objectness.install_neck(model.img_neck,
+                                           objectness.c5_offset(model.img_backbone), c5d)
             neck = copy.deepcopy(model.img_neck).double()
             neck_feats = neck(c5d[:cfg.num_cams])
             _head_from_data(model, neck_feats, inp)

@@ -245,8 +245,8 @@ def test_e2e_reports_the_scene_objects(e2e_out):
 
 def test_e2e_detections_sit_on_the_scene_objects(e2e_out):
     """The program's boxes above the score threshold sit on the synthetic scene's objects
-    (most of them found, no box elsewhere), as the INT8 golden and float models' do; the
-    report says so in words."""
+    (most of them found, no box elsewhere), as the INT8 golden and float models' do, and
+    INT8 finds as many as float; the report says so in words."""
     scene = json.loads((e2e_out / "report.json").read_text())["scene_objects"]
     found = scene["found"]
     assert set(found) == {"float", "INT8 golden", "program"} and scene["objects"] >= 3
@@ -254,6 +254,7 @@ def test_e2e_detections_sit_on_the_scene_objects(e2e_out):
         assert f["found"] >= scene["objects"] - 1 and f["extra"] == 0, (name, f)
         assert f["best_other"] < scene["threshold"] <= min(f["scores"]), (name, f)
     assert found["program"] == found["INT8 golden"]
+    assert found["INT8 golden"]["found"] == found["float"]["found"]     # INT8 loses none
     page = (e2e_out / "report.html").read_text()
     assert f"holds {scene['objects']} objects" in page and "--score-threshold" in page
 
