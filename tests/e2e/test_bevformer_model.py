@@ -494,10 +494,13 @@ def test_conditioned_filters_read_a_principal_subspace(model):
 def test_conditioned_head_layers_read_a_principal_subspace(model):
     """The conditioned head's linear layers read 1/16 of their input's directions (a trained
     transformer's low-rank tokens); the plain preset's read them all. (A cls branch's score
-    units read the units that detect objects: converge.py.)"""
-    from examples.bevformer.converge import score_units
+    units read the units that detect objects, and a reg branch's last layer reads a unit per
+    kind that sizes its boxes: converge.py.)"""
+    from examples.bevformer.converge import kinds_of, score_units
     plain = build_model(CFG, seed=0, preset="plain")
-    scores = {"pts_bbox_head.cls_branches.1.3": score_units(CFG)}
+    k = score_units(CFG)
+    skip = {"pts_bbox_head.cls_branches.1.3": (k, 2 * k),            # (rows, columns)
+            "pts_bbox_head.reg_branches.0.4": (0, len(kinds_of(CFG)))}
 
     def rank(w):        # the weights are rounded to 12 bits: ranks to 1 % of the largest
         return int(torch.linalg.matrix_rank(w.detach().double(), rtol=1e-2))
@@ -507,8 +510,8 @@ def test_conditioned_head_layers_read_a_principal_subspace(model):
                  f"{head}.decoder.layers.1.attentions.1.sampling_offsets",
                  "pts_bbox_head.cls_branches.1.3", "pts_bbox_head.reg_branches.0.4"):
         w, w_plain = (dict(m.named_modules())[name].weight for m in (model, plain))
-        k = scores.get(name, 0)                 # the score units and the units they read
-        assert rank(w[k:, 2 * k:]) <= round(w.shape[1] / 16) < rank(w_plain), name
+        rows, cols = skip.get(name, (0, 0))     # the units built to detect the objects
+        assert rank(w[rows:, cols:]) <= round(w.shape[1] / 16) < rank(w_plain), name
     # the decoder self-attention's input projections: q and k read query + pos, v the query
     model_qkv, plain_qkv = (rank(m.pts_bbox_head.transformer.decoder.layers[0].attentions[0]
                                  .attn.in_proj_weight) for m in (model, plain))
