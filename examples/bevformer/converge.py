@@ -81,10 +81,6 @@ OBJECTNESS_IN_BEV = 1.0
 #: weight sets a per-tensor INT8 weight grid far coarser than the others'
 U_CHANNELS = 8
 VALUE_RANGE = 0.33
-#: the objectness's peak in the encoder head's value channels, as a fraction of the value
-#: tensor's 99.9th percentile: as much of its INT8 grid as the other channels leave, since
-#: the neck's objectness of a far object is a small part of a near one's
-OBJECTNESS_VALUE_SHARE = 0.5
 #: the gradient's (and the objectness') size in the decoder's stream
 GRADIENT_IN_STREAM = 0.4
 #: the pull's hidden units in each reg branch: relu(+-gain * gradient + level)
@@ -369,8 +365,7 @@ def _objectness_into_bev(cfg, head, work, inp, pair, o_dir, tokens, encode) -> N
         reads[a], reads[b] = 1 / math.sqrt(2), -1 / math.sqrt(2)
         m = work.transformer.encoder.layers[-1].attentions[1].deformable_attention
         feats = inp["feats"].flatten(2).transpose(1, 2)
-        value_gain = _sig(m.value_proj(feats).abs().flatten().quantile(0.999).item()
-                          * OBJECTNESS_VALUE_SHARE, 3)
+        value_gain = _sig(m.value_proj(feats).abs().amax(-1).mean().item() * VALUE_RANGE, 3)
         objectness = (feats @ reads).amax().item()
         value_gain /= _sig(max(objectness, 1e-6), 3)
 
