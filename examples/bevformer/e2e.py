@@ -52,7 +52,7 @@ from .decode import (FOUND_WITHIN_M, compare_detections, decode, found_objects, 
                      print_comparison, print_detections)
 from .inputs import make_inputs, save_test_vectors, scene_boxes  # noqa: E402
 from .model import BEVFormer, split_model  # noqa: E402
-from .report import SYNTHETIC_NOTE, reference_note, threshold_note  # noqa: E402
+from .report import reference_note, threshold_note  # noqa: E402
 from . import quant  # noqa: E402,F401  (registers the reference-flow preset and inverse_sigmoid)
 from .weights import PRESETS, build_model, save_checkpoint  # noqa: E402
 
@@ -439,7 +439,6 @@ def print_scene_objects(figures: dict) -> None:
           + "; other detections >= " + f"{t}: " + ", ".join(
               f"{name} {f['extra']}" for name, f in found.items()))
     print("  " + threshold_note(figures))
-    print("  " + SYNTHETIC_NOTE)
 
 
 def pictures(out: Path, inputs: dict, config: BEVFormerConfig, detections: dict[str, dict],
@@ -533,7 +532,7 @@ def run(config: BEVFormerConfig, out: Path, seed: int = 0, decompose: bool = Fal
     if hw:
         report["device"], dev = device_stage(q, feed, int8_out, config, out, hw, steps, progress)
         detections["program"] = decode(dev["cls_scores"], dev["bbox_preds"], config)
-    scene = scene_boxes(seed)                          # what the synthetic images show
+    scene = scene_boxes(seed, config)                  # what the synthetic images show
     report["pictures"] = steps("pictures", lambda: pictures(out, inputs, config, detections,
                                                             scene, score_threshold))
     report["detections"] = {k: len(d["scores"]) for k, d in detections.items()}

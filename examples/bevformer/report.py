@@ -37,7 +37,7 @@ def sections(report: dict) -> list[str]:
                 f"<p>The synthetic scene holds {scene['objects']} objects. A model finds one "
                 f"with a box of its class, score at least {scene['threshold']}, whose centre "
                 f"lies within {scene['within_m']:g} m of the object's. "
-                f"{html.escape(threshold_note(scene))}. {SYNTHETIC_NOTE}</p>",
+                f"{html.escape(threshold_note(scene))}.</p>",
                 _table(["model", "objects found", "other boxes above the threshold",
                         "scores of the boxes that found one", "best other score"],
                        [[name, f"{f['found']}/{f['objects']}", f["extra"],
@@ -98,12 +98,6 @@ def reference_note(row: dict) -> str:
     if row["ratio"] is None:
         return f"{ref} (this run is {row['config']}: not the same work, no ratio)"
     return f"{ref}: {row['ratio']:.4f}x"
-
-
-#: why synthetic weights' boxes need not sit on the synthetic scene's objects
-SYNTHETIC_NOTE = ("The synthetic weights do not look for the rendered objects: their boxes "
-                  "are a prior of the weights (docs/quantization.md), so they need not sit on "
-                  "the scene's objects.")
 
 
 def threshold_note(figures: dict) -> str:

@@ -3,8 +3,10 @@
     python examples/bevformer/sequence.py --config test|tiny --scenes N --frames T --out DIR
                                           [--seed S] [--model-seed S] [--frames-per-shard K]
 
-Each of the N scenes is a static world of boxes (``make_scene(seed * 1000 + s)``, placed in
-the scene's first lidar frame) that the ego drives through for T key frames, 0.5 s apart:
+Each of the N scenes is a static world of boxes (``make_scene(seed * 1000 + s, config)``,
+placed in the scene's first lidar frame) that the ego drives through for T key frames, 0.5 s
+apart (the boxes leave the config's slots as it moves, where the synthetic detector does
+not look for them):
 constant speed (3..10 m/s) along its heading, a small constant yaw rate, a random start yaw.
 Every frame holds the golden graph's inputs: ``img`` (the six views of the world seen from
 the current lidar pose), ``lidar2img`` (the rig's, the same every frame), ``can_bus`` (the
@@ -146,7 +148,7 @@ def scene_inputs(config: BEVFormerConfig, scene_seed: int, frames: int
     l2i = lidar2img_for(config)
     l2e = lidar2ego()
     scene2global = poses[1] @ l2e               # the boxes sit in the lidar frame of t = 0
-    boxes = make_scene(scene_seed)
+    boxes = make_scene(scene_seed, config)
     lidar2img = l2i.astype(np.float32)
     for k, pose in enumerate(poses):
         lidar_from_scene = np.linalg.inv(pose @ l2e) @ scene2global

@@ -26,6 +26,7 @@ from torch import nn
 
 from bevir import BevirError
 
+from . import objectness
 from .backbone import randomize_bn
 from .config import BEVFormerConfig
 from .model import (FFN, BEVFormer, CustomMSDeformableAttention, MSDeformableAttention3D,
@@ -127,21 +128,28 @@ def _calibrate(model: BEVFormer, seed: int, principal: bool) -> None:
     2. cls branches: the decoder output keeps an input-dependent component shared by all
        queries, which would push whole classes above or below 0.5. Each branch's class bias
        is shifted so that the mean logit over queries of class c (averaged with and without
-       prev_bev) is the focal prior log(0.01/0.99) + _CLS_PRIOR[c]; with ~1.3 logit std across
-       queries a handful of queries score > 0.5 (with ``principal``, each branch's weights
-       are scaled to that measured spread, LOGIT_SPREAD).
+       prev_bev; with ``principal``, over the queries that are not the object queries of
+       converge.py, whose class logits are then their biases) is the focal prior
+       log(0.01/0.99) + _CLS_PRIOR[c]; with ~1.3 logit std across queries a handful of
+       queries score > 0.5 (``plain``).
+
+    With ``principal``, the backbone and the neck carry the objectness first
+    (objectness.py), and converge.build makes the head detect the scene's objects.
     """
     from .inputs import make_inputs
     cfg = model.cfg
     inp = make_inputs(cfg, seed + 12345, with_prev_bev=True)
     was_training = model.training
     model.eval()
+    images = _scene_images(cfg, seed)
     with torch.no_grad():
+        if principal:
+            objectness.install_backbone(model.img_backbone, images, cfg.img_mean, cfg.img_std)
         c5 = model.img_backbone(inp["img"])
         conv = model.img_neck.lateral_convs[0].conv
         # statistics from a float64 forward, rounded, so that float noise of the calibration
         # forward (thread count, BLAS) does not reach the weights
-        c5d = copy.deepcopy(model.img_backbone).double()(_scene_images(cfg, seed))
+        c5d = copy.deepcopy(model.img_backbone).double()(images)
         mu = _round(c5d.mean((0, 2, 3)), 1e-4)
         w = conv.weight[:, :, 0, 0].double()
         if principal:
@@ -152,37 +160,29 @@ def _calibrate(model: BEVFormer, seed: int, principal: bool) -> None:
         conv.weight.data = w[:, :, None, None].contiguous()
         conv.bias.data = conv.bias.data - _round(w.double() @ mu, 1e-5).float()
 
+        others = slice(None)
         if principal:
+            pair = objectness.install_neck(model.img_neck,
+                                           objectness.c5_offset(model.img_backbone), c5d)
             neck = copy.deepcopy(model.img_neck).double()
             neck_feats = neck(c5d[:cfg.num_cams])
             _head_from_data(model, neck_feats, inp)
             from . import converge            # it builds on this module's helpers
-            if converge.resolves_objects(cfg):
-                converge.build(model, neck_feats, inp, seed)
+            converge.build(model, pair, seed)
+            others = torch.ones(cfg.num_query, dtype=torch.bool)
+            others[converge.slot_queries(model.pts_bbox_head)] = False
         feats = model.img_neck(c5)
-        means, spreads = [], []
+        means = []
         for prev in (None, inp["prev_bev"]):
             cls, _, _ = model.pts_bbox_head(feats, inp["lidar2img"], inp["can_bus"], prev,
                                             all_layers=True)
-            means.append(cls.mean(1))                                # (L, classes)
-            spreads.append(cls.std(1).mean(1))                       # (L,)
+            means.append(cls[:, others].mean(1))                     # (L, classes)
         mean = torch.stack(means).mean(0).double()
-        spread = torch.stack(spreads).mean(0)
         prior = math.log(0.01 / 0.99)
         target = torch.tensor([prior + p for p in _CLS_PRIOR[:cfg.num_classes]]).double()
         for lvl, br in enumerate(model.pts_bbox_head.cls_branches):
-            gain = 1.0
-            if principal:   # the logits' spread across queries: LOGIT_SPREAD
-                gain = float(_sig(LOGIT_SPREAD / spread[lvl:lvl + 1], 3))
-                br[6].weight.data *= gain
-            bias = br[6].bias.data.double()
-            br[6].bias.data -= _round(mean[lvl] - target + (gain - 1) * (mean[lvl] - bias),
-                                      1e-3).float()
+            br[6].bias.data -= _round(mean[lvl] - target, 1e-3).float()
     model.train(was_training)
-
-
-#: the std of the class logits across queries that the conditioned preset's calibration sets
-LOGIT_SPREAD = 1.3
 
 
 #: the synthetic weight presets. "conditioned" (the default) behaves like a trained model
@@ -264,7 +264,9 @@ def _read_principal_rows(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 def _head_from_data(model: BEVFormer, feats: torch.Tensor, inp: dict) -> None:
     """The head's linear layers (encoder, decoder, branches, in order of execution) read the
     principal subspace of their inputs on the calibration frame, as the backbone's filters
-    do (:func:`_read_principal`), each scaled to keep its output's rms.
+    do (:func:`_read_principal`), each scaled to keep its output's rms; not the one that
+    places the queries' reference points (it reads their positional embedding, which has
+    no data, and the object queries are placed through it, converge.py).
 
     A trained transformer's tokens have a low effective rank and its projections read that
     subspace; with isotropic random projections, the noise INT8 adds evenly in every
@@ -295,7 +297,7 @@ def _head_from_data(model: BEVFormer, feats: torch.Tensor, inp: dict) -> None:
         return hook
     hooks = []
     for name, m in work.named_modules():
-        if isinstance(m, nn.Linear):
+        if isinstance(m, nn.Linear) and name != "transformer.reference_points":
             hooks.append(m.register_forward_pre_hook(linear(name)))
         elif isinstance(m, nn.MultiheadAttention):
             hooks.append(m.register_forward_pre_hook(attention(name), with_kwargs=True))
@@ -519,18 +521,16 @@ def init_synthetic(model: BEVFormer, seed: int = 0, preset: str = "conditioned")
         mark(*br.parameters())
     # box code [dx, dy, log w, log l, dz, log h, sin, cos, vx, vy]: per-output scales; the
     # position deltas refine the reference points layer by layer (a trained decoder's are
-    # small, or the refinement loop amplifies any error), and the conditioned preset's
-    # headings and velocities are those of a trained head on a still scene (sin and cos of
-    # one angle, a few tenths of a m/s), so that they alone do not set the per-tensor INT8
-    # grid of the box code
-    move, turn, speed = (0.3, 0.7, 0.3) if conditioned else (1.0, 1.0, 1.0)
-    from .converge import resolves_objects
-    if conditioned and resolves_objects(cfg):
-        move = 0.1          # the refinement converges on objects (converge.py): little else
+    # small, or the refinement loop amplifies any error; the conditioned preset's object
+    # queries keep to their slots, converge.py), and the conditioned preset's headings and
+    # velocities are those of a trained head on a still scene along a road (sin and cos of
+    # one angle near 0, a few tenths of a m/s), so that they alone do not set the per-tensor
+    # INT8 grid of the box code
+    move, turn, speed, cos = (0.05, 0.1, 0.3, 1.0) if conditioned else (1.0, 1.0, 1.0, 0.3)
     out_std = torch.tensor([0.3 * move, 0.3 * move, 0.25, 0.25, 0.3 * move, 0.15, turn, turn,
                             speed, speed])
     out_bias = torch.tensor([0.0, 0.0, math.log(1.9), math.log(4.4), 0.0, math.log(1.6),
-                             0.0, 0.3, 0.0, 0.0])
+                             0.0, cos, 0.0, 0.0])
     for br in head.reg_branches:
         _linear(br[0], g, gain=math.sqrt(2.0))
         _linear(br[2], g, gain=math.sqrt(2.0))

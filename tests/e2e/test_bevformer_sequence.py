@@ -114,11 +114,11 @@ def test_deterministic(frames, tmp_path):
 
 def test_make_images_default_boxes():
     np.testing.assert_array_equal(make_images(CFG, 5).numpy(),
-                                  make_images(CFG, 5, boxes=make_scene(5)).numpy())
+                                  make_images(CFG, 5, boxes=make_scene(5, CFG)).numpy())
 
 
 def test_move_boxes_round_trip():
-    boxes = make_scene(1)
+    boxes = make_scene(1, CFG)
     T = sequence.se2(3.0, -2.0, 0.3)
     back = sequence.move_boxes(sequence.move_boxes(boxes, T), np.linalg.inv(T))
     for a, b in zip(boxes, back):
