@@ -660,6 +660,28 @@ def test_a_graph_input_is_quantized_before_it_moves():
     assert sqnr > 30, sqnr          # one 8-bit convolution: about 40 dB
 
 
+def test_a_graph_input_a_float_op_reads_after_its_moves_stays_float():
+    """transpose(reshape(x)) read by grid_sample (no integer form; BEVFormer's previous
+    BEV aligned to the ego motion): quantizing x before the moves would only take its codes
+    back to float on the host after a device stage (a round trip, and x's quantization
+    error for nothing), so the moves stay float with their reader."""
+    b = Builder("align")
+    x = b.input("x", TensorType((16, 8)))
+    grid = b.input("grid", TensorType((1, 4, 4, 2)))
+    bev = b.transpose(b.reshape(x, shape=[1, 4, 4, 8]), perm=[0, 3, 1, 2])
+    b.output("y", b.grid_sample(bev, grid))
+    rng = np.random.default_rng(3)
+    feeds = [{"x": rng.standard_normal((16, 8)).astype(np.float32),
+              "grid": rng.uniform(-1, 1, (1, 4, 4, 2)).astype(np.float32)} for _ in range(2)]
+    reference = bevir.run(b.graph, feeds[0])["y"]
+    bevir.calibrate(b.graph, feeds)
+    quantize(b.graph, QuantConfig())
+    counts = b.graph.op_counts()
+    assert "fx_quantize" not in counts and "fx_dequantize" not in counts, counts
+    assert np.array_equal(bevir.run(b.graph, feeds[0])["y"], reference)     # all float
+    assert counts["reshape"] == counts["transpose"] == counts["grid_sample"] == 1
+
+
 def test_rms_norm_and_l2_normalize_lower_through_tables():
     """x * reciprocal(sqrt(mean(x**2) + eps)) (T5's RMS norm) and x / max(norm, eps)
     (an L2 normalize): squares as products, fx_sqrt and fx_reciprocal tables, the

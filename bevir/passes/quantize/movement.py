@@ -103,12 +103,33 @@ def resize(cx: Context, node: Node, rule: Rule, fy: int, target: None) -> str | 
     return None
 
 
+def _read_as_codes(node: Node) -> bool:
+    """Whether what ``node`` moves is read, through further moves, only by ops with an
+    integer form (not by float ops or as a graph output, which would take the codes back to
+    float on the host: a round trip, and the input's quantization error for nothing)."""
+    graph, stack = node.graph, [node]
+    while stack:
+        for v in stack.pop().outputs:
+            if graph is not None and any(o is v for o in graph.outputs.values()):
+                return False
+            for user, _ in v.uses:
+                if user.opdef.moves_data:
+                    stack.append(user)
+                elif user.opdef.fixed_point is None and not all(
+                        o.type.dtype.is_int for o in user.outputs):
+                    return False
+    return True
+
+
 def _codes(cx: Context, node: Node) -> tuple[Value | None, str]:
     """(the codes of ``node``'s data operand, or None and why not): its fixed twin, or a
     constant's or a graph input's codes (the input quantized before it moves, so that
     the move runs on the device)."""
     x = node.inputs[0]
-    given = x.is_const or any(x is v for v in cx.graph.inputs)     # a table, a graph input
+    graph_input = any(x is v for v in cx.graph.inputs)
+    if graph_input and not _read_as_codes(node):
+        return None, "the moved input goes on to float ops (moved in float: no round trip)"
+    given = x.is_const or graph_input                                # a table, a graph input
     q = cx.fixed(x, node) if given else (cx.twin(x, DType.i8) or cx.twin(x, DType.i16))
     if q is None:
         return None, "its data is computed in float" if not given else "uncalibrated data"
