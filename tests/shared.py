@@ -15,7 +15,7 @@ import pytest
 import bevir
 from bevir import DType, Layout, TensorType
 from bevir.ir.types import AffineQuant, FixedPointQuant
-from bevir.passes import make_pass
+from bevir.passes import Pass, make_pass
 from bevir.target import HWConfig, model
 from bevir.testing import differences
 
@@ -376,3 +376,12 @@ def check_never_slower(figures: dict, one: int, got: int) -> None:
     else:
         assert figures["kept"] and got == figures["partitioned"]
         assert got < figures["one_core_at_least"] <= one
+
+
+class CorruptType(Pass):
+    """Breaks the IR: changes the declared type of the first node's result."""
+    name = "test-corrupt-type"
+
+    def run(self, graph, am):
+        v = graph.nodes[0].outputs[0]
+        v.type = v.type.with_(shape=(7,) + v.type.shape[1:])

@@ -11,6 +11,7 @@ from bevir.passes.patterns import explain
 from bevir import Builder, DType, Layout, PassError, TensorType, VerifyError
 from bevir.ir.graph import Graph
 from bevir.ops import OpDef
+from tests.shared import CorruptType
 from bevir.passes import (AnalysisManager, Canonicalize, CostSummary, DumpIR, Liveness, Pass,
                           PassManager, Reproducer, Statistics, Timing, VerifyEach, all_passes,
                           get_pass, make_pass, parse_pipeline, pipeline_text, replay)
@@ -42,15 +43,6 @@ class OptsPass(Pass):
 
     def run(self, graph, am):
         pass
-
-
-class CorruptType(Pass):
-    """Breaks the IR: changes the declared type of the first node's result."""
-    name = "test-corrupt-type"
-
-    def run(self, graph, am):
-        v = graph.nodes[0].outputs[0]
-        v.type = v.type.with_(shape=(7,) + v.type.shape[1:])
 
 
 class Explode(Pass):

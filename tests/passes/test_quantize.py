@@ -426,6 +426,16 @@ def test_every_op_of_a_mobile_cnn_lowers_with_the_default_config():
     assert report.ok and report.checked >= 10, report.mismatch
 
 
+def _scores_quantized(g, rng):
+    """(a float copy of g, four frames of q [1,2,8,16] and k [1,2,16,8], the stats of
+    quantizing g in place with the default config, calibrated on them)."""
+    ref = g.clone()
+    feeds = [{"q": rng.standard_normal((1, 2, 8, 16)).astype(np.float32),
+              "k": rng.standard_normal((1, 2, 16, 8)).astype(np.float32)} for _ in range(4)]
+    bevir.calibrate(g, feeds)
+    return ref, feeds, quantize(g, QuantConfig())
+
+
 def test_attention_scores_with_a_constant_mask_lower_to_a_product_and_an_add():
     """matmul_act(q, k^T, mask) (an encoder's scores plus its attention mask, as fuse makes
     them): fx_matmul, then fx_add of the mask's codes, 16 bits for the softmax; nothing
@@ -439,11 +449,7 @@ def test_attention_scores_with_a_constant_mask_lower_to_a_product_and_an_add():
     s = b.matmul_act(q, k, b.const(mask, "mask"), activation="none")
     b.output("p", b.softmax(s, axis=-1))
     g = b.graph
-    ref = g.clone()
-    feeds = [{"q": rng.standard_normal((1, 2, 8, 16)).astype(np.float32),
-              "k": rng.standard_normal((1, 2, 16, 8)).astype(np.float32)} for _ in range(4)]
-    bevir.calibrate(g, feeds)
-    stats = quantize(g, QuantConfig())
+    ref, feeds, stats = _scores_quantized(g, rng)
     assert stats.get("lowered-matmul_act") == 1 and "float-left" not in stats, stats
     assert len(bevir.passes.float_ops_between(g, ["q", "k"])) == 0
     add = next(n for n in g.nodes if n.op == "fx_add")
@@ -464,11 +470,7 @@ def test_a_mask_computed_from_constants_is_folded_not_left_on_the_host():
     mask = b.where(keep, b.const(np.float32(0.0), "zero"), b.const(np.float32(-8.0), "low"))
     b.output("p", b.softmax(b.add(b.matmul(q, k), mask), axis=-1))
     g = b.graph
-    ref = g.clone()
-    feeds = [{"q": rng.standard_normal((1, 2, 8, 16)).astype(np.float32),
-              "k": rng.standard_normal((1, 2, 16, 8)).astype(np.float32)} for _ in range(4)]
-    bevir.calibrate(g, feeds)
-    stats = quantize(g, QuantConfig())
+    ref, feeds, stats = _scores_quantized(g, rng)
     assert "float-left" not in stats and "where" not in g.op_counts(), stats
     assert len(bevir.passes.float_ops_between(g, ["q", "k"])) == 0
     sqnr, _, _ = layer_error(bevir.run(ref, feeds[0])["p"], bevir.run(g, feeds[0])["p"])
