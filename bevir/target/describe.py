@@ -38,7 +38,8 @@ def describe_schedule(graph: Graph, profile: Profile) -> str:
         s = n.meta.get("stripe")
         if s is not None:
             g = groups.setdefault(s["group"], {"of": [], "stripes": s["stripes"], "cycles": 0,
-                                               "images": s.get("images", 1), "loc": n.loc})
+                                               "images": s.get("images", 1), "loc": n.loc,
+                                               "cascade": s.get("cascade", s["group"])})
             if s["of"] not in g["of"]:
                 g["of"].append(s["of"])
     for n in graph.nodes:                  # the pieces of striped nodes count with them
@@ -48,8 +49,8 @@ def describe_schedule(graph: Graph, profile: Profile) -> str:
     lines.append(f"  run stripe by stripe: {len(groups)} group(s)")
     weighed = graph.meta.get("stripe_groups", [])
     for k, g in sorted(groups.items()):
-        lines.append(f"    group {k}: {len(g['of'])} ops x {g['stripes']} stripes of "
-                     f"{g['images']} image(s) from "
+        lines.append(f"    group {k} (cascade {g['cascade']}): {len(g['of'])} ops x "
+                     f"{g['stripes']} stripes of {g['images']} image(s) from "
                      f"%{g['of'][0]} ({g['loc'] or '-'}) to %{g['of'][-1]}: "
                      f"{g['cycles']:,} cycles")
         widths = weighed[k].get("widths") if k < len(weighed) else None

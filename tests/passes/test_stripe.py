@@ -151,7 +151,7 @@ def test_show_schedule_lists_the_groups_splits_and_cycles(rng, tmp_path, capsys)
     makespan = model(plan_for_target(graph, hw), hw).makespan
     assert f"makespan {makespan:,} cycles" in text
     assert "run stripe by stripe: 1 group(s)" in text
-    assert "group 0: 3 ops x 3 stripes of 1 image(s) from %conv1 (net/conv1) to %residual" \
+    assert "group 0 (cascade 0): 3 ops x 3 stripes of 1 image(s) from %conv1 (net/conv1) to %residual" \
         in text
     assert "splits (ops):" in text and "steps by bound:" in text
 
@@ -205,6 +205,20 @@ def test_smaller_layers_run_several_images_a_stripe(rng):
     widths = ", ".join(f"{w}: {c:,}" + (" (chosen)" if int(w) == wide["images"] else "")
                        for w, c in wide["widths"].items())
     assert f"images a stripe that fit, array cycles as modelled: {widths}" in text
+
+
+def test_a_cascade_runs_each_stripe_as_soon_as_its_images_are_made(rng):
+    """The groups of one run form a cascade: a stripe of the wider group runs right after
+    the narrow stripes it reads, before the next ones (three single images, then their
+    three-image stripe), so only a stripe's images wait between the groups."""
+    graph, feed = deep(rng)
+    g = striped(graph)
+    order = [(s["group"], s["index"]) for s in
+             (n.meta.get("stripe") for n in g.nodes) if s]
+    stripes = list(dict.fromkeys(order))          # each stripe's ops run together
+    assert stripes == [(0, 0), (0, 1), (0, 2), (1, 0), (0, 3), (0, 4), (0, 5), (1, 1)]
+    assert [s.get("cascade") for s in g.meta["stripe_groups"]] == [0, 0]
+    assert_bit_exact(bevir.run(g, feed), bevir.run(graph, feed))
 
 
 @pytest.mark.parametrize("cores", [1, 2])
