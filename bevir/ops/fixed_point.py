@@ -26,7 +26,7 @@ import math
 import numpy as np
 
 from ..errors import InterpreterError
-from ..ir.opdef import Bool, Int, Ints, OpDef, Str
+from ..ir.opdef import Bool, Int, Ints, OpDef, Piece, Str
 from ..ir.types import AffineQuant, DType, FixedPointQuant, Layout, Quant, TensorType
 from .common import broadcast_types, norm_axis, require
 from .cost import per_element
@@ -436,11 +436,26 @@ class FxReduceSum(OpDef):
     splits = ("rows",)
 
     def row_axes(self, c) -> tuple[int, ...]:
-        """The leading axes not reduced, where the reduced ones are kept (each operand
-        axis is then the result's)."""
-        rank = c.in_types[0].rank
+        """The result axes but the last that are the operand's axis of the same index and
+        not reduced: the axes not reduced where the reduced ones are kept, those before
+        the first reduced axis where they are dropped ((2500, 256, 1, 2) -> (2500, 256, 1)
+        over its last axis cuts the 2500 or the 256)."""
+        rank, out = c.in_types[0].rank, c.out_types[0].rank
         axes = {norm_axis(a, rank) for a in c.axes}
-        return tuple(a for a in range(rank - 1) if a not in axes) if c.keepdims else ()
+        if c.keepdims:
+            return tuple(a for a in range(rank - 1) if a not in axes)
+        return tuple(range(min(min(axes, default=0), out - 1)))
+
+    def region(self, c, axis: int, start: int, stop: int) -> Piece | None:
+        if axis not in self.row_axes(c):
+            return None
+        return Piece(((axis, start, stop),))
+
+    def split_piece(self, c, kind: str, start: int, stop: int) -> Piece:
+        return self.region(c, self.split_axis(c, kind), start, stop)
+
+    def region_axes(self, c) -> dict[int, str]:
+        return {a: "rows" for a in self.row_axes(c)}
 
     def infer(self, c, x):
         frac_of(x, "x")

@@ -406,7 +406,8 @@ def _forced_rows(graph, tmp_path, cores):
 def test_float_quantize_reshape_concat_and_kept_reductions_split_by_rows(rng, tmp_path, cores):
     """The encoder's plumbing splits by rows, bit for bit: a quantize of float input (one
     rounding per element, whatever the piece), reshapes that add a unit axis, a concat
-    along the last axis, a sum over an axis it keeps."""
+    along the last axis, a sum over an axis it keeps, a mean over the last axis that
+    drops it (the axes before it are the operand's)."""
     b = bevir.Builder("plumbing")
     x = b.input("x", TensorType((10, 8), DType.f32))
     s = b.input("s", fx((3, 1, 10, 8), 4))
@@ -417,8 +418,12 @@ def test_float_quantize_reshape_concat_and_kept_reductions_split_by_rows(rng, tm
     flat = b.reshape(total, shape=[1, 10, 8])
     b.output("cat", b.concat(r, flat, axis=2))
     b.output("q", q)
+    mean = b.fx_reduce_mean(b.input("m", fx((10, 8, 1, 3), 4)), axes=[3], keepdims=False,
+                            out_frac_bits=4)
+    assert mean.producer.opdef.row_axes(mean.producer.opdef.ctx(mean.producer)) == (0, 1)
+    b.output("mean", mean)
     feed = {"x": rng.normal(scale=2.0, size=(10, 8)).astype(np.float32),
-            "s": ints(rng, (3, 1, 10, 8))}
+            "s": ints(rng, (3, 1, 10, 8)), "m": ints(rng, (10, 8, 1, 3))}
     g = _forced_rows(b.graph, tmp_path, cores)
     pieces = {n.meta["piece"]["of"] for n in g.nodes if "piece" in n.meta}
     assert len(pieces) == len(b.graph.nodes)                  # every node was split
