@@ -43,7 +43,7 @@ from ..errors import PassError, VerifyError
 from ..ir.graph import Graph, Node, Value
 from ..ir.meta import register_meta_key
 from ..target.hw import HWConfig
-from ..target.schedule import core_of, held_tensors, lowerable
+from ..target.schedule import core_of, held_tensors, lowerable, run_order, stages
 from .analysis import AnalysisManager, Liveness
 from .core import Pass
 from .placement import conflicts, place_core
@@ -199,8 +199,11 @@ class _Timeline:
             for v in n.distinct_inputs():
                 if id(v) in held_ids:
                     self.readers[v.name].append(i)
-        self.producer = {v.name: index[id(v.producer)] for v in self.values.values()
-                         if v.producer is not None}
+        self.made_at = {v.name: index[id(v.producer)] for v in self.values.values()
+                        if v.producer is not None}
+        self.producer = {name: i for name, i in self.made_at.items() if self.held(self.nodes[i])}
+        stage = {id(n): k for k, (_, nodes) in enumerate(stages(graph)) for n in nodes}
+        self.stage = [stage[id(n)] for n in self.nodes]
         self.pinned_in = {v.name for v in graph.inputs}
         self.pinned_out = {v.name for v in graph.outputs.values()}
         for v in list(graph.inputs) + list(graph.outputs.values()):
@@ -304,6 +307,19 @@ class _Timeline:
             self.live[self.core[i]][at:i] -= self.size[name]
         self.prefetch.clear()
 
+    def fed_once(self, name: str) -> bool:
+        """Whether ``name`` is a host node's result that each core holding it reads at one
+        node only: loaded from DDR for that node, it takes the same OCM bytes at the same
+        steps as held there. (A graph input is held from the program's start; a constant
+        is loaded by its reader, overlapping the reader's work, rather than wait in the
+        DMA engine's queue behind the loads issued before it.)"""
+        v = self.values[name]
+        steps = self.readers[name]
+        return (v.producer is not None and name not in self.producer and bool(steps)
+                and name not in self.pinned_out
+                and all(len(t) == 1 for t in self.touches[name].values())
+                and len(steps) == len(self.touches[name]))
+
     # ---- what the rest of the pass reads ----------------------------------------------
     def loads(self, i: int) -> list[str]:
         if i in self.stages:
@@ -370,12 +386,16 @@ class PlanMemory(Pass):
         dead = len(am.get(Liveness).dead_nodes)
         if dead:
             self.stat("dead-nodes-planned", dead)     # they still run; dce drops them
+        order = run_order(graph)         # the host's cuts of a camera before the device
+        if order != graph.nodes:
+            graph.nodes = order
+            graph.version += 1
         tl = _Timeline(graph, self.cores, self.shared, self.align, self.ocm, self.stream)
         self._placements: dict[tuple[int, bool], tuple] = {}
         self._spill(tl)
         self._restore(tl)
         bufs, figures = self._fit(tl)
-        if self.double_buffer and tl.ddr:
+        if self.double_buffer:
             bufs, figures = self._prefetch(tl, bufs, figures)
         self._materialize(graph, tl, bufs, figures)
         verify_memory_plan(graph)
@@ -497,7 +517,13 @@ class PlanMemory(Pass):
         """Issue loads early (the core's DMA engine moves them while the nodes between run)
         while the bound stays within the OCM: each as early as ``prefetch_window`` node
         steps allow, else one node early; keep the plan without them if the placement
-        then does not fit."""
+        then does not fit. What the host made for a core to read once (a camera's rows it
+        cut) is loaded the same way, so that it arrives while the core computes what comes
+        before (its reader, a quantize, has little work to hide the load under); where its
+        load cannot be issued early it stays in OCM, loaded by its reader."""
+        fed = [name for name in tl.values if tl.fed_once(name) and name not in tl.ddr]
+        for name in fed:
+            tl.to_ddr(name)
         for window in dict.fromkeys((self.prefetch_window, 1)):
             for i in range(1, len(tl.nodes)):
                 for name in tl.loads(i):
@@ -505,23 +531,33 @@ class PlanMemory(Pass):
                     if at is not None:
                         tl.add_prefetch(name, i, at)
             if not tl.prefetch:
-                return bufs, figures
+                break
             new_bufs, new_figures, _ = self._place(tl)
             if new_figures is not None:
+                late = {name for name in fed if not any(
+                    (name, i) in tl.prefetch for i in tl.readers[name])}
+                for b in new_bufs:        # the same bytes and steps as its load buffer
+                    if b.key.value in late:
+                        b.key = BufferKey(b.key.value)
+                for name in late:
+                    tl.to_ocm(name)
                 return new_bufs, new_figures
             tl.clear_prefetch()
+        for name in fed:
+            tl.to_ocm(name)
         return bufs, figures
 
     def _issue_step(self, tl: _Timeline, name: str, i: int, window: int) -> int | None:
         """The earliest step, at most ``window`` nodes of its core before node ``i``, at
         which the load of ``name`` fits the core's OCM at every step up to ``i``, after the
-        value was stored and with no node of the other side (host, device) between (None:
-        not even one node early)."""
+        value was made (and stored) and with no node of another stage of the same side
+        between (None: not even one node early). The nodes of an earlier host stage met
+        on the way (a camera's rows cut by the host) run before the whole device stage."""
         core, side = tl.core[i], lowerable(tl.nodes[i])
         live, size, at, mine = tl.live[core], tl.size[name], None, 0
         for j in range(i - 1, -1, -1):
-            if tl.producer.get(name, -1) >= j or lowerable(tl.nodes[j]) != side or \
-                    live[j] + size > self.ocm:
+            if tl.made_at.get(name, -1) >= j or live[j] + size > self.ocm or (
+                    tl.stage[j] != tl.stage[i] and lowerable(tl.nodes[j]) == side):
                 break
             at = j
             mine += tl.core[j] == core
@@ -543,7 +579,8 @@ class PlanMemory(Pass):
         for i, n in enumerate(nodes):             # stores after the producers
             after = n
             for v in n.outputs:
-                if v.name in sched.ddr and i in sched.stages:      # written to DDR directly
+                if v.name in sched.ddr and (i in sched.stages or v.name not in sched.producer):
+                    # written to DDR directly (a streamed node's, the host's)
                     v.meta["mem"] = "ddr"
                     ddr_value[v.name] = v
                 elif v.name in sched.ddr:

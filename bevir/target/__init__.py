@@ -12,4 +12,4 @@ from .check import check_schedule  # noqa: F401
 from .cycles import OpCost, OpRecord, Profile, model, op_cost, simulate  # noqa: F401
 from .hw import GB, KB, MB, HWConfig, HWConfigError, format_size, parse_size  # noqa: F401
 from .schedule import (MemoryMap, Schedule, ScheduleError, Step, Transfer, core_of,  # noqa: F401
-                       lowerable, schedule_of, stages)
+                       lowerable, run_order, schedule_of, stages)

@@ -57,7 +57,13 @@ def core_of(node: Node, cores: int | None = None) -> int:
 def lowerable(node: Node) -> bool:
     """Whether ``node`` runs on the device: it gives an integer result or reads a quantized
     operand (fx_dequantize, the device's way out). Float ops (the geometry before the
-    network, the box decoding after it) run on the host."""
+    network, the box decoding after it) run on the host. A ``dma_copy`` runs on the side of
+    the node it loads for (a float camera image the host cut, loaded for a device
+    quantize), or of the node whose result it stores."""
+    if node.op == "dma_copy":
+        near = ([u for u, _ in node.output.uses] if node.attrs.get("dst") == "ocm"
+                else [node.inputs[0].producer])
+        return any(n is not None and lowerable(n) for n in near)
     return (any(v.type.dtype.is_int for v in node.outputs)
             or any(v is not None and v.type.quant is not None for v in node.inputs))
 
@@ -85,6 +91,12 @@ def stages(graph: Graph) -> list[tuple[bool, list[Node]]]:
     for n in graph.nodes:
         out[stage[id(n)]][1].append(n)
     return [(dev, nodes) for dev, nodes in out if nodes]
+
+
+def run_order(graph: Graph) -> list[Node]:
+    """The graph's nodes in the order they run: stage after stage (:func:`stages`), each
+    in graph order (a topological order: no node's stage precedes its producers')."""
+    return [n for _, nodes in stages(graph) for n in nodes]
 
 
 def host_round_trips(graph: Graph) -> list[list[Node]]:

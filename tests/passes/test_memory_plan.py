@@ -321,3 +321,43 @@ def test_the_plan_survives_save_and_load(tmp_path):
     verify_memory_plan(loaded)
     with pytest.raises(bevir.PassError, match="already has a memory plan"):
         plan(loaded)
+
+
+def test_what_the_host_cuts_for_a_core_arrives_while_the_core_computes(rng, tmp_path):
+    """A float tensor the host makes for the device to read once (a camera's rows, cut
+    and quantized on the device) is loaded by the core's DMA engine while the nodes
+    before its reader run, not by its reader (a quantize, with little work to hide a
+    load under); the host's node runs with its stage, whatever its place in graph order.
+    Bit for bit the same, in the golden model and the C program, which counts what the
+    model charges."""
+    from bevir.flows.target import compile_program
+    from bevir.passes.target import plan_for_target
+    from bevir.target import HWConfig, model
+    from bevir.target.schedule import schedule_of, stages
+    from bevir.testing import assert_bit_exact
+    from tests.shared import assert_counted_as_modelled, fx, ints
+    b = Builder("fed")
+    a = b.input("a", fx((64, 64), 5))
+    cam = b.input("cam", TensorType((64, 64)))
+    h = a
+    for k in range(3):                                           # device work first
+        w = b.const(ints(rng, (64, 64)), f"w{k}", fx((64, 64), 7))
+        h = b.fx_linear(h, w, out_frac_bits=5, name=f"fc{k}")
+    rows = b.relu(cam, name="rows")                              # the host's, in stage 0
+    q = b.fx_quantize(rows, out_frac_bits=5, name="q")
+    b.output("y", b.fx_add(h, q, out_frac_bits=4))
+    hw = HWConfig.parse("QC-U 8MB 16MAC x1")
+    planned = plan_for_target(b.graph, hw)
+    assert [dev for dev, _ in stages(planned)] == [False, True]
+    assert planned.nodes[0].output.name == "rows"                # host first: its stage
+    load = planned.value("q").producer.inputs[0].producer
+    assert load.op == "dma_copy" and load.inputs[0].name == "rows"
+    steps = {s.node.name: s for s in schedule_of(planned).steps()}
+    assert steps[load.name].prefetch and load.output.name in steps["%q"].dma_waits
+    order = planned.nodes
+    assert order.index(load) < order.index(planned.value("fc2").producer)   # issued early
+    feed = {"a": ints(rng, (64, 64)), "cam": rng.normal(size=(64, 64)).astype(np.float32)}
+    assert_bit_exact(bevir.run(planned, feed), bevir.run(b.graph, feed))
+    program = compile_program(b.graph, tmp_path, hw=hw)
+    assert_bit_exact(program.run(feed), bevir.run(b.graph, feed))
+    assert_counted_as_modelled(program, hw)
