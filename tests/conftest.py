@@ -81,6 +81,13 @@ TVM_TESTS = {
 }
 
 
+def pytest_addoption(parser):
+    parser.addoption("--full-zoo", action="store_true", default=False,
+                     help="run every path on every model of the timm and transformers zoo "
+                          "(tests/frontends/test_hub_zoo.py; by default the dynamo exporter "
+                          "runs on its DYNAMO_SUBSET)")
+
+
 def pytest_configure(config):
     """The files named above must exist: a test file moved or renamed without updating
     them would silently lose its markers."""

@@ -208,6 +208,13 @@ def aligned_range(t: TensorType | None, out: TensorType, axis: int, start: int, 
     return (a, start, stop)
 
 
+def c_ordered(a: np.ndarray) -> np.ndarray:
+    """``a``, or a C-ordered copy of it where it is a view in another memory order (a 0-d
+    array stays 0-d)."""
+    a = np.asarray(a)
+    return a if a.flags.c_contiguous else np.ascontiguousarray(a)
+
+
 _REGISTRY: dict[str, OpDef] = {}
 
 
@@ -235,6 +242,11 @@ class OpDef:
     #: synchronization point): a build with one memory and one thread (the host build)
     #: passes the operands on instead of running a kernel
     values_unchanged: ClassVar[bool] = False
+    #: the kernel's results are the same bits whatever the memory order of its operand
+    #: arrays (it copies them into the order it sums in first): they reach it as they are,
+    #: views included, as they reach the ops that only move data. Every other op reads
+    #: C-ordered operands (:meth:`run`)
+    any_memory_order: ClassVar[bool] = False
 
     # ---- interfaces: what passes and backends ask the op (None: not implemented) --------
     #: how the op maps through NCHW -> NHWC (to-nhwc); None: it has no NHWC form
@@ -387,7 +399,15 @@ class OpDef:
                    [v.type for v in node.outputs], node)
 
     def run(self, node, arrays: Sequence[np.ndarray | None]) -> list[np.ndarray]:
-        """Apply the reference semantics to a node's operand arrays."""
+        """Apply the reference semantics to a node's operand arrays. The operands are
+        C-ordered first (a transposed or sliced view copied), except for the ops that only
+        move data or declare ``any_memory_order``: numpy sums a strided axis in another
+        order than a contiguous one, BLAS a transposed matrix in another order than a
+        C-ordered one, and its vectorized transcendentals may take a scalar path on strided
+        memory, so a result would otherwise depend on how its operand's producer laid the
+        array out (a layout change elsewhere in the graph would change its bits)."""
+        if not (self.moves_data or self.any_memory_order):
+            arrays = [None if a is None else c_ordered(a) for a in arrays]
         out = self.compute(self.ctx(node), *arrays)
         outs = [out] if isinstance(out, np.ndarray) or np.isscalar(out) else list(out)
         return [np.asarray(o) for o in outs]

@@ -95,6 +95,7 @@ class Conv2dAct(Convolution):
                                                    "dilations": "dilations", "groups": "group"}))
     fixed_point = FixedLowering("product")
     nhwc = NATIVE
+    any_memory_order = True        # as conv2d's
     operands = ("x", "w", "b?")
     attrs = {**CONV_ATTRS, **activation_attrs(ACTIVATIONS)}
 

@@ -231,6 +231,10 @@ class Conv2d(Convolution):
                                    "dilations": "dilations", "groups": "group"})
     fixed_point = FixedLowering("product")
     nhwc = NATIVE
+    #: its kernels copy x into the order they sum in (NHWC, or im2col) first, so a view
+    #: (an NCHW result kept in NHWC memory: the next convolution's copy is then free)
+    #: gives the same bits as a C-ordered x
+    any_memory_order = True
     operands = ("x", "w", "b?")
 
     def infer(self, c, x, w, b=None):

@@ -15,6 +15,7 @@ from bevir.ops import native
 from bevir.ops.common import conv_out_size
 from bevir.ops.kernels import conv, fma
 from bevir.ops.kernels.conv import conv2d_nhwc
+from bevir.ops.kernels.products import linear_runner
 from tests.e2e_digests import platform_key
 
 # (channels, channel multiplier, kernel, strides, dilations, pads): channel counts below,
@@ -335,6 +336,32 @@ def test_agrees_tells_another_summation_order_apart(rng):
     assert not native.agrees(key, reversed_sum, np.matmul, (a, b)) and len(calls) == 1
     assert native.agrees(("same", a.shape, b.shape), np.matmul, np.matmul, (a, b))
     assert not native.agrees(("cannot", a.shape), lambda *_: None, np.matmul, (a, b))
+
+
+def test_agrees_tries_operands_laid_out_as_given(rng):
+    """BLAS sums a transposed matrix in another order than a C-ordered one: the trial
+    operands keep the strides of ``like`` (a transposed weight stays transposed), so a
+    native product that sums as BLAS does on C-ordered operands is not taken for one that
+    sums as BLAS does on the transposed view (a linear layer's weight, trans_b)."""
+    a = rng.standard_normal((16, 32)).astype(np.float32)
+    w = rng.standard_normal((64, 32)).astype(np.float32)
+    like = native.random_like(w.T, np.random.default_rng(0))
+    assert like.strides == w.T.strides and like.shape == w.T.shape
+    assert np.matmul(a, w.T).tobytes() != np.matmul(a, np.ascontiguousarray(w.T)).tobytes()
+    key = ("contiguous-order", a.shape, w.T.shape, "transposed")
+    assert not native.agrees(key, lambda a, w: np.matmul(a, np.ascontiguousarray(w)),
+                             np.matmul, (a, w.T))
+
+
+def test_a_linear_layer_on_a_transposed_weight_has_gemms_bits(rng):
+    """matmul_act with trans_b (what fuse-linear-activation makes of gemm + relu) gives
+    gemm's bits, natively or not."""
+    a = rng.standard_normal((16, 32)).astype(np.float32)
+    w = rng.standard_normal((64, 32)).astype(np.float32)
+    w.flags.writeable = False
+    run = linear_runner(a, w.T, None)
+    want = np.matmul(a, w.T)
+    assert run is None or run(a).tobytes() == want.tobytes()
 
 
 def test_gather_gemm_refuses_offsets_outside_its_operand():

@@ -17,6 +17,7 @@ from bevir.passes import PassManager, Statistics, VerifyNumerics, make_pass, par
 from bevir.passes.layout import (ToNHWC, count_layout_transforms, count_transposes,
                                  find_regions, is_layout_transform, why_not_nhwc)
 from bevir.passes.patterns import explain
+from bevir.passes.rewrites import limit_rewrites
 
 CONVS = ("conv2d", "qlinear_conv", "conv_integer")
 
@@ -488,3 +489,82 @@ def test_channel_shuffle_between_convolutions_stays_nhwc():
     (shuffle,) = [n for n in g.nodes if n.op == "transpose"]
     assert shuffle.inputs[0].producer.inputs[0].type.layout is Layout.nhwc
     assert shuffle.output.uses[0][0].attrs["layout"] == "nhwc"
+
+
+# ---- layout changes move data only: the zoo's shapes where a LayerNorm reads the region ----
+def conv_of(b, y, cin: int, cout: int, k: int, seed: int, stride: int = 1, groups: int = 1,
+            act: str | None = None):
+    """conv2d (conv2d_act with ``act``) of ``y`` with random weights and bias."""
+    w, bias = b.const(randn(cout, cin // groups, k, k, seed=seed)), b.const(randn(cout, seed=seed))
+    attrs = dict(strides=(stride, stride), pads=(k // 2 if stride == 1 else 0,) * 4,
+                 groups=groups)
+    return b.conv2d_act(y, w, bias, activation=act, **attrs) if act else b.conv2d(y, w, bias, **attrs)
+
+
+def norm_of(b, y, c: int, seed: int):
+    """LayerNorm over the last axis (``c`` wide) of ``y``."""
+    return b.layer_norm(y, b.const(1 + randn(c, seed=seed)), b.const(randn(c, seed=seed + 1)),
+                        epsilon=1e-6)
+
+
+def convnext_downsample(b, x):
+    """A residual depthwise block, the LayerNorm of its transpose, and the stride-2
+    downsample conv reading the LayerNorm's transpose (ConvNeXt, EdgeNeXt)."""
+    y = b.add(conv_of(b, x, 16, 16, 7, 1, groups=16), x)
+    y = b.transpose(norm_of(b, b.transpose(y, perm=(0, 2, 3, 1)), 16, 2), perm=(0, 3, 1, 2))
+    return conv_of(b, y, 16, 32, 2, 3, stride=2)
+
+
+def channels_norm_after_silu(b, x):
+    """conv2d_act with SiLU, the LayerNorm over its channels (a transpose either side),
+    another conv2d_act (MobileViT's convolutions around its transformer)."""
+    y = conv_of(b, x, 16, 16, 3, 1, act="silu")
+    y = b.transpose(norm_of(b, b.transpose(y, perm=(0, 2, 3, 1)), 16, 2), perm=(0, 3, 1, 2))
+    return conv_of(b, y, 16, 16, 1, 3, act="silu")
+
+
+def tokens_after_silu(b, x):
+    """conv2d_act with SiLU read as tokens: reshape to [N, C, HW], transpose to [N, HW, C],
+    LayerNorm, and back into a conv (absorb-layout-transform-into-reshape)."""
+    y = conv_of(b, x, 16, 16, 3, 1, act="silu")
+    t = norm_of(b, b.transpose(b.reshape(y, shape=(1, 16, 256)), perm=(0, 2, 1)), 16, 2)
+    y = b.reshape(b.transpose(t, perm=(0, 2, 1)), shape=(1, 16, 16, 16))
+    return conv_of(b, y, 16, 16, 1, 3, act="silu")
+
+
+def mobilevit_unfold(b, x):
+    """conv2d_act with SiLU, a 1x1 conv, MobileViT's unfolding into 2x2 patches of tokens
+    (reshape, transpose, reshape, transpose, reshape) and its transformer's LayerNorm."""
+    y = conv_of(b, conv_of(b, x, 16, 16, 3, 1, act="silu"), 16, 16, 1, 2)
+    y = b.transpose(b.reshape(y, shape=(128, 2, 8, 2)), perm=(0, 2, 1, 3))
+    y = b.transpose(b.reshape(y, shape=(1, 16, 64, 4)), perm=(0, 3, 2, 1))
+    return norm_of(b, b.reshape(y, shape=(4, 64, 16)), 16, 3)
+
+
+@pytest.mark.parametrize("make", [convnext_downsample, channels_norm_after_silu,
+                                  tokens_after_silu, mobilevit_unfold],
+                         ids=lambda f: f.__name__)
+def test_layout_changes_keep_the_bits_of_what_reads_the_region(make):
+    """The standard pipeline keeps every claim (VerifyNumerics: each rewrite against its
+    own pattern's), and every prefix of to-nhwc's rewrites gives the golden bits: the
+    LayerNorm reading a region's value (its transpose, a reshape of it) once summed in
+    the order the value happened to lie in memory, and a layout change moved that
+    (5.4e-7 on ConvNeXt's downsample, 3.7e-6 after MobileViT's SiLU convolutions)."""
+    b = Builder(make.__name__)
+    x = b.input("x", TensorType((1, 16, 16, 16)))
+    b.output("y", make(b, x))
+    graph = b.graph
+    feed = {"x": randn(1, 16, 16, 16, seed=9)}
+    PassManager("canonicalize,fuse,to-nhwc,canonicalize,cse,dce",
+                instruments=[VerifyNumerics(feed)]).run(graph.clone())
+    bevir.optimize(graph, "canonicalize,fuse")
+    want = bevir.run(graph, feed)["y"]
+    with limit_rewrites(None) as log:
+        bevir.optimize(graph.clone(), "to-nhwc")
+    assert log.count >= 2
+    for k in range(1, log.count + 1):
+        g = graph.clone()
+        with limit_rewrites(k):
+            bevir.optimize(g, "to-nhwc")
+        got = bevir.run(g, feed)["y"]
+        assert int((got != want).sum()) == 0, f"{log.entries[k - 1]}: results changed"

@@ -582,6 +582,16 @@ def agreeing_blocking(key, k: int, native: Callable[..., np.ndarray | None],
     return None
 
 
+def random_like(a: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Standard normal values of ``a``'s shape and dtype, with ``a``'s strides (a
+    transposed view stays one; negative strides read as contiguous)."""
+    if a.flags.c_contiguous or min(a.strides, default=0) < 0:
+        return rng.standard_normal(a.shape).astype(a.dtype)
+    span = sum((n - 1) * s for n, s in zip(a.shape, a.strides)) // a.itemsize + 1
+    base = rng.standard_normal(span if a.size else 0).astype(a.dtype)
+    return np.lib.stride_tricks.as_strided(base, a.shape, a.strides)
+
+
 #: key -> whether the native path gave the numpy path's bits (see :func:`agrees`)
 _AGREEMENT: dict = {}
 
@@ -590,14 +600,15 @@ def agrees(key, native: Callable[..., np.ndarray | None], reference: Callable[..
            like: Sequence[np.ndarray | None]) -> bool:
     """Whether ``native(*operands)`` computes the same bits as ``reference(*operands)``,
     found once per ``key`` (which must name everything that decides how either computes:
-    shapes, dtypes, attributes) on random normal operands shaped like ``like`` (None stays
-    None). ``native`` returns None where it cannot run: then False. Two summation orders
-    of random operands differ in almost every element, so one trial tells them apart."""
+    shapes, dtypes, attributes) on random normal operands shaped and laid out in memory
+    like ``like`` (None stays None; BLAS sums a transposed operand in another order than a
+    contiguous one). ``native`` returns None where it cannot run: then False. Two
+    summation orders of random operands differ in almost every element, so one trial
+    tells them apart."""
     verdict = _AGREEMENT.get(key)
     if verdict is None:
         rng = np.random.default_rng(0)
-        operands = [None if a is None else rng.standard_normal(a.shape).astype(a.dtype)
-                    for a in like]
+        operands = [None if a is None else random_like(a, rng) for a in like]
         got, want = native(*operands), reference(*operands)
         verdict = (got is not None and got.dtype == want.dtype and got.shape == want.shape
                    and np.array_equal(got.view(f"u{got.dtype.itemsize}"),
