@@ -4,8 +4,10 @@ the libraries' own classes, random weights, small configs, nothing downloaded) t
 20): each import verifies and matches torch within float rounding. Where torch's dynamo
 exporter itself fails, the case expects that failure (its message, in
 ``DYNAMO_EXPORT_FAILS``) and is an xfail; when torch exports it, the case fails until it is
-taken off the list. The suite ends with the table (model, family, path, max relative
-difference to torch).
+taken off the list. Through ``from_torch`` the standard pipeline then runs under
+VerifyNumerics: each rewrite keeps its numeric claim (an exact one, every bit). The suite
+ends with the table (model, family, path, max relative difference to torch, exact claims
+checked).
 
 The dynamo exporter takes about 3 s a model (twice the other paths): by default it runs on
 ``DYNAMO_SUBSET``, and on every model with ``--full-zoo`` (tests/conftest.py)."""
@@ -21,12 +23,14 @@ import pytest
 import torch
 
 import bevir
+from bevir.passes import PassManager, VerifyNumerics
 from bevir.testing.hub_zoo import MODELS, available, build
 
 pytestmark = pytest.mark.skipif(available() is not None,
                                 reason=f"timm and transformers (the test extra's): {available()}")
 
 PATHS = ("from_torch", "torchscript", "dynamo")
+PIPELINE = "canonicalize,fuse,to-nhwc,canonicalize,cse,dce"      # as test_zoo's
 ROWS: dict[tuple[str, str], str] = {}
 
 #: the models torch's dynamo exporter (torch 2.13) fails on, with its one-line error: its
@@ -126,6 +130,12 @@ def test_hub_model_imports_and_matches_torch(name, path, tmp_path):
     err = rel(got, want)
     record(name, path, f"{err:.1e}")
     assert got.shape == want.shape and err <= 1e-4, f"{name} via {path}: {err:.2e} relative"
+    if path == "from_torch":        # the standard pipeline keeps each rewrite's claim
+        claims = VerifyNumerics({v.name: a.numpy() for v, a in zip(graph.inputs, inputs)})
+        PassManager(PIPELINE, instruments=[claims]).run(graph)
+        exact = sum(c.changed and all(b == 0.0 for b in c.bounds.values())
+                    for c in claims.checks)
+        record(name, path, f"{err:.1e} {exact}=")
 
 
 def test_the_dynamo_subset_is_of_the_zoo():
@@ -143,5 +153,7 @@ def test_build_is_a_pure_function_of_the_seed():
 
 
 def table() -> str:
-    """The rows of the models imported in this session."""
+    """The rows of the models imported in this session (from_torch's with N= after the
+    difference: the standard pipeline held every rewrite to its numeric claim, N of the
+    checks exact, every bit kept)."""
     return "\n".join([f"{'model':28} {'family':18} {'path':12} {'rel. diff':>9}", *ROWS.values()])
