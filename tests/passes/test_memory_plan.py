@@ -332,7 +332,7 @@ def test_what_the_host_cuts_for_a_core_arrives_while_the_core_computes(rng, tmp_
     model charges."""
     from bevir.flows.target import compile_program
     from bevir.passes.target import plan_for_target
-    from bevir.target import HWConfig, model
+    from bevir.target import HWConfig
     from bevir.target.schedule import schedule_of, stages
     from bevir.testing import assert_bit_exact
     from tests.shared import assert_counted_as_modelled, fx, ints
