@@ -16,8 +16,9 @@ from bevir import DType, TensorType
 from bevir.codegen.lower import kernel_def
 from bevir.codegen.program import Program
 from bevir.errors import CodegenError
-from bevir.target import lowerable, stages
+from bevir.target import HWConfig, lowerable, model, stages
 from bevir.testing import assert_bit_exact
+from tests.shared import assert_counted_as_modelled
 
 INTS = [DType.i8, DType.u8, DType.i16, DType.i32, DType.i64]
 
@@ -178,10 +179,16 @@ def test_roberta_position_ids_run_on_the_device_bit_exact():
     assert want["pos"][0].tolist() == [2, 3, 4, 5, 1, 1, 6, 1, 7, 8, 9, 1, 1, 1, 1, 1]
     assert [dev for dev, _ in stages(graph)] == [True]        # no host stage
     check(graph, feeds)
+    hw = HWConfig.parse("QC-U 8MB 16MAC x4")
     with tempfile.TemporaryDirectory() as out:
-        program = bevir.compile(graph, f"{out}/prog", hw="QC-U 8MB 16MAC x4")
+        program = bevir.compile(graph, f"{out}/prog", hw=hw)
         assert [s["device"] for s in program.manifest["stages"]] == [True]
         assert_bit_exact(program.run(feeds), want)
+        assert_counted_as_modelled(program, hw)     # the plan the model costs is what ran
+    # the cycle model charges each of them ALU work (none is a free view)
+    costed = {r.op: r for r in model(program.graph, hw).records}
+    for op in ("equal", "not", "cumsum", "add", "mul", "cast"):
+        assert costed[op].terms["alu"] >= 1 and costed[op].own_cycles > 0, op
 
 
 def test_a_bool_from_floats_stays_on_the_host():
