@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import numpy as np
 
@@ -314,8 +315,8 @@ class Binary(OpDef):
         return np.asarray(fn(a, b)).astype(a.dtype, copy=False)
 
 
-def binary(name: str, fn, int_fn=None, commutative: bool = False, int_expr=None,
-           **interfaces) -> type[Binary]:
+def binary(name: str, fn, int_fn=None, commutative: bool = False,
+           int_expr: Callable | None = None, **interfaces) -> type[Binary]:
     """A :class:`Binary` op; ``int_expr(L, a, b)``, where given, is its operator on integer
     (and bool) elements as a TE expression: the op's lowering (:func:`broadcast_lowering`)."""
     if int_expr is not None:
@@ -325,7 +326,7 @@ def binary(name: str, fn, int_fn=None, commutative: bool = False, int_expr=None,
                                           "commutative": commutative, **interfaces})
 
 
-def broadcast_lowering(expr, integers_only: bool = False):
+def broadcast_lowering(expr: Callable, integers_only: bool = False) -> Callable:
     """The ``tvm_lowering`` of a broadcasting elementwise op whose result element is
     ``expr(L, a, b)`` of its operands' elements at their broadcast indices (the operator
     is all that tells the ops apart). ``integers_only``: the operands must be integer or
@@ -340,7 +341,7 @@ def broadcast_lowering(expr, integers_only: bool = False):
     return tvm_lowering
 
 
-def wrapping(op):
+def wrapping(op: Callable) -> Callable:
     """An integer operator as numpy computes it on arrays: the low bits of the exact
     result, in the operands' dtype. Computed on unsigned 64-bit values (sign-extended
     operands), whose arithmetic wraps, where C's and LLVM's signed overflow is undefined;
@@ -350,7 +351,7 @@ def wrapping(op):
     return expr
 
 
-def ordered(fn):
+def ordered(fn: Callable) -> Callable:
     """``fn(a, b)`` (a comparison, max or min) on the elements as numbers: bools as 0 and 1."""
     def expr(L, a, b):
         if a.dtype == "bool":
@@ -467,7 +468,7 @@ class Compare(OpDef):
         return type(self).fn(a, b)
 
 
-def comparison(name: str, fn, onnx_name: str, expr) -> type[Compare]:
+def comparison(name: str, fn: Callable, onnx_name: str, expr: Callable) -> type[Compare]:
     """A :class:`Compare` op: numpy's ``fn``, and ``expr(L, a, b)`` the same comparison of
     two elements for its lowering (exact on every dtype)."""
     return type(onnx_name, (Compare,), {"name": name, "fn": staticmethod(fn),

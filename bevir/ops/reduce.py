@@ -146,6 +146,7 @@ class CumSum(OpDef):
             summed = (j > i[axis] if c.reverse else j < i[axis]) if c.exclusive else \
                 (j >= i[axis] if c.reverse else j <= i[axis])
             v = L.cast(x[i[:axis] + (k,) + i[axis + 1:]], "uint64")
+            # a select, not te.sum(where=...): create_prim_func drops that condition
             return L.te.sum(L.select(summed, v, L.tirx.const(0, "uint64")), axis=k)
         sums = L.te.compute(t.shape, fn, name="sums")      # a reduction is a stage's top
         return L.compute(c.out_types[0], lambda *i: sums[i])
