@@ -56,6 +56,7 @@ E2E_DIRS = {"e2e"}
 #: the test files that generate code and build it (TVM kernels, per-core C programs built by
 #: the system C compiler, the host build's micro-kernels): all their tests are ``tvm``
 TVM_FILES = {"codegen/test_lower.py", "codegen/test_lower_fx.py", "codegen/test_lower_qlinear.py",
+             "codegen/test_lower_int.py",
              "codegen/test_cprogram.py", "codegen/test_micro.py", "codegen/test_exec_trust.py",
              "top/test_determinism.py", "e2e/test_walkthrough.py", "testing/test_device_zoo.py"}
 #: and the tests of other files that do (their names, or names with their parameters)

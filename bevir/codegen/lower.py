@@ -243,7 +243,9 @@ def kernel_def(node: Node, micro: bool = False) -> KernelDef:
                 for i, v in enumerate(node.inputs)]
     try:
         outs = opdef.tvm_lowering(opdef.ctx(node), L, *operands)
-    except BevirError:
+    except BevirError as e:         # a lowering's refusal: name the node it refused
+        if e.node is None:
+            raise CodegenError(e.message, **where) from e
         raise
     except Exception as e:          # a lowering bug: name where it happened
         raise CodegenError(f"lowering failed: {type(e).__name__}: {e}", **where) from e

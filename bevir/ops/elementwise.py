@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import numpy as np
 
@@ -314,22 +315,63 @@ class Binary(OpDef):
         return np.asarray(fn(a, b)).astype(a.dtype, copy=False)
 
 
-def binary(name: str, fn, int_fn=None, commutative: bool = False, **interfaces) -> type[Binary]:
+def binary(name: str, fn, int_fn=None, commutative: bool = False,
+           int_expr: Callable | None = None, **interfaces) -> type[Binary]:
+    """A :class:`Binary` op; ``int_expr(L, a, b)``, where given, is its operator on integer
+    (and bool) elements as a TE expression: the op's lowering (:func:`broadcast_lowering`)."""
+    if int_expr is not None:
+        interfaces["tvm_lowering"] = broadcast_lowering(int_expr, integers_only=True)
     return type(name.title(), (Binary,), {"name": name, "fn": staticmethod(fn),
                                           "int_fn": staticmethod(int_fn or fn),
                                           "commutative": commutative, **interfaces})
 
 
+def broadcast_lowering(expr: Callable, integers_only: bool = False) -> Callable:
+    """The ``tvm_lowering`` of a broadcasting elementwise op whose result element is
+    ``expr(L, a, b)`` of its operands' elements at their broadcast indices (the operator
+    is all that tells the ops apart). ``integers_only``: the operands must be integer or
+    bool (float arithmetic stays on the host)."""
+    def tvm_lowering(self, c, L, a, b):
+        ta, tb = c.in_types
+        require(not integers_only or not ta.dtype.is_float,
+                f"the lowering takes integer or bool operands, got {ta.dtype}")
+        out = c.out_types[0]
+        return L.compute(out, lambda *i: expr(L, a[L.broadcast_index(ta, out.shape, i)],
+                                              b[L.broadcast_index(tb, out.shape, i)]))
+    return tvm_lowering
+
+
+def wrapping(op: Callable) -> Callable:
+    """An integer operator as numpy computes it on arrays: the low bits of the exact
+    result, in the operands' dtype. Computed on unsigned 64-bit values (sign-extended
+    operands), whose arithmetic wraps, where C's and LLVM's signed overflow is undefined;
+    bools are 0 and 1, and a nonzero result is true (numpy's add is or, mul is and)."""
+    def expr(L, a, b):
+        return L.cast(op(L.cast(a, "uint64"), L.cast(b, "uint64")), a.dtype)
+    return expr
+
+
+def ordered(fn: Callable) -> Callable:
+    """``fn(a, b)`` (a comparison, max or min) on the elements as numbers: bools as 0 and 1."""
+    def expr(L, a, b):
+        if a.dtype == "bool":
+            return L.cast(fn(L, L.cast(a, "int8"), L.cast(b, "int8")), "bool")
+        return fn(L, a, b)
+    return expr
+
+
 Add = binary("add", np.add, commutative=True, fixed_point=FixedLowering("binary", "fx_add"),
-             onnx_export=onnx_as("Add"))
+             onnx_export=onnx_as("Add"), int_expr=wrapping(lambda a, b: a + b))
 Sub = binary("sub", np.subtract, fixed_point=FixedLowering("binary", "fx_sub"),
-             onnx_export=onnx_as("Sub"))
+             onnx_export=onnx_as("Sub"), int_expr=wrapping(lambda a, b: a - b))
 Mul = binary("mul", np.multiply, commutative=True, fixed_point=FixedLowering("mul"),
-             onnx_export=onnx_as("Mul"))
+             onnx_export=onnx_as("Mul"), int_expr=wrapping(lambda a, b: a * b))
 Div = binary("div", np.divide, _int_div, fixed_point=FixedLowering("div"),
              onnx_export=onnx_as("Div"))
-Max = binary("max", np.maximum, commutative=True, onnx_export=onnx_as("Max"))
-Min = binary("min", np.minimum, commutative=True, onnx_export=onnx_as("Min"))
+Max = binary("max", np.maximum, commutative=True, onnx_export=onnx_as("Max"),
+             int_expr=ordered(lambda L, a, b: L.max(a, b)))
+Min = binary("min", np.minimum, commutative=True, onnx_export=onnx_as("Min"),
+             int_expr=ordered(lambda L, a, b: L.min(a, b)))
 Pow = binary("pow", np.power, fixed_point=FixedLowering("pow"), onnx_export=onnx_as("Pow"))
 Atan2 = binary("atan2", np.arctan2,        # atan2(a, b) = angle of the point (b, a)
                onnx_export=staticmethod(atan2))
@@ -426,12 +468,17 @@ class Compare(OpDef):
         return type(self).fn(a, b)
 
 
-Equal = type("Equal", (Compare,), {"name": "equal", "fn": staticmethod(np.equal),
-                                    "onnx_export": onnx_as("Equal")})
-Less = type("Less", (Compare,), {"name": "less", "fn": staticmethod(np.less),
-                                 "onnx_export": onnx_as("Less")})
-Greater = type("Greater", (Compare,), {"name": "greater", "fn": staticmethod(np.greater),
-                                       "onnx_export": onnx_as("Greater")})
+def comparison(name: str, fn: Callable, onnx_name: str, expr: Callable) -> type[Compare]:
+    """A :class:`Compare` op: numpy's ``fn``, and ``expr(L, a, b)`` the same comparison of
+    two elements for its lowering (exact on every dtype)."""
+    return type(onnx_name, (Compare,), {"name": name, "fn": staticmethod(fn),
+                                        "onnx_export": onnx_as(onnx_name),
+                                        "tvm_lowering": broadcast_lowering(ordered(expr))})
+
+
+Equal = comparison("equal", np.equal, "Equal", lambda L, a, b: a == b)
+Less = comparison("less", np.less, "Less", lambda L, a, b: a < b)
+Greater = comparison("greater", np.greater, "Greater", lambda L, a, b: a > b)
 
 
 class IsNan(OpDef):
@@ -454,6 +501,8 @@ class IsNan(OpDef):
 
 
 class Not(OpDef):
+    """Logical not of a bool tensor."""
+
     name = "not"
     nhwc = ELEMENTWISE
     operands = ("x",)
@@ -465,3 +514,6 @@ class Not(OpDef):
 
     def compute(self, c, x):
         return np.logical_not(x)
+
+    def tvm_lowering(self, c, L, x):
+        return L.compute(c.out_types[0], lambda *i: L.tirx.Not(x[i]))

@@ -129,3 +129,24 @@ class CumSum(OpDef):
             s = np.concatenate([np.zeros_like(np.take(s, [0], axis)),
                                 np.delete(s, -1, axis)], axis)
         return np.ascontiguousarray(np.flip(s, axis) if c.reverse else s)
+
+    def tvm_lowering(self, c, L, x):
+        """Each result the sum of the elements before it (after it, ``reverse``), itself
+        included unless ``exclusive``: the low bits of the exact sum, as numpy's integer
+        cumsum wraps (unsigned 64-bit arithmetic, which wraps where signed overflow is
+        undefined). Integers only: te's float sum would start from +0.0, where numpy's
+        starts from the first element (a -0.0 stays -0.0)."""
+        t = c.in_types[0]
+        require(t.dtype.is_int, f"the lowering takes integer operands, got {t.dtype}")
+        axis = norm_axis(c.axis, t.rank)
+        k = L.reduce_axis(t.shape[axis], "k")
+
+        def fn(*i):
+            j = k.var
+            summed = (j > i[axis] if c.reverse else j < i[axis]) if c.exclusive else \
+                (j >= i[axis] if c.reverse else j <= i[axis])
+            v = L.cast(x[i[:axis] + (k,) + i[axis + 1:]], "uint64")
+            # a select, not te.sum(where=...): create_prim_func drops that condition
+            return L.te.sum(L.select(summed, v, L.tirx.const(0, "uint64")), axis=k)
+        sums = L.te.compute(t.shape, fn, name="sums")      # a reduction is a stage's top
+        return L.compute(c.out_types[0], lambda *i: sums[i])

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from ..errors import BevirError
 from ..ir.graph import Graph, Node, Value
-from ..ir.types import Layout
+from ..ir.types import DType, Layout
 from ..ops.cost import view_cost
 
 ALIGN = 64
@@ -55,17 +55,29 @@ def core_of(node: Node, cores: int | None = None) -> int:
 
 
 def lowerable(node: Node) -> bool:
-    """Whether ``node`` runs on the device: it gives an integer result or reads a quantized
-    operand (fx_dequantize, the device's way out). Float ops (the geometry before the
-    network, the box decoding after it) run on the host. A ``dma_copy`` runs on the side of
-    the node it loads for (a float camera image the host cut, loaded for a device
-    quantize), or of the node whose result it stores."""
+    """Whether ``node`` runs on the device: it gives an integer result, a bool computed
+    from integers (:func:`integer_bool`), or reads a quantized operand (fx_dequantize, the
+    device's way out). Float ops (the geometry before the network, the box decoding after
+    it) run on the host. A ``dma_copy`` runs on the side of the node it loads for (a float
+    camera image the host cut, loaded for a device quantize), or of the node whose result
+    it stores."""
     if node.op == "dma_copy":
         near = ([u for u, _ in node.output.uses] if node.attrs.get("dst") == "ocm"
                 else [node.inputs[0].producer])
         return any(n is not None and lowerable(n) for n in near)
     return (any(v.type.dtype.is_int for v in node.outputs)
-            or any(v is not None and v.type.quant is not None for v in node.inputs))
+            or any(v is not None and v.type.quant is not None for v in node.inputs)
+            or integer_bool(node))
+
+
+def integer_bool(node: Node) -> bool:
+    """Whether ``node`` gives a bool from integers alone: every operand an integer or a
+    bool computed on the device (a comparison of token ids, the ``not`` of one). A bool
+    from floats, or a bool graph input, stays on the host."""
+    ins = [v for v in node.inputs if v is not None]
+    return (any(v.type.dtype is DType.bool for v in node.outputs) and bool(ins)
+            and all(v.type.dtype.is_int or (v.type.dtype is DType.bool and v.producer is not None
+                                            and lowerable(v.producer)) for v in ins))
 
 
 def stages(graph: Graph) -> list[tuple[bool, list[Node]]]:

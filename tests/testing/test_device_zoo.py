@@ -12,9 +12,10 @@ from bevir.testing.hub_zoo import available
 
 ROWS: dict[str, str] = {}
 
-#: a CNN, an encoder, a causal decoder, a ViT, an MLP-mixer, a detector: each a few seconds
-SUBSET = ["tv/squeezenet1_1", "tv/resnet18", "hf/bert", "hf/gpt2", "timm/vit_tiny",
-          "timm/mixer", "hf/detr"]
+#: a CNN, an encoder, one that computes its position ids from its token ids (RoBERTa), a
+#: causal decoder, a ViT, an MLP-mixer, a detector: each a few seconds
+SUBSET = ["tv/squeezenet1_1", "tv/resnet18", "hf/bert", "hf/roberta", "hf/gpt2",
+          "timm/vit_tiny", "timm/mixer", "hf/detr"]
 
 
 @pytest.mark.parametrize("name", SUBSET)
