@@ -16,7 +16,7 @@ COLORS = {"compute": "tab:blue", "alu": "tab:orange", "ocm": "tab:green",
 
 def timeline_plot(profile, path: Path) -> Path:
     """Per core a compute lane (each step coloured by what bounds it, waits light) and a
-    DMA lane: the modelled trace (:func:`~bevir.target.trace.model_trace`) drawn."""
+    DMA lanes: the modelled trace (:func:`~bevir.target.trace.model_trace`) drawn."""
     from .trace import model_trace
     return trace_plot(model_trace(profile).to_json(), path,
                       f"{profile.hw.label}: makespan {profile.makespan:,} cycles",

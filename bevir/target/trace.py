@@ -1,8 +1,9 @@
 """Traces in the Trace Event format, which Perfetto (ui.perfetto.dev) and chrome://tracing
 open: one process per core with a compute lane (each step as a slice named after its node,
 with its op, source layer and figures, its category what bounds it in the model or
-``kernel`` / ``barrier`` when measured; waits as ``wait`` slices) and a DMA lane, and a
-host process for the stages the host runs.
+``kernel`` / ``barrier`` when measured; waits as ``wait`` slices) and DMA lanes (the
+transfers of the ops themselves, and the loads the core's DMA engine runs ahead of them,
+which overlap), and a host process for the stages the host runs.
 
     bevir sim model_int8.bevir --hw "QC-U 8MB 16MAC x4" --out sim/ --trace sim/trace.json
     bevir exec out/ --inputs in.safetensors --trace exec.json     # measured on this host
@@ -21,8 +22,8 @@ from ..fsutil import write_atomic
 if TYPE_CHECKING:
     from .cycles import Profile
 
-#: the lanes of a core's process
-COMPUTE, DMA = 0, 1
+#: the lanes of a core's process: its steps, their own transfers, its DMA engine's loads
+COMPUTE, DMA, ENGINE = 0, 1, 2
 HOST_PID = 0
 
 
@@ -72,7 +73,8 @@ def model_trace(profile: Profile) -> Trace:
                                              "makespan_cycles": profile.makespan})
     trace.process(HOST_PID, "host", {0: "host"})
     for core in range(hw.cores):
-        trace.process(core + 1, f"core {core}", {COMPUTE: "compute", DMA: "DMA"})
+        trace.process(core + 1, f"core {core}", {COMPUTE: "compute", DMA: "DMA",
+                                                 ENGINE: "DMA engine"})
     for r in profile.records:
         pid = r.core + 1
         if r.wait_cycles:
@@ -83,7 +85,8 @@ def model_trace(profile: Profile) -> Trace:
                      "cycles": r.own_cycles, "macs": r.macs, "ddr_bytes": r.ddr_bytes,
                      "terms": r.terms})
         if r.dma is not None:
-            trace.slice(pid, DMA, "dma", r.dma[0], r.dma[1], "dma",
+            lane = ENGINE if r.bound == "prefetch" else DMA
+            trace.slice(pid, lane, "dma", r.dma[0], r.dma[1], "dma",
                         {"node": r.name, "loc": r.loc, "bytes": r.ddr_bytes,
                          "transfers": r.transfers})
     for k, st in enumerate(profile.stages):

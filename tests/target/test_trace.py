@@ -53,6 +53,26 @@ def test_the_model_trace_shows_dma_and_waits(rng):
     assert end == pytest.approx(profile.makespan / (profile.hw.clock_ghz * 1e3))
 
 
+def test_the_dma_engine_has_its_own_lane(rng):
+    """A load the DMA engine runs ahead of its reader overlaps the transfers the steps in
+    between make themselves: it lies on the core's DMA engine lane, theirs on the DMA
+    lane, and the trace stays well formed."""
+    from bevir.passes import make_pass
+    from bevir.target import HWConfig
+    from tests.shared import prefetching
+    graph, _ = prefetching(rng)
+    hw = HWConfig.parse("QC-U 100KB 16MAC")
+    profile = model(bevir.optimize(partitioned(graph, 1), [make_pass("plan-memory", hw=hw)]),
+                    hw)
+    events = model_trace(profile).to_json()
+    check_trace(events)
+    lanes = {e["args"]["node"]: e["tid"] for e in events["traceEvents"]
+             if e["ph"] == "X" and e["name"] == "dma"}
+    ahead = {r.name for r in profile.records if r.bound == "prefetch"}
+    assert ahead and {lanes[n] for n in ahead} == {2}
+    assert {tid for n, tid in lanes.items() if n not in ahead} == {1}
+
+
 def test_cli_writes_both_traces(rng, tmp_path, capsys):
     from safetensors.numpy import save_file
     from bevir.cli import main
