@@ -43,7 +43,7 @@ from ..errors import PassError, VerifyError
 from ..ir.graph import Graph, Node, Value
 from ..ir.meta import register_meta_key
 from ..target.hw import HWConfig
-from ..target.schedule import core_of, held_tensors, lowerable, run_order, stages
+from ..target.schedule import core_of, held_tensors, lowerable, run_order
 from .analysis import AnalysisManager, Liveness
 from .core import Pass
 from .placement import conflicts, place_core
@@ -202,8 +202,6 @@ class _Timeline:
         self.made_at = {v.name: index[id(v.producer)] for v in self.values.values()
                         if v.producer is not None}
         self.producer = {name: i for name, i in self.made_at.items() if self.held(self.nodes[i])}
-        stage = {id(n): k for k, (_, nodes) in enumerate(stages(graph)) for n in nodes}
-        self.stage = [stage[id(n)] for n in self.nodes]
         self.pinned_in = {v.name for v in graph.inputs}
         self.pinned_out = {v.name for v in graph.outputs.values()}
         for v in list(graph.inputs) + list(graph.outputs.values()):
@@ -550,14 +548,15 @@ class PlanMemory(Pass):
     def _issue_step(self, tl: _Timeline, name: str, i: int, window: int) -> int | None:
         """The earliest step, at most ``window`` nodes of its core before node ``i``, at
         which the load of ``name`` fits the core's OCM at every step up to ``i``, after the
-        value was made (and stored) and with no node of another stage of the same side
-        between (None: not even one node early). The nodes of an earlier host stage met
-        on the way (a camera's rows cut by the host) run before the whole device stage."""
+        value was made (and stored) and with no node of the other side (host, device)
+        between (None: not even one node early). The nodes run stage after stage
+        (:func:`~bevir.target.schedule.run_order`): the host's cuts of a camera come
+        before the device stage that loads them."""
         core, side = tl.core[i], lowerable(tl.nodes[i])
         live, size, at, mine = tl.live[core], tl.size[name], None, 0
         for j in range(i - 1, -1, -1):
-            if tl.made_at.get(name, -1) >= j or live[j] + size > self.ocm or (
-                    tl.stage[j] != tl.stage[i] and lowerable(tl.nodes[j]) == side):
+            if tl.made_at.get(name, -1) >= j or lowerable(tl.nodes[j]) != side or \
+                    live[j] + size > self.ocm:
                 break
             at = j
             mine += tl.core[j] == core
