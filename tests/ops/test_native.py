@@ -461,6 +461,33 @@ ACT_CASES = [
 def test_native_conv_with_activation_bits_are_numpys(case, act, monkeypatch, rng):
     """conv2d_act: the product, its bias and its activation natively (in one call where the
     kernels take all three), the same bits as the numpy path."""
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "1")         # one call, not bands
+    ran = count_calls(monkeypatch, "bevir_depthwise_epilogue_f32", "bevir_activation_f32")
+    runs = conv_act_runs(case, act, monkeypatch, rng, ran)
+    if case[-1] > 1:
+        assert ran == ["bevir_depthwise_epilogue_f32"]       # bias and activation with it
+    same_numbers(runs["1"], runs["0"])
+
+
+@pytest.mark.parametrize("act", [{"activation": "none"}, {"activation": "relu"}],
+                         ids=lambda a: a["activation"])
+@pytest.mark.parametrize("case", ACT_CASES + FMA_CASES, ids=str)
+def test_native_products_in_bands_on_threads_bits_are_numpys(case, act, monkeypatch, rng):
+    """With threads, the native products and depthwise convolutions run in bands of output
+    rows, one a thread (a stem's result written channel by channel, its activation after):
+    the same bits as the numpy path."""
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "3")
+    monkeypatch.setattr(native, "PARALLEL_WORK", 1)
+    ran = count_calls(monkeypatch, "bevir_depthwise_epilogue_f32", "bevir_gather_gemm_f32")
+    runs = conv_act_runs(case, act, monkeypatch, rng, ran)
+    assert len(ran) != 1, "in bands (of 6 rows and more), or numpy's path"
+    same_numbers(runs["1"], runs["0"])
+
+
+def conv_act_runs(case, act, monkeypatch, rng, ran: list[str]) -> dict[str, np.ndarray]:
+    """The results of a conv2d_act of ``case`` with activation ``act`` on special values,
+    native kernels on ("1") and off ("0"), each the second run of its graph (the first
+    checks the kernels; ``ran`` is cleared before the second)."""
     layout, (n, c, h, w), o, kernel, strides, dilations, pads, groups = case
     x = rng.standard_normal((n, h, w, c) if layout is Layout.nhwc else (n, c, h, w))
     x = (x * 4).astype(np.float32)
@@ -471,19 +498,14 @@ def test_native_conv_with_activation_bits_are_numpys(case, act, monkeypatch, rng
         b.const(rng.standard_normal((o, c // groups, *kernel)).astype(np.float32)),
         b.const(rng.standard_normal(o).astype(np.float32)), strides=strides, pads=pads,
         dilations=dilations, groups=groups, **act))
-    ran = count_calls(monkeypatch, "bevir_depthwise_epilogue_f32", "bevir_activation_f32")
     runs = {}
-    for on in ("1", "0"):
+    for on in ("0", "1"):
         monkeypatch.setenv("BEVIR_NATIVE", on)
         with np.errstate(invalid="ignore"):
             bevir.run(b.graph, {"x": x})
             ran.clear()
             runs[on] = bevir.run(b.graph, {"x": x})["y"]
-        if on == "1" and groups > 1:
-            assert ran == ["bevir_depthwise_epilogue_f32"]   # bias and activation with it
-    nan = np.isnan(runs["0"])
-    assert np.array_equal(np.isnan(runs["1"]), nan)
-    assert runs["1"][~nan].tobytes() == runs["0"][~nan].tobytes()
+    return runs
 
 
 def test_taps_in_the_padding_are_left_out_only_with_finite_weights(monkeypatch, rng):

@@ -14,7 +14,7 @@ from .. import native
 from ..common import ArrayCache, read_only
 from . import kernel
 from .conv import conv2d_float
-from .fma import FMA_MACS, conv2d_fma, depthwise_runner, fma_eligible, fma_runner, linear_fma
+from .fma import conv2d_fma, depthwise_runner, fma_eligible, fma_runner, linear_fma
 from .gemm import stacked_matmul
 
 
@@ -79,8 +79,7 @@ def linear_runner(a: np.ndarray, w: np.ndarray, bias: np.ndarray | None,
     k, n = w.shape
     m = math.prod(a.shape[:-1])
     if not (a.dtype == w.dtype == np.float32 and a.ndim >= 2 and m > 1 and native.enabled()
-            and (bias is None or bias.dtype == np.float32 and bias.shape == (n,))
-            and (native.threads() == 1 or m * k * n <= FMA_MACS)):
+            and (bias is None or bias.dtype == np.float32 and bias.shape == (n,))):
         return None
 
     def numpy_path(a, w, bias):

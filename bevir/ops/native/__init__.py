@@ -21,6 +21,7 @@ import subprocess
 import threading
 import warnings
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -223,17 +224,33 @@ def bind_depthwise(shape: tuple[int, ...], wt: np.ndarray, bias: np.ndarray | No
     check_windows((hp, wp), (oh, ow), kernel, strides, dilations)
     wt = np.ascontiguousarray(wt)
     bias = None if bias is None else np.ascontiguousarray(bias)
-    dims = (ctypes.c_int64 * 12)(n, hp, wp, c, oh, ow, *kernel, *strides, *dilations)
     fn = library().bevir_depthwise_epilogue_f32
     fixed = (wt.ctypes.data, None if bias is None else bias.ctypes.data)
-    tail = (ctypes.addressof(dims), *activation)
+    # bands of output rows, one a thread: a band of one image reads its rows of xp
+    parts = shares(n * oh * ow * c * kernel[0] * kernel[1])
+    if parts == 1:
+        pieces = [(0, 0, (n, hp, wp, c, oh, ow))]
+    else:
+        pieces = [(4 * (b * hp + top * strides[0]) * wp * c, 4 * (b * oh + top) * ow * c,
+                   (1, hp - top * strides[0], wp, c, bottom - top, ow))
+                  for b in range(n) for top, bottom in bands(oh, parts)]
+    dims = [(ctypes.c_int64 * 12)(*d, *kernel, *strides, *dilations) for _, _, d in pieces]
+    calls = [(x_at, out_at, ctypes.addressof(d)) for (x_at, out_at, _), d in zip(pieces, dims)]
+    sets = [calls[i::parts] for i in range(min(parts, len(calls)))]
     keep = (wt, bias, dims)                      # alive while the function is
     shape, out_shape = tuple(shape), tuple(out_shape)
 
     def run(xp: np.ndarray, out: np.ndarray, _keep=keep) -> None:
         _check_bound("depthwise", xp, xp.shape == shape, out, out_shape)
-        if out.size and fn(xp.ctypes.data, *fixed, out.ctypes.data, *tail) != 0:
-            raise MemoryError("depthwise: no memory for the tap offsets")
+        if not out.size:
+            return
+        xpp, op = xp.ctypes.data, out.ctypes.data
+
+        def bands_of(calls):
+            for x_at, out_at, d in calls:
+                if fn(xpp + x_at, *fixed, op + out_at, d, *activation) != 0:
+                    raise MemoryError("depthwise: no memory for the tap offsets")
+        parallel([functools.partial(bands_of, c) for c in sets])
     return run
 
 
@@ -423,12 +440,60 @@ def resize_bilinear(x: np.ndarray, taps: tuple[np.ndarray, ...], weights: tuple[
 
 def threads() -> int:
     """The threads BLAS runs on (OPENBLAS_NUM_THREADS, else OMP_NUM_THREADS, else the
-    processors this process may use): the native product has one."""
+    processors this process may use): the large native products and depthwise convolutions
+    run on as many (:func:`parallel`)."""
     for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
         value = os.environ.get(name, "")
         if value.isdigit() and int(value) > 0:
             return int(value)
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+#: the least work (multiply-adds) a thread of :func:`parallel` is given: handing a call to
+#: a thread costs about as much as this many on one core
+PARALLEL_WORK = 1 << 18
+
+#: the worker threads of :func:`parallel` (this one runs a share too), made on first use:
+#: (how many, the pool)
+_POOL: list[tuple[int, ThreadPoolExecutor]] = []
+
+
+def _forget_pool() -> None:
+    # a forked child has none of its parent's threads: it makes its own pool
+    _POOL.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
+
+
+def shares(work: int) -> int:
+    """How many threads a native call of ``work`` multiply-adds is split over: up to
+    :func:`threads`, each given at least :data:`PARALLEL_WORK`."""
+    return max(1, min(threads(), work // PARALLEL_WORK))
+
+
+def parallel(calls: Sequence[Callable[[], object]]) -> None:
+    """Run ``calls`` at once, each on its own thread (this one runs the first): native
+    calls writing apart, which let go of the GIL while they run (ctypes does), so each
+    result is what the call alone would write."""
+    if len(calls) > 1:
+        if not _POOL or _POOL[0][0] < len(calls) - 1:
+            _POOL[:] = [(len(calls) - 1, ThreadPoolExecutor(len(calls) - 1, "bevir-native"))]
+        futures = [_POOL[0][1].submit(call) for call in calls[1:]]
+        calls[0]()
+        for future in futures:
+            future.result()
+    elif calls:
+        calls[0]()
+
+
+def bands(n: int, parts: int, multiple: int = 1) -> list[tuple[int, int]]:
+    """``range(n)`` cut into up to ``parts`` consecutive (start, stop) bands of about
+    equal size, the inner bounds multiples of ``multiple`` (empty bands left out)."""
+    bounds = [0] + [min(n, round(n * i / parts / multiple) * multiple)
+                    for i in range(1, parts)] + [n]
+    return [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
 
 
 class GatherGemm:
@@ -492,22 +557,37 @@ class GatherGemm:
             raise ValueError(f"GatherGemm {g}x {self.m}x{self.k}x{self.n}: operands {b.shape}, "
                              f"{None if bias is None else bias.shape}")
         kernel, size, shape = library().bevir_gather_gemm_f32, self.size, (self.m, g * self.n)
-        # written transposed: image by image
+        # written transposed: image by image; each image (or the whole) in bands of rows,
+        # one a thread, of whole tiles of 6 rows
         image = self.transposed_by or max(self.m, 1)
-        dims = [(ctypes.c_int64 * 8)(image, *self.dims[1:]) for _ in range(0, self.m, image)]
+        parts = shares(self.m * self.k * g * self.n)
+        pieces = [(lo + top, bottom - top, 4 * (lo * shape[1] + top) if self.transposed_by
+                   else 4 * (lo + top) * shape[1])
+                  for lo in range(0, self.m, image)
+                  for top, bottom in bands(min(image, self.m - lo), parts, 6)]
+        # a band of a transposed image is no run of memory: the activation comes after
+        after = activation if self.transposed_by and parts > 1 and activation[0] >= 0 else None
+        act = NO_ACTIVATION if after else activation
+        dims = [(ctypes.c_int64 * 8)(rows, *self.dims[1:]) for _, rows, _ in pieces]
         calls = [(self._fixed[0] + 8 * lo, self._fixed[1], b.ctypes.data,
-                  None if bias is None else bias.ctypes.data, 4 * lo * shape[1],
-                  ctypes.addressof(d), self._tail[1], *activation)
-                 for lo, d in zip(range(0, self.m, image), dims)]
-        keep = (self, b, bias, dims)             # alive while the function is
+                  None if bias is None else bias.ctypes.data, at, ctypes.addressof(d),
+                  self._tail[1], *act) for (lo, _, at), d in zip(pieces, dims)]
+        whole = (ctypes.c_int64 * 2)(self.m * shape[1], after[0]) if after else None
+        keep = (self, b, bias, dims, whole)       # alive while the function is
+        sets = [calls[i::parts] for i in range(min(parts, len(calls)))]
 
         def product(a: np.ndarray, out: np.ndarray, _keep=keep) -> None:
             _check_bound("GatherGemm", a, a.size == size, out, shape)
             if not out.size:
                 return
             ap, op = a.ctypes.data, out.ctypes.data
-            for rows, offs, bp, biasp, at, *rest in calls:
-                kernel(ap, rows, offs, bp, biasp, op + at, *rest)
+
+            def run(calls):
+                for rows, offs, bp, biasp, at, *rest in calls:
+                    kernel(ap, rows, offs, bp, biasp, op + at, *rest)
+            parallel([functools.partial(run, c) for c in sets])
+            if whole is not None:
+                library().bevir_activation_f32(op, after[1], ctypes.addressof(whole))
         return product
 
     def __call__(self, a: np.ndarray, b: np.ndarray, bias: np.ndarray | None,
