@@ -528,9 +528,12 @@ def test_taps_in_the_padding_are_left_out_only_with_finite_weights(monkeypatch, 
     assert np.isnan(got).all()
 
 
-def test_native_gelu_bits_are_numpys(monkeypatch, rng):
+@pytest.mark.parametrize("threads", ["1", "3"])
+def test_native_gelu_bits_are_numpys(threads, monkeypatch, rng):
     """GELU's float64 arithmetic natively around numpy's exp: the same float32 bits, over
-    more than a block, infinities, NaNs, -0 and subnormals included."""
+    more than a block, infinities, NaNs, -0 and subnormals included; on one thread or the
+    blocks shared among three."""
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", threads)
     x = (rng.standard_normal(3 * native.GELU_BLOCK + 5) * 3).astype(np.float32)
     x[::97], x[5::101], x[7::103], x[11::107], x[13::109] = np.nan, np.inf, -np.inf, -0.0, 1e-40
     b = Builder("gelu")
@@ -547,9 +550,12 @@ def test_native_gelu_bits_are_numpys(monkeypatch, rng):
     assert runs["1"][~nan].tobytes() == runs["0"][~nan].tobytes()
 
 
+@pytest.mark.parametrize("threads", ["1", "3"])
 @pytest.mark.parametrize("op", ["sigmoid", "silu"])
-def test_native_sigmoid_bits_are_numpys(op, monkeypatch, rng):
-    """Sigmoid and SiLU natively around numpy's exp: the same float32 bits."""
+def test_native_sigmoid_bits_are_numpys(op, threads, monkeypatch, rng):
+    """Sigmoid and SiLU natively around numpy's exp: the same float32 bits, on one thread
+    or the blocks shared among three."""
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", threads)
     x = (rng.standard_normal(2 * native.GELU_BLOCK + 3) * 8).astype(np.float32)
     x[::97], x[5::101], x[7::103], x[11::107], x[13::109] = np.nan, np.inf, -np.inf, -0.0, 1e-40
     x[17::113], x[19::127] = 0.0, -100.0
@@ -561,7 +567,7 @@ def test_native_sigmoid_bits_are_numpys(op, monkeypatch, rng):
         monkeypatch.setenv("BEVIR_NATIVE", on)
         with np.errstate(invalid="ignore", over="ignore"):
             runs[on] = bevir.run(b.graph, {"x": x})["y"]
-    assert len(ran) == 3
+    assert len(ran) == 3                       # blocks of 2^16, or of a third of x
     nan = np.isnan(runs["0"])
     assert np.array_equal(np.isnan(runs["1"]), nan)
     assert runs["1"][~nan].tobytes() == runs["0"][~nan].tobytes()

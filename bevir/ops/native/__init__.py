@@ -354,29 +354,41 @@ def gelu_erf(x: np.ndarray, constants: Sequence[float]) -> np.ndarray | None:
                        constants=np.array(constants, np.float64))
 
 
+#: what an element of GELU or sigmoid costs, in multiply-adds (for :func:`shares`)
+EXP_WORK = 16
+
+
 def _around_exp(x: np.ndarray, name: str, temporaries, flag: int = 0,
                 constants: np.ndarray | None = None) -> np.ndarray | None:
     """Kernels ``bevir_<name>_a_f32`` and ``_b_f32`` of float32 ``x``, block by block:
     the first writes the temporaries (exp's argument first), numpy's exp takes that in
-    place, the second writes the result. dims: the block's length, ``flag``."""
+    place, the second writes the result. dims: the block's length, ``flag``. The blocks
+    are shared among threads (numpy's exp lets go of the GIL too), each with its own
+    temporaries: every element's operations are the same."""
     if x.dtype != _F32 or not enabled():
         return None
     flat = np.ascontiguousarray(x).reshape(-1)
     out = np.empty_like(flat)
     dll = library()
     first, second = (getattr(dll, f"bevir_{name}_{p}_f32") for p in "ab")
-    temps = [np.empty(min(GELU_BLOCK, flat.size), t) for t in temporaries]
-    dims = (ctypes.c_int64 * 2)(0, flag)
     extra = () if constants is None else (constants.ctypes.data,)
+    parts = shares(flat.size * EXP_WORK)
+    block = max(1, min(GELU_BLOCK, -(-flat.size // parts)))
     # addresses taken once: a block's are its offsets from them (an array's .ctypes costs
     # microseconds, a block's kernels tens)
-    xp, op, tp, dp = flat.ctypes.data, out.ctypes.data, [t.ctypes.data for t in temps], \
-        ctypes.addressof(dims)
-    for i in range(0, flat.size, GELU_BLOCK):
-        n = dims[0] = min(GELU_BLOCK, flat.size - i)
-        first(xp + 4 * i, *tp, dp, *extra)
-        np.exp(temps[0][:n], out=temps[0][:n])
-        second(xp + 4 * i, *tp, op + 4 * i, dp, *extra)
+    xp, op = flat.ctypes.data, out.ctypes.data
+
+    def blocks(starts: range) -> None:
+        temps = [np.empty(min(block, flat.size), t) for t in temporaries]
+        tp = [t.ctypes.data for t in temps]
+        dims = (ctypes.c_int64 * 2)(0, flag)
+        for i in starts:
+            n = dims[0] = min(block, flat.size - i)
+            first(xp + 4 * i, *tp, ctypes.addressof(dims), *extra)
+            np.exp(temps[0][:n], out=temps[0][:n])
+            second(xp + 4 * i, *tp, op + 4 * i, ctypes.addressof(dims), *extra)
+    starts = range(0, flat.size, block)
+    parallel([functools.partial(blocks, starts[i::parts]) for i in range(min(parts, len(starts)))])
     return out.reshape(x.shape)
 
 
