@@ -678,3 +678,32 @@ def test_without_avx512_the_products_stay_numpys(monkeypatch, fma_runs, rng):
     got = bevir.run(graph, {"x": x})["y"]
     monkeypatch.setenv("BEVIR_NATIVE", "0")
     assert not fma_runs and got.tobytes() == bevir.run(graph, {"x": x})["y"].tobytes()
+
+
+@pytest.mark.parametrize("threads", ["1", "3"])
+@pytest.mark.parametrize("shape", [(4, 1), (3, 7), (2, 8), (5, 9), (6, 40), (2, 3, 128),
+                                   (1, 2, 3, 129), (7, 200), (3, 384), (2, 1000), (2, 3000)],
+                         ids=str)
+def test_native_layer_norm_bits_are_numpys(shape, threads, monkeypatch, rng):
+    """layer_norm over the last axis natively (numpy's pairwise sums, below 8 elements, up to
+    128 and above): the same bits as numpy's code, with and without scale and bias, with
+    infinities, NaNs, -0 and subnormals, on one thread or in bands of rows on three."""
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", threads)
+    monkeypatch.setattr(native, "PARALLEL_WORK", 1)
+    x = (rng.standard_normal(shape) * 5 + 3).astype(np.float32)
+    flat = x.reshape(-1)
+    flat[::97], flat[5::101], flat[11::107], flat[13::109] = np.nan, np.inf, -0.0, 1e-40
+    c = shape[-1]
+    params = [rng.standard_normal(c).astype(np.float32) for _ in range(2)]
+    ran = count_calls(monkeypatch, "bevir_layer_norm_f32")
+    for scale, bias in [(None, None), tuple(params)]:
+        b = Builder("layer_norm")
+        b.output("y", b.layer_norm(b.input("x", TensorType.of(x)),
+                                   *(b.const(p) for p in (scale, bias) if p is not None)))
+        runs = {}
+        for on in ("1", "0"):
+            monkeypatch.setenv("BEVIR_NATIVE", on)
+            with np.errstate(invalid="ignore", over="ignore"):
+                runs[on] = bevir.run(b.graph, {"x": x})["y"]
+        same_numbers(runs["1"], runs["0"])
+    assert ran, "the native kernel ran"

@@ -106,6 +106,7 @@ def library() -> ctypes.CDLL | None:
             dll.bevir_sigmoid_b_f32.argtypes = [ctypes.c_void_p] * 4
             dll.bevir_depthwise_epilogue_f32.argtypes = [ctypes.c_void_p] * 5 + [
                 ctypes.c_int64, ctypes.c_void_p]
+            dll.bevir_layer_norm_f32.argtypes = [ctypes.c_void_p] * 6
             _self_check(dll)
             return dll
         except _Unavailable as e:
@@ -138,7 +139,8 @@ _KERNELS = [f"bevir_depthwise_{_SUFFIX[t]}" for t in _FLOATS] + [
     "bevir_gather_mac_i8", "bevir_gather_mac_i16", "bevir_u8s8_gemm", "bevir_gather_gemm_f32",
     "bevir_resize_bilinear_f32", "bevir_activation_f32", "bevir_depthwise_epilogue_f32",
     "bevir_gelu_erf_a_f32", "bevir_gelu_erf_b_f32", "bevir_sigmoid_a_f32",
-    "bevir_sigmoid_b_f32", "bevir_im2col_u32"] + [f"bevir_transpose_u{8 * w}" for w in (1, 2, 4, 8)]
+    "bevir_sigmoid_b_f32", "bevir_im2col_u32", "bevir_layer_norm_f32"] + [
+    f"bevir_transpose_u{8 * w}" for w in (1, 2, 4, 8)]
 
 
 def _call(dll, name: str, arrays: list[np.ndarray], out: np.ndarray, kernel, strides,
@@ -392,6 +394,35 @@ def _around_exp(x: np.ndarray, name: str, temporaries, flag: int = 0,
     return out.reshape(x.shape)
 
 
+#: what an element of a layer normalization costs, in multiply-adds (for :func:`shares`)
+LAYER_NORM_WORK = 8
+
+
+def layer_norm(x: np.ndarray, scale: np.ndarray | None, bias: np.ndarray | None,
+               epsilon: float) -> np.ndarray | None:
+    """Layer normalization over the last axis of C-contiguous float32 ``x`` as
+    kernels.norm's numpy code computes it (numpy's pairwise sums, in float32), ``scale``
+    and ``bias`` float32 [C] or None: the same bits, in bands of rows, one a thread. None
+    where no native kernel runs."""
+    c = x.shape[-1] if x.ndim else 0
+    if not (x.dtype == _F32 and x.flags.c_contiguous and c and x.size and enabled()
+            and all(p is None or (p.dtype == _F32 and p.shape == (c,) and p.flags.c_contiguous)
+                    for p in (scale, bias))):
+        return None
+    rows, out = x.size // c, np.empty_like(x)
+    fn, xp, op = library().bevir_layer_norm_f32, x.ctypes.data, out.ctypes.data
+    sp, bp = (None if p is None else p.ctypes.data for p in (scale, bias))
+    eps = _parameters(epsilon, 0.0)[1]         # float32(epsilon), as numpy's code adds it
+
+    def band(top: int, bottom: int) -> None:
+        dims = (ctypes.c_int64 * 2)(bottom - top, c)
+        if fn(xp + 4 * top * c, sp, bp, op + 4 * top * c, ctypes.addressof(dims), eps) != 0:
+            raise MemoryError("layer_norm: no memory for the squares")
+    parallel([functools.partial(band, *rows_)
+              for rows_ in bands(rows, min(rows, shares(x.size * LAYER_NORM_WORK)))])
+    return out
+
+
 #: below this many elements numpy's own transposition is as fast
 SWAP_MIN_SIZE = 4096
 
@@ -482,6 +513,8 @@ if hasattr(os, "register_at_fork"):
 def shares(work: int) -> int:
     """How many threads a native call of ``work`` multiply-adds is split over: up to
     :func:`threads`, each given at least :data:`PARALLEL_WORK`."""
+    if work < 2 * PARALLEL_WORK:
+        return 1                            # without asking threads(): microseconds
     return max(1, min(threads(), work // PARALLEL_WORK))
 
 

@@ -505,3 +505,55 @@ int bevir_sigmoid_b_f32(const float *restrict x, const float *restrict e, float 
   }
   return 0;
 }
+
+/* numpy's float32 add.reduce of a contiguous run of n: its pairwise sum (from +0 below 8
+ * elements; 8 accumulators up to 128, their sums paired; halves of a multiple of 8 above). */
+static float pairwise_sum_f32(const float *a, int64_t n) {
+  if (n < 8) {
+    float s = 0.0f;
+    for (int64_t i = 0; i < n; i++) s = s + a[i];
+    return s;
+  }
+  if (n <= 128) {
+    float r[8];
+    int64_t i;
+    for (int j = 0; j < 8; j++) r[j] = a[j];
+    for (i = 8; i < n - n % 8; i += 8)
+      for (int j = 0; j < 8; j++) r[j] = r[j] + a[i + j];
+    float s = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+    for (; i < n; i++) s = s + a[i];
+    return s;
+  }
+  int64_t half = n / 2;
+  half -= half % 8;
+  return pairwise_sum_f32(a, half) + pairwise_sum_f32(a + half, n - half);
+}
+
+/* Layer normalization of rows of c float32 (kernels.norm's numpy code): mean = (0 + the row's
+ * sum) / c, d = x - mean, var = (0 + the sum of d * d) / c, each sum numpy's
+ * (pairwise_sum_f32), out = d / sqrt(var + eps), then * scale[k] and + bias[k] where not NULL.
+ * dims: rows, c. Returns -1 (having written nothing) where no memory is left for the squares. */
+int bevir_layer_norm_f32(const float *x, const float *scale, const float *bias, float *out,
+                         const int64_t *d, const float *eps) {
+  const int64_t rows = d[0], c = d[1];
+  float *sq = malloc(sizeof(float) * (size_t)(c > 0 ? c : 1));
+  if (!sq) return -1;
+  for (int64_t r = 0; r < rows; r++) {
+    const float *xr = x + r * c;
+    float *o = out + r * c;
+    const float mean = (0.0f + pairwise_sum_f32(xr, c)) / (float)c;
+    for (int64_t k = 0; k < c; k++) {
+      o[k] = xr[k] - mean;
+      sq[k] = o[k] * o[k];
+    }
+    const float var = (0.0f + pairwise_sum_f32(sq, c)) / (float)c;
+    const float s = sqrtf(var + eps[0]);
+    for (int64_t k = 0; k < c; k++) o[k] = o[k] / s;
+    if (scale)
+      for (int64_t k = 0; k < c; k++) o[k] = o[k] * scale[k];
+    if (bias)
+      for (int64_t k = 0; k < c; k++) o[k] = o[k] + bias[k];
+  }
+  free(sq);
+  return 0;
+}
