@@ -10,6 +10,7 @@ import pytest
 
 import bevir
 from bevir import Builder, TensorType
+from bevir.ir.opdef import Ctx, get_op
 from bevir.ir.types import Layout
 from bevir.ops import native
 from bevir.ops.common import conv_out_size
@@ -431,7 +432,6 @@ def test_native_fused_activation_bits_are_numpys(act, monkeypatch, rng):
 def test_native_activation_of_a_transposed_view_runs_in_memory_order(op, attrs, rng):
     """An NHWC view of NCHW memory (neither C- nor F-contiguous) activated in place, in
     its memory's order: the bits of the op's numpy code on the view."""
-    from bevir.ir.opdef import Ctx, get_op
     y = (rng.standard_normal((2, 5, 7, 19)) * 4).astype(np.float32)
     y.reshape(-1)[::11], y.reshape(-1)[3::13] = np.nan, -0.0
     view = y.transpose(0, 2, 3, 1)
@@ -707,3 +707,19 @@ def test_native_layer_norm_bits_are_numpys(shape, threads, monkeypatch, rng):
                 runs[on] = bevir.run(b.graph, {"x": x})["y"]
         same_numbers(runs["1"], runs["0"])
     assert ran, "the native kernel ran"
+
+
+@pytest.mark.parametrize("view", ["nhwc_of_nchw", "strided"])
+@pytest.mark.parametrize("op", ["sigmoid", "silu"])
+def test_native_sigmoid_of_a_view_lies_in_memory_as_numpys(op, view, monkeypatch, rng):
+    """Sigmoid and SiLU of a view (a transposed convolution result, a strided slice): the
+    same bits, in the same memory order (C order: numpy's x * sigmoid(x) takes the order of
+    its C-ordered operand), as the numpy code's."""
+    m = (rng.standard_normal((1, 40, 30, 36)) * 4).astype(np.float32)
+    x = m.transpose(0, 2, 3, 1) if view == "nhwc_of_nchw" else m[:, ::2, 1:, ::3]
+    runs = {}
+    for on in ("1", "0"):
+        monkeypatch.setenv("BEVIR_NATIVE", on)
+        runs[on] = get_op(op).compute(Ctx({}), x)
+    assert runs["1"].strides == runs["0"].strides
+    same_numbers(runs["1"], runs["0"])

@@ -369,7 +369,7 @@ def _around_exp(x: np.ndarray, name: str, temporaries, flag: int = 0,
     temporaries: every element's operations are the same."""
     if x.dtype != _F32 or not enabled():
         return None
-    flat = np.ascontiguousarray(x).reshape(-1)
+    flat = contiguous(x).reshape(-1)          # a transposed view copied natively
     out = np.empty_like(flat)
     dll = library()
     first, second = (getattr(dll, f"bevir_{name}_{p}_f32") for p in "ab")
