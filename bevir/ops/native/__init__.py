@@ -493,8 +493,8 @@ def threads() -> int:
 
 
 #: the least work (multiply-adds) a thread of :func:`parallel` is given: handing a call to
-#: a thread costs about as much as this many on one core
-PARALLEL_WORK = 1 << 18
+#: a thread and waiting for it costs 10-20 us, about a tenth to a fifth of this many
+PARALLEL_WORK = 1 << 20
 
 #: the worker threads of :func:`parallel` (this one runs a share too), made on first use:
 #: (how many, the pool)
