@@ -338,6 +338,19 @@ def test_agrees_tells_another_summation_order_apart(rng):
     assert not native.agrees(("cannot", a.shape), lambda *_: None, np.matmul, (a, b))
 
 
+def test_agrees_tells_orders_apart_on_a_product_of_two_results():
+    """A product of 2 results (a squeeze-excitation's 1x1 convolution on a 1x1 map) whose
+    reduction is summed in halves: one trial's 2 results round alike by chance for about
+    one reduction length in 15; as many trials as it takes to compare 256 results find out
+    every one."""
+    def halves(a, b):
+        k = a.shape[1] // 2
+        return a[:, :k] @ b[:k] + a[:, k:] @ b[k:]
+    for k in range(8, 129):
+        like = [np.zeros((1, k), np.float32), np.zeros((k, 2), np.float32)]
+        assert not native.agrees(("halves", k), halves, np.matmul, like), k
+
+
 def test_gather_gemm_refuses_offsets_outside_its_operand():
     with pytest.raises(ValueError, match="outside the 12 elements"):
         native.GatherGemm(np.array([0, 8]), np.array([0, 1, 4]), 12, 3)

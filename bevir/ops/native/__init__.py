@@ -710,6 +710,11 @@ def agreeing_blocking(key, k: int, native: Callable[..., np.ndarray | None],
 #: key -> whether the native path gave the numpy path's bits (see :func:`agrees`)
 _AGREEMENT: dict = {}
 
+#: the results :func:`agrees` compares at least: a product of few results (a
+#: squeeze-excitation's 1x1 convolution on a 1x1 map: 2 of them) is tried on as many
+#: random operands as it takes, where two orders could round alike by chance
+AGREE_RESULTS = 256
+
 
 def agrees(key, native: Callable[..., np.ndarray | None], reference: Callable[..., np.ndarray],
            like: Sequence[np.ndarray | None]) -> bool:
@@ -717,16 +722,20 @@ def agrees(key, native: Callable[..., np.ndarray | None], reference: Callable[..
     found once per ``key`` (which must name everything that decides how either computes:
     shapes, dtypes, attributes) on random normal operands shaped like ``like`` (None stays
     None). ``native`` returns None where it cannot run: then False. Two summation orders
-    of random operands differ in almost every element, so one trial tells them apart."""
+    of random operands differ in almost every element, so trials of
+    :data:`AGREE_RESULTS` results in all tell them apart."""
     verdict = _AGREEMENT.get(key)
     if verdict is None:
         rng = np.random.default_rng(0)
-        operands = [None if a is None else rng.standard_normal(a.shape).astype(a.dtype)
-                    for a in like]
-        got, want = native(*operands), reference(*operands)
-        verdict = (got is not None and got.dtype == want.dtype and got.shape == want.shape
-                   and np.array_equal(got.view(f"u{got.dtype.itemsize}"),
-                                      want.view(f"u{want.dtype.itemsize}")))
+        verdict, compared = True, 0
+        while verdict and compared < AGREE_RESULTS:
+            operands = [None if a is None else rng.standard_normal(a.shape).astype(a.dtype)
+                        for a in like]
+            got, want = native(*operands), reference(*operands)
+            verdict = (got is not None and got.dtype == want.dtype and got.shape == want.shape
+                       and np.array_equal(got.view(f"u{got.dtype.itemsize}"),
+                                          want.view(f"u{want.dtype.itemsize}")))
+            compared += want.size or AGREE_RESULTS       # an empty result: one trial
         _AGREEMENT[key] = verdict
     return verdict
 
