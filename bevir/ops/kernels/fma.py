@@ -19,8 +19,7 @@ from .. import native
 from ..common import ArrayCache, conv_out_size, nchw_dims, read_only
 from .conv import channel_major, from_nhwc, pad_nchw, pad_nhwc, to_nhwc
 
-def fma_eligible(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, layout: Layout, strides,
-                 pads, dilations, groups: int) -> bool:
+def fma_eligible(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, groups: int) -> bool:
     """Whether :func:`conv2d_fma` may stand in for conv2d_float (bevir.ops.kernels.conv; where
     native.agrees finds the same bits): a float32 convolution (of any size: the native
     product runs on as many threads as BLAS, native.parallel)."""

@@ -57,7 +57,7 @@ def conv2d_runner(c, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
     if w.shape[1] == 1 and c.groups > 1:
         if x.dtype == np.float32 and native.enabled():
             run = depthwise_runner(x.shape, w, b, args[0], *args[1:4], activation)
-    elif fma_eligible(x, w, b, *args):
+    elif fma_eligible(x, w, b, c.groups):
         blocked = native.agreeing_blocking(
             ("conv2d", x.shape, w.shape, b is None) + args, w[0].size,
             lambda blocked, *xwb: conv2d_fma(*xwb, *args, blocked=blocked),
