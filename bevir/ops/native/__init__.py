@@ -803,9 +803,9 @@ def _self_check(dll) -> None:
     of maximum(-0, +0) the other way."""
     rng = np.random.default_rng(0)
     for dtype in _FLOATS:
-        x = rng.choice(np.array(_SPECIALS, dtype), (1, 3, 4, 37))
+        x = rng.choice(np.array(_SPECIALS, dtype), (1, 3, 6, 37))   # a row of 4 + 1 pixels
         w = rng.choice(np.array(_SPECIALS, dtype), (4, 37))
-        taps = [x[:, i:i + 2, j:j + 3] for i in range(2) for j in range(2)]
+        taps = [x[:, i:i + 2, j:j + 5] for i in range(2) for j in range(2)]
         with np.errstate(all="ignore"):
             conv, pool = taps[0] * w[0], taps[0]
             for t in range(1, 4):
