@@ -223,8 +223,9 @@ Hardswish = unary("hardswish", lambda x: x * _hardsigmoid(x, 1 / 6, 0.5),
                   onnx_export=onnx_as("HardSwish"))
 def _silu(x: np.ndarray) -> np.ndarray:
     x = np.asarray(x)
-    # the same arithmetic, natively, into C order (as x * _sigmoid(x) lies for C-ordered x)
-    y = native.sigmoid(x, silu=True) if x.flags.c_contiguous else None
+    # the same arithmetic, natively, into C order: as x * _sigmoid(x) lies, whatever x's
+    # order (a C-ordered operand wins numpy's choice of the result's order)
+    y = native.sigmoid(x, silu=True)
     return x * _sigmoid(x) if y is None else y
 
 

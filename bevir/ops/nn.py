@@ -14,6 +14,7 @@ from ..ir.opdef import (Bool, FixedLowering, Float, Floats, Int, Ints, LayoutRul
 from .common import (float_operands, norm_axis, pool_dilations, pool_out, require,
                      spatial_axes, window_rows)
 from .kernels import kernel_for
+from .kernels.norm import moments
 from .kernels.pool import window_taps
 from .kernels.resize import f32_scales, gather_tables
 from .layout_rules import NATIVE, size_attr
@@ -280,13 +281,7 @@ class LayerNorm(OpDef):
         return x
 
     def compute(self, c, x, scale=None, bias=None):
-        _, d, var = _moments(x, c.axis)
-        y = d / np.sqrt(var + var.dtype.type(c.epsilon))
-        if scale is not None:
-            y *= scale
-        if bias is not None:
-            y += bias
-        return y.astype(x.dtype, copy=False)
+        return kernel_for("layer_norm")(c, x, scale, bias)   # kernels/norm.py
 
 
 def _ones_scale(e, node):
@@ -296,16 +291,6 @@ def _ones_scale(e, node):
     axis = norm_axis(node.attrs.get("axis", -1), x.rank)
     dtype = x.dtype.np if x.dtype.np.kind == "f" else np.float32
     return e.const(np.ones(x.shape[axis:], dtype), "scale")
-
-
-def _moments(x: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(mean, x - mean, variance) over axes axis..rank-1, kept as size-1 dims: layer_norm's
-    two-pass statistics in (at least) float32, shared with layer_norm_stats."""
-    acc = _acc(x.dtype)
-    axes = tuple(range(norm_axis(axis, x.ndim), x.ndim))
-    mean = x.mean(axis=axes, keepdims=True, dtype=acc)
-    d = x.astype(acc, copy=False) - mean
-    return mean, d, np.mean(np.square(d), axis=axes, keepdims=True)
 
 
 class LayerNormStats(OpDef):
@@ -330,7 +315,7 @@ class LayerNormStats(OpDef):
         return stats, stats
 
     def compute(self, c, x):
-        mean, _, var = _moments(x, c.axis)
+        mean, _, var = moments(x, c.axis)
         inv = 1 / np.sqrt(var + var.dtype.type(c.epsilon))
         return mean.astype(np.float32, copy=False), inv.astype(np.float32, copy=False)
 

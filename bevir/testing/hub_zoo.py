@@ -27,7 +27,7 @@ from ..extras import require
 torch = require("torch")
 nn = torch.nn
 
-__all__ = ["MODELS", "Entry", "available", "build"]
+__all__ = ["CNNS", "MODELS", "Entry", "available", "build"]
 
 
 def _import_torchvision() -> None:
@@ -249,6 +249,13 @@ MODELS: dict[str, Entry] = {
         num_labels=4)),
     "hf/detr": Entry("DETR", "image", _detr),
 }
+
+
+#: the timm CNNs (convolutions, norms and activations only): what bench/bench_zoo.py times
+CNNS: tuple[str, ...] = ("timm/resnet26d", "timm/tinynet_e", "timm/mobilenetv3_small_050",
+                         "timm/regnety_002", "timm/ghostnet_050", "timm/repvgg_a0",
+                         "timm/mobileone_s0", "timm/convnext_atto", "timm/lcnet_050",
+                         "timm/densenet")
 
 
 def build(name: str, seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:

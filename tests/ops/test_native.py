@@ -10,6 +10,7 @@ import pytest
 
 import bevir
 from bevir import Builder, TensorType
+from bevir.ir.opdef import Ctx, get_op
 from bevir.ir.types import Layout
 from bevir.ops import native
 from bevir.ops.common import conv_out_size
@@ -364,6 +365,19 @@ def test_a_linear_layer_on_a_transposed_weight_has_gemms_bits(rng):
     assert run is None or run(a).tobytes() == want.tobytes()
 
 
+def test_agrees_tells_orders_apart_on_a_product_of_two_results():
+    """A product of 2 results (a squeeze-excitation's 1x1 convolution on a 1x1 map) whose
+    reduction is summed in halves: one trial's 2 results round alike by chance for about
+    one reduction length in 15; as many trials as it takes to compare 256 results find out
+    every one."""
+    def halves(a, b):
+        k = a.shape[1] // 2
+        return a[:, :k] @ b[:k] + a[:, k:] @ b[k:]
+    for k in range(8, 129):
+        like = [np.zeros((1, k), np.float32), np.zeros((k, 2), np.float32)]
+        assert not native.agrees(("halves", k), halves, np.matmul, like), k
+
+
 def test_gather_gemm_refuses_offsets_outside_its_operand():
     with pytest.raises(ValueError, match="outside the 12 elements"):
         native.GatherGemm(np.array([0, 8]), np.array([0, 1, 4]), 12, 3)
@@ -458,7 +472,6 @@ def test_native_fused_activation_bits_are_numpys(act, monkeypatch, rng):
 def test_native_activation_of_a_transposed_view_runs_in_memory_order(op, attrs, rng):
     """An NHWC view of NCHW memory (neither C- nor F-contiguous) activated in place, in
     its memory's order: the bits of the op's numpy code on the view."""
-    from bevir.ir.opdef import Ctx, get_op
     y = (rng.standard_normal((2, 5, 7, 19)) * 4).astype(np.float32)
     y.reshape(-1)[::11], y.reshape(-1)[3::13] = np.nan, -0.0
     view = y.transpose(0, 2, 3, 1)
@@ -488,6 +501,33 @@ ACT_CASES = [
 def test_native_conv_with_activation_bits_are_numpys(case, act, monkeypatch, rng):
     """conv2d_act: the product, its bias and its activation natively (in one call where the
     kernels take all three), the same bits as the numpy path."""
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "1")         # one call, not bands
+    ran = count_calls(monkeypatch, "bevir_depthwise_epilogue_f32", "bevir_activation_f32")
+    runs = conv_act_runs(case, act, monkeypatch, rng, ran)
+    if case[-1] > 1:
+        assert ran == ["bevir_depthwise_epilogue_f32"]       # bias and activation with it
+    same_numbers(runs["1"], runs["0"])
+
+
+@pytest.mark.parametrize("act", [{"activation": "none"}, {"activation": "relu"}],
+                         ids=lambda a: a["activation"])
+@pytest.mark.parametrize("case", ACT_CASES + FMA_CASES, ids=str)
+def test_native_products_in_bands_on_threads_bits_are_numpys(case, act, monkeypatch, rng):
+    """With threads, the native products and depthwise convolutions run in bands of output
+    rows, one a thread (a stem's result written channel by channel, its activation after):
+    the same bits as the numpy path."""
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "3")
+    monkeypatch.setattr(native, "PARALLEL_WORK", 1)
+    ran = count_calls(monkeypatch, "bevir_depthwise_epilogue_f32", "bevir_gather_gemm_f32")
+    runs = conv_act_runs(case, act, monkeypatch, rng, ran)
+    assert len(ran) != 1, "in bands (of 6 rows and more), or numpy's path"
+    same_numbers(runs["1"], runs["0"])
+
+
+def conv_act_runs(case, act, monkeypatch, rng, ran: list[str]) -> dict[str, np.ndarray]:
+    """The results of a conv2d_act of ``case`` with activation ``act`` on special values,
+    native kernels on ("1") and off ("0"), each the second run of its graph (the first
+    checks the kernels; ``ran`` is cleared before the second)."""
     layout, (n, c, h, w), o, kernel, strides, dilations, pads, groups = case
     x = rng.standard_normal((n, h, w, c) if layout is Layout.nhwc else (n, c, h, w))
     x = (x * 4).astype(np.float32)
@@ -498,19 +538,14 @@ def test_native_conv_with_activation_bits_are_numpys(case, act, monkeypatch, rng
         b.const(rng.standard_normal((o, c // groups, *kernel)).astype(np.float32)),
         b.const(rng.standard_normal(o).astype(np.float32)), strides=strides, pads=pads,
         dilations=dilations, groups=groups, **act))
-    ran = count_calls(monkeypatch, "bevir_depthwise_epilogue_f32", "bevir_activation_f32")
     runs = {}
-    for on in ("1", "0"):
+    for on in ("0", "1"):
         monkeypatch.setenv("BEVIR_NATIVE", on)
         with np.errstate(invalid="ignore"):
             bevir.run(b.graph, {"x": x})
             ran.clear()
             runs[on] = bevir.run(b.graph, {"x": x})["y"]
-        if on == "1" and groups > 1:
-            assert ran == ["bevir_depthwise_epilogue_f32"]   # bias and activation with it
-    nan = np.isnan(runs["0"])
-    assert np.array_equal(np.isnan(runs["1"]), nan)
-    assert runs["1"][~nan].tobytes() == runs["0"][~nan].tobytes()
+    return runs
 
 
 def test_taps_in_the_padding_are_left_out_only_with_finite_weights(monkeypatch, rng):
@@ -533,9 +568,12 @@ def test_taps_in_the_padding_are_left_out_only_with_finite_weights(monkeypatch, 
     assert np.isnan(got).all()
 
 
-def test_native_gelu_bits_are_numpys(monkeypatch, rng):
+@pytest.mark.parametrize("threads", ["1", "3"])
+def test_native_gelu_bits_are_numpys(threads, monkeypatch, rng):
     """GELU's float64 arithmetic natively around numpy's exp: the same float32 bits, over
-    more than a block, infinities, NaNs, -0 and subnormals included."""
+    more than a block, infinities, NaNs, -0 and subnormals included; on one thread or the
+    blocks shared among three."""
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", threads)
     x = (rng.standard_normal(3 * native.GELU_BLOCK + 5) * 3).astype(np.float32)
     x[::97], x[5::101], x[7::103], x[11::107], x[13::109] = np.nan, np.inf, -np.inf, -0.0, 1e-40
     b = Builder("gelu")
@@ -552,9 +590,12 @@ def test_native_gelu_bits_are_numpys(monkeypatch, rng):
     assert runs["1"][~nan].tobytes() == runs["0"][~nan].tobytes()
 
 
+@pytest.mark.parametrize("threads", ["1", "3"])
 @pytest.mark.parametrize("op", ["sigmoid", "silu"])
-def test_native_sigmoid_bits_are_numpys(op, monkeypatch, rng):
-    """Sigmoid and SiLU natively around numpy's exp: the same float32 bits."""
+def test_native_sigmoid_bits_are_numpys(op, threads, monkeypatch, rng):
+    """Sigmoid and SiLU natively around numpy's exp: the same float32 bits, on one thread
+    or the blocks shared among three."""
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", threads)
     x = (rng.standard_normal(2 * native.GELU_BLOCK + 3) * 8).astype(np.float32)
     x[::97], x[5::101], x[7::103], x[11::107], x[13::109] = np.nan, np.inf, -np.inf, -0.0, 1e-40
     x[17::113], x[19::127] = 0.0, -100.0
@@ -566,7 +607,7 @@ def test_native_sigmoid_bits_are_numpys(op, monkeypatch, rng):
         monkeypatch.setenv("BEVIR_NATIVE", on)
         with np.errstate(invalid="ignore", over="ignore"):
             runs[on] = bevir.run(b.graph, {"x": x})["y"]
-    assert len(ran) == 3
+    assert len(ran) == 3                       # blocks of 2^16, or of a third of x
     nan = np.isnan(runs["0"])
     assert np.array_equal(np.isnan(runs["1"]), nan)
     assert runs["1"][~nan].tobytes() == runs["0"][~nan].tobytes()
@@ -677,3 +718,48 @@ def test_without_avx512_the_products_stay_numpys(monkeypatch, fma_runs, rng):
     got = bevir.run(graph, {"x": x})["y"]
     monkeypatch.setenv("BEVIR_NATIVE", "0")
     assert not fma_runs and got.tobytes() == bevir.run(graph, {"x": x})["y"].tobytes()
+
+
+@pytest.mark.parametrize("threads", ["1", "3"])
+@pytest.mark.parametrize("shape", [(4, 1), (3, 7), (2, 8), (5, 9), (6, 40), (2, 3, 128),
+                                   (1, 2, 3, 129), (7, 200), (3, 384), (2, 1000), (2, 3000)],
+                         ids=str)
+def test_native_layer_norm_bits_are_numpys(shape, threads, monkeypatch, rng):
+    """layer_norm over the last axis natively (numpy's pairwise sums, below 8 elements, up to
+    128 and above): the same bits as numpy's code, with and without scale and bias, with
+    infinities, NaNs, -0 and subnormals, on one thread or in bands of rows on three."""
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", threads)
+    monkeypatch.setattr(native, "PARALLEL_WORK", 1)
+    x = (rng.standard_normal(shape) * 5 + 3).astype(np.float32)
+    flat = x.reshape(-1)
+    flat[::97], flat[5::101], flat[11::107], flat[13::109] = np.nan, np.inf, -0.0, 1e-40
+    c = shape[-1]
+    params = [rng.standard_normal(c).astype(np.float32) for _ in range(2)]
+    ran = count_calls(monkeypatch, "bevir_layer_norm_f32")
+    for scale, bias in [(None, None), tuple(params)]:
+        b = Builder("layer_norm")
+        b.output("y", b.layer_norm(b.input("x", TensorType.of(x)),
+                                   *(b.const(p) for p in (scale, bias) if p is not None)))
+        runs = {}
+        for on in ("1", "0"):
+            monkeypatch.setenv("BEVIR_NATIVE", on)
+            with np.errstate(invalid="ignore", over="ignore"):
+                runs[on] = bevir.run(b.graph, {"x": x})["y"]
+        same_numbers(runs["1"], runs["0"])
+    assert ran, "the native kernel ran"
+
+
+@pytest.mark.parametrize("view", ["nhwc_of_nchw", "strided"])
+@pytest.mark.parametrize("op", ["sigmoid", "silu"])
+def test_native_sigmoid_of_a_view_lies_in_memory_as_numpys(op, view, monkeypatch, rng):
+    """Sigmoid and SiLU of a view (a transposed convolution result, a strided slice): the
+    same bits, in the same memory order (C order: numpy's x * sigmoid(x) takes the order of
+    its C-ordered operand), as the numpy code's."""
+    m = (rng.standard_normal((1, 40, 30, 36)) * 4).astype(np.float32)
+    x = m.transpose(0, 2, 3, 1) if view == "nhwc_of_nchw" else m[:, ::2, 1:, ::3]
+    runs = {}
+    for on in ("1", "0"):
+        monkeypatch.setenv("BEVIR_NATIVE", on)
+        runs[on] = get_op(op).compute(Ctx({}), x)
+    assert runs["1"].strides == runs["0"].strides
+    same_numbers(runs["1"], runs["0"])

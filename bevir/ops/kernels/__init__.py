@@ -24,6 +24,7 @@ The modules:
 - ``fma``: native FMA products standing in for those where BLAS sums the same way
 - ``products``: the ``conv2d`` kernel: which of those runs, prepared once per constant
   weight (the fused products of bevir/ops/fused.py use the same runners)
+- ``norm``: layer normalization's statistics, natively over C-contiguous float32 rows
 - ``pool``: windows as strided views, max pooling, onnxruntime's global mean
 - ``resize``: ONNX Resize as onnxruntime's kernels and ONNX's reference compute it
 - ``sample``: bilinear sampling (``grid_sample``, ``ms_deform_attn``) as gathers
@@ -67,4 +68,4 @@ def kernel_table() -> dict[str, str]:
 
 
 # the modules register their kernels (after the registry above exists)
-from . import gemm, pool, products, resize, sample  # noqa: E402, F401
+from . import gemm, norm, pool, products, resize, sample  # noqa: E402, F401

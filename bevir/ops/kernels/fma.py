@@ -19,30 +19,17 @@ from .. import native
 from ..common import ArrayCache, conv_out_size, nchw_dims, read_only
 from .conv import channel_major, from_nhwc, pad_nchw, pad_nhwc, to_nhwc
 
-#: the largest product (MACs) that runs natively where BLAS has threads (the native kernel
-#: has one), unless the products left out (taps in the padding) leave at most this
-#: fraction of BLAS's
-FMA_MACS, FMA_FRACTION = 1 << 23, 1 / 4
-
-
-def fma_eligible(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, layout: Layout, strides,
-                 pads, dilations, groups: int) -> bool:
+def fma_eligible(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, groups: int) -> bool:
     """Whether :func:`conv2d_fma` may stand in for conv2d_float (bevir.ops.kernels.conv; where
-    native.agrees finds the same bits): a float32 convolution, of any size where BLAS runs
-    on one thread, else not too large (:data:`FMA_MACS`)."""
+    native.agrees finds the same bits): a float32 convolution (of any size: the native
+    product runs on as many threads as BLAS, native.parallel)."""
     o, cg, kh, kw = w.shape
     k = cg * kh * kw
     if not (x.dtype == w.dtype == np.float32 and (b is None or b.dtype == np.float32)
             and native.enabled()):
         return False
-    if channel_major(w, groups) and k < 64 and o >= 64:
-        return False      # its result written channel by channel costs more than it saves
-    if native.threads() == 1:
-        return True
-    n, _, _, _, oh, ow = conv_geometry(x.shape, layout, (kh, kw), strides, pads, dilations)
-    live = live_taps(x.shape, layout, (oh, ow), (kh, kw), strides, pads, dilations, cg, False)
-    kept = k if live is None else live.size
-    return n * oh * ow * o * kept <= FMA_MACS or kept <= FMA_FRACTION * k
+    # its result written channel by channel costs more than it saves
+    return not (channel_major(w, groups) and k < 64 and o >= 64)
 
 
 def conv2d_fma(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, layout: Layout, strides,

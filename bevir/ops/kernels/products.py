@@ -14,7 +14,7 @@ from .. import native
 from ..common import ArrayCache, read_only
 from . import kernel
 from .conv import conv2d_float
-from .fma import FMA_MACS, conv2d_fma, depthwise_runner, fma_eligible, fma_runner, linear_fma
+from .fma import conv2d_fma, depthwise_runner, fma_eligible, fma_runner, linear_fma
 from .gemm import stacked_matmul
 
 
@@ -57,7 +57,7 @@ def conv2d_runner(c, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
     if w.shape[1] == 1 and c.groups > 1:
         if x.dtype == np.float32 and native.enabled():
             run = depthwise_runner(x.shape, w, b, args[0], *args[1:4], activation)
-    elif fma_eligible(x, w, b, *args):
+    elif fma_eligible(x, w, b, c.groups):
         blocked = native.agreeing_blocking(
             ("conv2d", x.shape, w.shape, b is None) + args, w[0].size,
             lambda blocked, *xwb: conv2d_fma(*xwb, *args, blocked=blocked),
@@ -79,8 +79,7 @@ def linear_runner(a: np.ndarray, w: np.ndarray, bias: np.ndarray | None,
     k, n = w.shape
     m = math.prod(a.shape[:-1])
     if not (a.dtype == w.dtype == np.float32 and a.ndim >= 2 and m > 1 and native.enabled()
-            and (bias is None or bias.dtype == np.float32 and bias.shape == (n,))
-            and (native.threads() == 1 or m * k * n <= FMA_MACS)):
+            and (bias is None or bias.dtype == np.float32 and bias.shape == (n,))):
         return None
 
     def numpy_path(a, w, bias):

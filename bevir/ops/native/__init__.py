@@ -21,6 +21,7 @@ import subprocess
 import threading
 import warnings
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -105,6 +106,7 @@ def library() -> ctypes.CDLL | None:
             dll.bevir_sigmoid_b_f32.argtypes = [ctypes.c_void_p] * 4
             dll.bevir_depthwise_epilogue_f32.argtypes = [ctypes.c_void_p] * 5 + [
                 ctypes.c_int64, ctypes.c_void_p]
+            dll.bevir_layer_norm_f32.argtypes = [ctypes.c_void_p] * 6
             _self_check(dll)
             return dll
         except _Unavailable as e:
@@ -137,7 +139,8 @@ _KERNELS = [f"bevir_depthwise_{_SUFFIX[t]}" for t in _FLOATS] + [
     "bevir_gather_mac_i8", "bevir_gather_mac_i16", "bevir_u8s8_gemm", "bevir_gather_gemm_f32",
     "bevir_resize_bilinear_f32", "bevir_activation_f32", "bevir_depthwise_epilogue_f32",
     "bevir_gelu_erf_a_f32", "bevir_gelu_erf_b_f32", "bevir_sigmoid_a_f32",
-    "bevir_sigmoid_b_f32", "bevir_im2col_u32"] + [f"bevir_transpose_u{8 * w}" for w in (1, 2, 4, 8)]
+    "bevir_sigmoid_b_f32", "bevir_im2col_u32", "bevir_layer_norm_f32"] + [
+    f"bevir_transpose_u{8 * w}" for w in (1, 2, 4, 8)]
 
 
 def _call(dll, name: str, arrays: list[np.ndarray], out: np.ndarray, kernel, strides,
@@ -223,17 +226,33 @@ def bind_depthwise(shape: tuple[int, ...], wt: np.ndarray, bias: np.ndarray | No
     check_windows((hp, wp), (oh, ow), kernel, strides, dilations)
     wt = np.ascontiguousarray(wt)
     bias = None if bias is None else np.ascontiguousarray(bias)
-    dims = (ctypes.c_int64 * 12)(n, hp, wp, c, oh, ow, *kernel, *strides, *dilations)
     fn = library().bevir_depthwise_epilogue_f32
     fixed = (wt.ctypes.data, None if bias is None else bias.ctypes.data)
-    tail = (ctypes.addressof(dims), *activation)
+    # bands of output rows, one a thread: a band of one image reads its rows of xp
+    parts = shares(n * oh * ow * c * kernel[0] * kernel[1])
+    if parts == 1:
+        pieces = [(0, 0, (n, hp, wp, c, oh, ow))]
+    else:
+        pieces = [(4 * (b * hp + top * strides[0]) * wp * c, 4 * (b * oh + top) * ow * c,
+                   (1, hp - top * strides[0], wp, c, bottom - top, ow))
+                  for b in range(n) for top, bottom in bands(oh, parts)]
+    dims = [(ctypes.c_int64 * 12)(*d, *kernel, *strides, *dilations) for _, _, d in pieces]
+    calls = [(x_at, out_at, ctypes.addressof(d)) for (x_at, out_at, _), d in zip(pieces, dims)]
+    sets = [calls[i::parts] for i in range(min(parts, len(calls)))]
     keep = (wt, bias, dims)                      # alive while the function is
     shape, out_shape = tuple(shape), tuple(out_shape)
 
     def run(xp: np.ndarray, out: np.ndarray, _keep=keep) -> None:
         _check_bound("depthwise", xp, xp.shape == shape, out, out_shape)
-        if out.size and fn(xp.ctypes.data, *fixed, out.ctypes.data, *tail) != 0:
-            raise MemoryError("depthwise: no memory for the tap offsets")
+        if not out.size:
+            return
+        xpp, op = xp.ctypes.data, out.ctypes.data
+
+        def bands_of(calls):
+            for x_at, out_at, d in calls:
+                if fn(xpp + x_at, *fixed, op + out_at, d, *activation) != 0:
+                    raise MemoryError("depthwise: no memory for the tap offsets")
+        parallel([functools.partial(bands_of, c) for c in sets])
     return run
 
 
@@ -337,30 +356,71 @@ def gelu_erf(x: np.ndarray, constants: Sequence[float]) -> np.ndarray | None:
                        constants=np.array(constants, np.float64))
 
 
+#: what an element of GELU or sigmoid costs, in multiply-adds (for :func:`shares`)
+EXP_WORK = 16
+
+
 def _around_exp(x: np.ndarray, name: str, temporaries, flag: int = 0,
                 constants: np.ndarray | None = None) -> np.ndarray | None:
     """Kernels ``bevir_<name>_a_f32`` and ``_b_f32`` of float32 ``x``, block by block:
     the first writes the temporaries (exp's argument first), numpy's exp takes that in
-    place, the second writes the result. dims: the block's length, ``flag``."""
+    place, the second writes the result. dims: the block's length, ``flag``. The blocks
+    are shared among threads (numpy's exp lets go of the GIL too), each with its own
+    temporaries: every element's operations are the same."""
     if x.dtype != _F32 or not enabled():
         return None
-    flat = np.ascontiguousarray(x).reshape(-1)
+    flat = contiguous(x).reshape(-1)          # a transposed view copied natively
     out = np.empty_like(flat)
     dll = library()
     first, second = (getattr(dll, f"bevir_{name}_{p}_f32") for p in "ab")
-    temps = [np.empty(min(GELU_BLOCK, flat.size), t) for t in temporaries]
-    dims = (ctypes.c_int64 * 2)(0, flag)
     extra = () if constants is None else (constants.ctypes.data,)
+    parts = shares(flat.size * EXP_WORK)
+    block = max(1, min(GELU_BLOCK, -(-flat.size // parts)))
     # addresses taken once: a block's are its offsets from them (an array's .ctypes costs
     # microseconds, a block's kernels tens)
-    xp, op, tp, dp = flat.ctypes.data, out.ctypes.data, [t.ctypes.data for t in temps], \
-        ctypes.addressof(dims)
-    for i in range(0, flat.size, GELU_BLOCK):
-        n = dims[0] = min(GELU_BLOCK, flat.size - i)
-        first(xp + 4 * i, *tp, dp, *extra)
-        np.exp(temps[0][:n], out=temps[0][:n])
-        second(xp + 4 * i, *tp, op + 4 * i, dp, *extra)
+    xp, op = flat.ctypes.data, out.ctypes.data
+
+    def blocks(starts: range) -> None:
+        temps = [np.empty(min(block, flat.size), t) for t in temporaries]
+        tp = [t.ctypes.data for t in temps]
+        dims = (ctypes.c_int64 * 2)(0, flag)
+        for i in starts:
+            n = dims[0] = min(block, flat.size - i)
+            first(xp + 4 * i, *tp, ctypes.addressof(dims), *extra)
+            np.exp(temps[0][:n], out=temps[0][:n])
+            second(xp + 4 * i, *tp, op + 4 * i, ctypes.addressof(dims), *extra)
+    starts = range(0, flat.size, block)
+    parallel([functools.partial(blocks, starts[i::parts]) for i in range(min(parts, len(starts)))])
     return out.reshape(x.shape)
+
+
+#: what an element of a layer normalization costs, in multiply-adds (for :func:`shares`)
+LAYER_NORM_WORK = 8
+
+
+def layer_norm(x: np.ndarray, scale: np.ndarray | None, bias: np.ndarray | None,
+               epsilon: float) -> np.ndarray | None:
+    """Layer normalization over the last axis of C-contiguous float32 ``x`` as
+    kernels.norm's numpy code computes it (numpy's pairwise sums, in float32), ``scale``
+    and ``bias`` float32 [C] or None: the same bits, in bands of rows, one a thread. None
+    where no native kernel runs."""
+    c = x.shape[-1] if x.ndim else 0
+    if not (x.dtype == _F32 and x.flags.c_contiguous and c and x.size and enabled()
+            and all(p is None or (p.dtype == _F32 and p.shape == (c,) and p.flags.c_contiguous)
+                    for p in (scale, bias))):
+        return None
+    rows, out = x.size // c, np.empty_like(x)
+    fn, xp, op = library().bevir_layer_norm_f32, x.ctypes.data, out.ctypes.data
+    sp, bp = (None if p is None else p.ctypes.data for p in (scale, bias))
+    eps = _parameters(epsilon, 0.0)[1]         # float32(epsilon), as numpy's code adds it
+
+    def band(top: int, bottom: int) -> None:
+        dims = (ctypes.c_int64 * 2)(bottom - top, c)
+        if fn(xp + 4 * top * c, sp, bp, op + 4 * top * c, ctypes.addressof(dims), eps) != 0:
+            raise MemoryError("layer_norm: no memory for the squares")
+    parallel([functools.partial(band, *rows_)
+              for rows_ in bands(rows, min(rows, shares(x.size * LAYER_NORM_WORK)))])
+    return out
 
 
 #: below this many elements numpy's own transposition is as fast
@@ -423,12 +483,62 @@ def resize_bilinear(x: np.ndarray, taps: tuple[np.ndarray, ...], weights: tuple[
 
 def threads() -> int:
     """The threads BLAS runs on (OPENBLAS_NUM_THREADS, else OMP_NUM_THREADS, else the
-    processors this process may use): the native product has one."""
+    processors this process may use): the large native products and depthwise convolutions
+    run on as many (:func:`parallel`)."""
     for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
         value = os.environ.get(name, "")
         if value.isdigit() and int(value) > 0:
             return int(value)
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+#: the least work (multiply-adds) a thread of :func:`parallel` is given: handing a call to
+#: a thread and waiting for it costs 10-20 us, about a tenth to a fifth of this many
+PARALLEL_WORK = 1 << 20
+
+#: the worker threads of :func:`parallel` (this one runs a share too), made on first use:
+#: (how many, the pool)
+_POOL: list[tuple[int, ThreadPoolExecutor]] = []
+
+
+def _forget_pool() -> None:
+    # a forked child has none of its parent's threads: it makes its own pool
+    _POOL.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
+
+
+def shares(work: int) -> int:
+    """How many threads a native call of ``work`` multiply-adds is split over: up to
+    :func:`threads`, each given at least :data:`PARALLEL_WORK`."""
+    if work < 2 * PARALLEL_WORK:
+        return 1                            # without asking threads(): microseconds
+    return max(1, min(threads(), work // PARALLEL_WORK))
+
+
+def parallel(calls: Sequence[Callable[[], object]]) -> None:
+    """Run ``calls`` at once, each on its own thread (this one runs the first): native
+    calls writing apart, which let go of the GIL while they run (ctypes does), so each
+    result is what the call alone would write."""
+    if len(calls) > 1:
+        if not _POOL or _POOL[0][0] < len(calls) - 1:
+            _POOL[:] = [(len(calls) - 1, ThreadPoolExecutor(len(calls) - 1, "bevir-native"))]
+        futures = [_POOL[0][1].submit(call) for call in calls[1:]]
+        calls[0]()
+        for future in futures:
+            future.result()
+    elif calls:
+        calls[0]()
+
+
+def bands(n: int, parts: int, multiple: int = 1) -> list[tuple[int, int]]:
+    """``range(n)`` cut into up to ``parts`` consecutive (start, stop) bands of about
+    equal size, the inner bounds multiples of ``multiple`` (empty bands left out)."""
+    bounds = [0] + [min(n, round(n * i / parts / multiple) * multiple)
+                    for i in range(1, parts)] + [n]
+    return [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
 
 
 class GatherGemm:
@@ -492,22 +602,37 @@ class GatherGemm:
             raise ValueError(f"GatherGemm {g}x {self.m}x{self.k}x{self.n}: operands {b.shape}, "
                              f"{None if bias is None else bias.shape}")
         kernel, size, shape = library().bevir_gather_gemm_f32, self.size, (self.m, g * self.n)
-        # written transposed: image by image
+        # written transposed: image by image; each image (or the whole) in bands of rows,
+        # one a thread, of whole tiles of 6 rows
         image = self.transposed_by or max(self.m, 1)
-        dims = [(ctypes.c_int64 * 8)(image, *self.dims[1:]) for _ in range(0, self.m, image)]
+        parts = shares(self.m * self.k * g * self.n)
+        pieces = [(lo + top, bottom - top, 4 * (lo * shape[1] + top) if self.transposed_by
+                   else 4 * (lo + top) * shape[1])
+                  for lo in range(0, self.m, image)
+                  for top, bottom in bands(min(image, self.m - lo), parts, 6)]
+        # a band of a transposed image is no run of memory: the activation comes after
+        after = activation if self.transposed_by and parts > 1 and activation[0] >= 0 else None
+        act = NO_ACTIVATION if after else activation
+        dims = [(ctypes.c_int64 * 8)(rows, *self.dims[1:]) for _, rows, _ in pieces]
         calls = [(self._fixed[0] + 8 * lo, self._fixed[1], b.ctypes.data,
-                  None if bias is None else bias.ctypes.data, 4 * lo * shape[1],
-                  ctypes.addressof(d), self._tail[1], *activation)
-                 for lo, d in zip(range(0, self.m, image), dims)]
-        keep = (self, b, bias, dims)             # alive while the function is
+                  None if bias is None else bias.ctypes.data, at, ctypes.addressof(d),
+                  self._tail[1], *act) for (lo, _, at), d in zip(pieces, dims)]
+        whole = (ctypes.c_int64 * 2)(self.m * shape[1], after[0]) if after else None
+        keep = (self, b, bias, dims, whole)       # alive while the function is
+        sets = [calls[i::parts] for i in range(min(parts, len(calls)))]
 
         def product(a: np.ndarray, out: np.ndarray, _keep=keep) -> None:
             _check_bound("GatherGemm", a, a.size == size, out, shape)
             if not out.size:
                 return
             ap, op = a.ctypes.data, out.ctypes.data
-            for rows, offs, bp, biasp, at, *rest in calls:
-                kernel(ap, rows, offs, bp, biasp, op + at, *rest)
+
+            def run(calls):
+                for rows, offs, bp, biasp, at, *rest in calls:
+                    kernel(ap, rows, offs, bp, biasp, op + at, *rest)
+            parallel([functools.partial(run, c) for c in sets])
+            if whole is not None:
+                library().bevir_activation_f32(op, after[1], ctypes.addressof(whole))
         return product
 
     def __call__(self, a: np.ndarray, b: np.ndarray, bias: np.ndarray | None,
@@ -595,6 +720,11 @@ def random_like(a: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 #: key -> whether the native path gave the numpy path's bits (see :func:`agrees`)
 _AGREEMENT: dict = {}
 
+#: the results :func:`agrees` compares at least: a product of few results (a
+#: squeeze-excitation's 1x1 convolution on a 1x1 map: 2 of them) is tried on as many
+#: random operands as it takes, where two orders could round alike by chance
+AGREE_RESULTS = 256
+
 
 def agrees(key, native: Callable[..., np.ndarray | None], reference: Callable[..., np.ndarray],
            like: Sequence[np.ndarray | None]) -> bool:
@@ -603,16 +733,19 @@ def agrees(key, native: Callable[..., np.ndarray | None], reference: Callable[..
     shapes, dtypes, attributes) on random normal operands shaped and laid out in memory
     like ``like`` (None stays None; BLAS sums a transposed operand in another order than a
     contiguous one). ``native`` returns None where it cannot run: then False. Two
-    summation orders of random operands differ in almost every element, so one trial
-    tells them apart."""
+    summation orders of random operands differ in almost every element, so trials of
+    :data:`AGREE_RESULTS` results in all tell them apart."""
     verdict = _AGREEMENT.get(key)
     if verdict is None:
         rng = np.random.default_rng(0)
-        operands = [None if a is None else random_like(a, rng) for a in like]
-        got, want = native(*operands), reference(*operands)
-        verdict = (got is not None and got.dtype == want.dtype and got.shape == want.shape
-                   and np.array_equal(got.view(f"u{got.dtype.itemsize}"),
-                                      want.view(f"u{want.dtype.itemsize}")))
+        verdict, compared = True, 0
+        while verdict and compared < AGREE_RESULTS:
+            operands = [None if a is None else random_like(a, rng) for a in like]
+            got, want = native(*operands), reference(*operands)
+            verdict = (got is not None and got.dtype == want.dtype and got.shape == want.shape
+                       and np.array_equal(got.view(f"u{got.dtype.itemsize}"),
+                                          want.view(f"u{want.dtype.itemsize}")))
+            compared += want.size or AGREE_RESULTS       # an empty result: one trial
         _AGREEMENT[key] = verdict
     return verdict
 
@@ -680,9 +813,9 @@ def _self_check(dll) -> None:
     of maximum(-0, +0) the other way."""
     rng = np.random.default_rng(0)
     for dtype in _FLOATS:
-        x = rng.choice(np.array(_SPECIALS, dtype), (1, 3, 4, 37))
+        x = rng.choice(np.array(_SPECIALS, dtype), (1, 3, 6, 37))   # a row of 4 + 1 pixels
         w = rng.choice(np.array(_SPECIALS, dtype), (4, 37))
-        taps = [x[:, i:i + 2, j:j + 3] for i in range(2) for j in range(2)]
+        taps = [x[:, i:i + 2, j:j + 5] for i in range(2) for j in range(2)]
         with np.errstate(all="ignore"):
             conv, pool = taps[0] * w[0], taps[0]
             for t in range(1, 4):

@@ -38,40 +38,58 @@ static ptrdiff_t *tap_offsets(const int64_t *d) {
   typedef T V __attribute__((vector_size(BYTES), aligned(sizeof(T))));                    \
   static inline V V##_ld(const T *p) { V v; memcpy(&v, p, sizeof v); return v; }
 
+/* P pixels of an output row (their windows `step` elements apart from s, their results c
+ * apart from o) in one sweep over the taps: each tap's weights loaded once for the P, a
+ * vector of channels at a time, then one channel at a time; each pixel's products in tap
+ * order, the first stored, each next one added. */
+#define DEPTHWISE_PIXELS(V, T, P)                                                         \
+  {                                                                                       \
+    const int64_t lanes = sizeof(V) / sizeof(T);                                          \
+    int64_t k = 0;                                                                        \
+    for (; k + lanes <= c; k += lanes) {                                                  \
+      V a[P], w = V##_ld(wt + k);                                                         \
+      for (int p = 0; p < P; p++) a[p] = V##_ld(s + p * step + k) * w;                    \
+      for (int64_t t = 1; t < nt; t++) {                                                  \
+        w = V##_ld(wt + t * c + k);                                                       \
+        for (int p = 0; p < P; p++) a[p] = a[p] + V##_ld(s + p * step + off[t] + k) * w;  \
+      }                                                                                   \
+      for (int p = 0; p < P; p++) memcpy(o + p * c + k, &a[p], sizeof(V));                \
+    }                                                                                     \
+    for (; k < c; k++)                                                                    \
+      for (int p = 0; p < P; p++) {                                                       \
+        T a = s[p * step + k] * wt[k];                                                    \
+        for (int64_t t = 1; t < nt; t++) a = a + s[p * step + off[t] + k] * wt[t * c + k]; \
+        o[p * c + k] = a;                                                                 \
+      }                                                                                   \
+  }
+
 /* Depthwise convolution: out[b, y, x, c] = the products xp[tap, c] * wt[t, c] of the taps t
  * in (kh, kw) order, the first stored, each next one added (kernels.conv.depthwise_conv_nhwc).
- * Four vectors of channels stay in registers across the taps. (Where two NaNs meet in an
- * add, the compiler's operand order decides which one's sign and payload survive.) */
+ * Four pixels of a row at once (DEPTHWISE_PIXELS: the weights, loaded once for them, and
+ * the loads of the input are what bounds it), then one at a time. (Where two NaNs meet in
+ * an add, the compiler's operand order decides which one's sign and payload survive.) */
 #define DEPTHWISE(NAME, T)                                                                \
   VECTOR(NAME##_v, T, 32)                                                                 \
   int NAME(const T *xp, const T *wt, T *out, const int64_t *d) {                          \
-    const int64_t lanes = 32 / sizeof(T), c = d[3], nt = d[6] * d[7];                     \
+    const int64_t c = d[3], nt = d[6] * d[7], step = d[9] * c;                            \
     ptrdiff_t *off = tap_offsets(d);                                                      \
     if (!off) return -1;                                                                  \
-    FOR_EACH_PIXEL(T, xp, out, d, {                                                       \
-      int64_t k = 0;                                                                      \
-      for (; k + 4 * lanes <= c; k += 4 * lanes) {                                        \
-        NAME##_v a[4];                                                                    \
-        for (int v = 0; v < 4; v++)                                                       \
-          a[v] = NAME##_v_ld(s + k + v * lanes) * NAME##_v_ld(wt + k + v * lanes);        \
-        for (int64_t t = 1; t < nt; t++)                                                  \
-          for (int v = 0; v < 4; v++)                                                     \
-            a[v] = a[v] + NAME##_v_ld(s + off[t] + k + v * lanes)                         \
-                            * NAME##_v_ld(wt + t * c + k + v * lanes);                    \
-        memcpy(o + k, a, sizeof a);                                                       \
+    for (int64_t b = 0; b < d[0]; b++)                                                    \
+      for (int64_t y = 0; y < d[4]; y++) {                                                \
+        const T *row = xp + (b * d[1] + y * d[8]) * d[2] * c;                             \
+        T *orow = out + (b * d[4] + y) * d[5] * c;                                        \
+        int64_t x = 0;                                                                    \
+        for (; x + 4 <= d[5]; x += 4) {                                                   \
+          const T *s = row + x * step;                                                    \
+          T *o = orow + x * c;                                                            \
+          DEPTHWISE_PIXELS(NAME##_v, T, 4)                                                \
+        }                                                                                 \
+        for (; x < d[5]; x++) {                                                           \
+          const T *s = row + x * step;                                                    \
+          T *o = orow + x * c;                                                            \
+          DEPTHWISE_PIXELS(NAME##_v, T, 1)                                                \
+        }                                                                                 \
       }                                                                                   \
-      for (; k + lanes <= c; k += lanes) {                                                \
-        NAME##_v a = NAME##_v_ld(s + k) * NAME##_v_ld(wt + k);                            \
-        for (int64_t t = 1; t < nt; t++)                                                  \
-          a = a + NAME##_v_ld(s + off[t] + k) * NAME##_v_ld(wt + t * c + k);              \
-        memcpy(o + k, &a, sizeof a);                                                      \
-      }                                                                                   \
-      for (; k < c; k++) {                                                                \
-        T a = s[k] * wt[k];                                                               \
-        for (int64_t t = 1; t < nt; t++) a = a + s[off[t] + k] * wt[t * c + k];           \
-        o[k] = a;                                                                         \
-      }                                                                                   \
-    })                                                                                    \
     free(off);                                                                            \
     return 0;                                                                             \
   }
@@ -503,5 +521,57 @@ int bevir_sigmoid_b_f32(const float *restrict x, const float *restrict e, float 
     const float m = e[i] > one || e[i] != e[i] ? e[i] : one, s = m / den;
     out[i] = d[1] ? x[i] * s : s;
   }
+  return 0;
+}
+
+/* numpy's float32 add.reduce of a contiguous run of n: its pairwise sum (from +0 below 8
+ * elements; 8 accumulators up to 128, their sums paired; halves of a multiple of 8 above). */
+static float pairwise_sum_f32(const float *a, int64_t n) {
+  if (n < 8) {
+    float s = 0.0f;
+    for (int64_t i = 0; i < n; i++) s = s + a[i];
+    return s;
+  }
+  if (n <= 128) {
+    float r[8];
+    int64_t i;
+    for (int j = 0; j < 8; j++) r[j] = a[j];
+    for (i = 8; i < n - n % 8; i += 8)
+      for (int j = 0; j < 8; j++) r[j] = r[j] + a[i + j];
+    float s = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+    for (; i < n; i++) s = s + a[i];
+    return s;
+  }
+  int64_t half = n / 2;
+  half -= half % 8;
+  return pairwise_sum_f32(a, half) + pairwise_sum_f32(a + half, n - half);
+}
+
+/* Layer normalization of rows of c float32 (kernels.norm's numpy code): mean = (0 + the row's
+ * sum) / c, d = x - mean, var = (0 + the sum of d * d) / c, each sum numpy's
+ * (pairwise_sum_f32), out = d / sqrt(var + eps), then * scale[k] and + bias[k] where not NULL.
+ * dims: rows, c. Returns -1 (having written nothing) where no memory is left for the squares. */
+int bevir_layer_norm_f32(const float *x, const float *scale, const float *bias, float *out,
+                         const int64_t *d, const float *eps) {
+  const int64_t rows = d[0], c = d[1];
+  float *sq = malloc(sizeof(float) * (size_t)(c > 0 ? c : 1));
+  if (!sq) return -1;
+  for (int64_t r = 0; r < rows; r++) {
+    const float *xr = x + r * c;
+    float *o = out + r * c;
+    const float mean = (0.0f + pairwise_sum_f32(xr, c)) / (float)c;
+    for (int64_t k = 0; k < c; k++) {
+      o[k] = xr[k] - mean;
+      sq[k] = o[k] * o[k];
+    }
+    const float var = (0.0f + pairwise_sum_f32(sq, c)) / (float)c;
+    const float s = sqrtf(var + eps[0]);
+    for (int64_t k = 0; k < c; k++) o[k] = o[k] / s;
+    if (scale)
+      for (int64_t k = 0; k < c; k++) o[k] = o[k] * scale[k];
+    if (bias)
+      for (int64_t k = 0; k < c; k++) o[k] = o[k] + bias[k];
+  }
+  free(sq);
   return 0;
 }
