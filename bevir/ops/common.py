@@ -1,5 +1,6 @@
 """Small helpers shared by op definitions and their kernels (bevir.ops.kernels): type
-checks that raise VerifyError, the geometry of sliding windows, work kept per constant."""
+checks that raise VerifyError, the geometry of sliding windows, work kept per constant,
+the "rows" split of an op whose result ranges each read one operand range."""
 from __future__ import annotations
 
 import weakref
@@ -9,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import VerifyError
+from ..ir.opdef import Piece
 from ..ir.types import DType, Layout, TensorType
 
 
@@ -150,3 +152,30 @@ def level_shapes(shapes) -> list[tuple[int, int]]:
     """The (H, W) of each level of a multi-scale value, from its flat ``spatial_shapes``
     (H0, W0, H1, W1, ...)."""
     return [(int(shapes[i]), int(shapes[i + 1])) for i in range(0, len(shapes), 2)]
+
+
+class RangeMap:
+    """Mixin of an op with one operand whose result ranges along its :meth:`row_axes`
+    each read one range of that operand (the "rows" split: a reshape, a transpose, a
+    reduction): :meth:`operand_axis` says which axis (default: the same), :meth:`changed`
+    which attributes a piece changes."""
+
+    splits = ("rows",)
+
+    def region(self, c, axis: int, start: int, stop: int) -> Piece | None:
+        if axis not in self.row_axes(c):
+            return None
+        return Piece(((self.operand_axis(c, axis), start, stop),),
+                     self.changed(c, axis, stop - start))
+
+    def split_piece(self, c, kind: str, start: int, stop: int) -> Piece:
+        return self.region(c, self.split_axis(c, kind), start, stop)
+
+    def region_axes(self, c) -> dict[int, str]:
+        return {a: "rows" for a in self.row_axes(c)}
+
+    def operand_axis(self, c, axis: int) -> int:
+        return axis
+
+    def changed(self, c, axis: int, size: int) -> dict:
+        return {}

@@ -26,9 +26,9 @@ import math
 import numpy as np
 
 from ..errors import InterpreterError
-from ..ir.opdef import Bool, Int, Ints, OpDef, Piece, Str
+from ..ir.opdef import Bool, Int, Ints, OpDef, Str
 from ..ir.types import AffineQuant, DType, FixedPointQuant, Layout, Quant, TensorType
-from .common import broadcast_types, norm_axis, require
+from .common import RangeMap, broadcast_types, norm_axis, require
 from .cost import per_element
 from .numerics import Rescale, bridge_table, div_table, quantize_fixed, rshift_round, saturate
 from .onnx_export import bridge, divide_by_count, identity, qdq
@@ -423,7 +423,7 @@ class FxDiv(OpDef):
         return L.compute(out, fn)
 
 
-class FxReduceSum(OpDef):
+class FxReduceSum(RangeMap, OpDef):
     """Sum of i8 fixed x over ``axes`` (exact, int64), rshift_round to out_frac_bits and
     saturated: y = round_half_up(sum * 2**(out_frac_bits - f))."""
 
@@ -433,7 +433,6 @@ class FxReduceSum(OpDef):
     operands = ("x",)
     attrs = {"axes": Ints(), "keepdims": Bool(True), **OUT}
     mean = False
-    splits = ("rows",)
 
     def row_axes(self, c) -> tuple[int, ...]:
         """The result axes but the last that are the operand's axis of the same index and
@@ -446,16 +445,6 @@ class FxReduceSum(OpDef):
             return tuple(a for a in range(rank - 1) if a not in axes)
         return tuple(range(min(min(axes, default=0), out - 1)))
 
-    def region(self, c, axis: int, start: int, stop: int) -> Piece | None:
-        if axis not in self.row_axes(c):
-            return None
-        return Piece(((axis, start, stop),))
-
-    def split_piece(self, c, kind: str, start: int, stop: int) -> Piece:
-        return self.region(c, self.split_axis(c, kind), start, stop)
-
-    def region_axes(self, c) -> dict[int, str]:
-        return {a: "rows" for a in self.row_axes(c)}
 
     def infer(self, c, x):
         frac_of(x, "x")

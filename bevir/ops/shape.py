@@ -12,9 +12,9 @@ from math import prod
 import numpy as np
 
 from ..ir.types import DType, Layout, TensorType
-from ..ir.opdef import (Bool, FixedLowering, Float, Int, Ints, LayoutRule, OpDef, Piece, Str,
+from ..ir.opdef import (Bool, FixedLowering, Float, Int, Ints, LayoutRule, OpDef, Str,
                         Tensor)
-from .common import norm_axis, require, same_dtype
+from .common import RangeMap, norm_axis, require, same_dtype
 from . import native
 from .layout_rules import AXIS, axes_attr, layout_perm, pads_attr, permute_quant
 from .cost import view_cost
@@ -152,30 +152,7 @@ class Slice(OpDef):
                                                              for a, r in zip(i, ranges))])
 
 
-class _RangeMap:
-    """A data-movement op whose result ranges read one operand range each (the "rows"
-    split): :meth:`operand_axis` says which, :meth:`changed` which attributes a piece
-    changes."""
-
-    splits = ("rows",)
-
-    def region(self, c, axis: int, start: int, stop: int) -> Piece | None:
-        if axis not in self.row_axes(c):
-            return None
-        return Piece(((self.operand_axis(c, axis), start, stop),),
-                     self.changed(c, axis, stop - start))
-
-    def split_piece(self, c, kind: str, start: int, stop: int) -> Piece:
-        return self.region(c, self.split_axis(c, kind), start, stop)
-
-    def region_axes(self, c) -> dict[int, str]:
-        return {a: "rows" for a in self.row_axes(c)}
-
-    def changed(self, c, axis: int, size: int) -> dict:
-        return {}
-
-
-class Reshape(_RangeMap, OpDef):
+class Reshape(RangeMap, OpDef):
     name = "reshape"
     onnx_export = with_inputs("Reshape", "shape", allowzero=1)   # the shape is explicit
     cycle_cost = view_cost
@@ -250,7 +227,7 @@ class Flatten(OpDef):
     tvm_lowering = Reshape.tvm_lowering       # the same elements in the same order
 
 
-class Transpose(_RangeMap, OpDef):
+class Transpose(RangeMap, OpDef):
     name = "transpose"
     onnx_export = onnx_as("Transpose", {"perm": "perm"})
     moves_data = True
