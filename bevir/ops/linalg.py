@@ -138,7 +138,9 @@ class Convolution(Contraction):
         """Output stationary: one output pixel per PE (OH over rows, OW over columns),
         the MAC lanes across the input channels of a group, or across its output
         channels (depthwise convolutions, few input channels); or the pixels over the
-        rows and the output channels over the columns."""
+        rows and the output channels over the columns; or, as a matrix product's M/pes,
+        the pixels of all images over every PE in turn (the lanes across the input
+        channels), where OH and OW round up badly on the rows and columns."""
         n, o, oh, ow = nchw_dims(c.out_types[0])
         _, cg, kh, kw = c.in_types[1].shape
         og = o // c.groups
@@ -151,7 +153,9 @@ class Convolution(Contraction):
                 # small images: pixels down the rows, a group's output channels across
                 PEMapping("pixels x out-channels", ((n * oh * ow, "rows"), (og, "cols"),
                                                     (cg, "lanes")), c.groups * kh * kw, 1,
-                          (1,)))
+                          (1,)),
+                # e.g. 24 x 25 pixels: 768 PE slots where 32 x 32 rows x columns take 1024
+                PEMapping("pixels/pes", ((n * oh * ow, "pes"), (cg, "lanes")), o * kh * kw))
 
 
 def matmul_shape(a: TensorType, b: TensorType) -> tuple[int, ...]:

@@ -187,8 +187,8 @@ def test_fit_follows_a_mapping_that_changes_with_efficiency():
     """docs/target.md's conv (with a 16-byte broadcast bus) at half efficiency switches to
     its pixels x out-channels mapping: 900 MAC + 200 ALU cycles become 2200, above its 1800
     broadcast cycles, so 10 + 124 + 2200 = 2334. The first fit explains that with the
-    pixels/in-channels mapping (1496 cycles of work: 1496 / 2200); there the other mapping
-    wins, whose work (1100) gives 0.5, which reproduces the measurement."""
+    pixels/pes mapping (1208 cycles of work: 1208 / 2200); there the other mapping wins,
+    whose work (1100) gives 0.5, which reproduces the measurement."""
     hw = HWConfig(pe_rows=4, pe_cols=4, macs_per_pe=8, ocm_bytes_per_cycle=64,
                   broadcast_bytes_per_cycle=16, ddr_bytes_per_cycle=32,
                   ddr_latency_cycles=100, dma_burst_bytes=128, dma_setup_cycles=20,
@@ -197,7 +197,7 @@ def test_fit_follows_a_mapping_that_changes_with_efficiency():
     x = b.input("x", fx((1, 16, 10, 10), 4))
     w = b.const(np.ones((8, 16, 3, 3), np.int8), "w", fx((8, 16, 3, 3), 4))
     b.output("y", b.fx_conv2d(x, w, pads=(1,) * 4, out_frac_bits=4))
-    assert model(b.graph, hw).records[0].mapping == "pixels/in-channels"
+    assert model(b.graph, hw).records[0].mapping == "pixels/pes"
     m = measured(b.graph, hw.model_copy(update={"efficiency": {"conv": 0.5}}))
     assert m[0]["data"]["TotalCycles"] == 2334
     fit = fit_efficiency(b.graph, hw, m)

@@ -67,12 +67,17 @@ def test_conv_by_hand():
     mac_a, bcast_a = ceil(10, 4) * ceil(10, 4) * ceil(16, 8) * 8 * 9, ceil(wb * 9, 8)
     # pixels x out-channels: (OH*OW)/rows x O/cols x C/lanes tiles, KH*KW steps; 25 passes
     mac_c, bcast_c = ceil(100, 4) * ceil(8, 4) * ceil(16, 8) * 9, ceil(wb * 25, 8)
-    assert (mac_a, bcast_a, mac_c, bcast_c, ocm, ddr) == (1296, 1296, 900, 3600, 56, 176)
+    # pixels/pes: (OH*OW)/PEs x C/lanes tiles, O*KH*KW steps; 7 weight passes
+    mac_p, bcast_p = ceil(100, 16) * ceil(16, 8) * 8 * 9, ceil(wb * 7, 8)
+    assert (mac_a, bcast_a, mac_c, bcast_c, mac_p, bcast_p, ocm, ddr) == (
+        1296, 1296, 900, 3600, 1008, 1008, 56, 176)
     a, c = max(mac_a + alu, ocm, bcast_a), max(mac_c + alu, ocm, bcast_c)
+    p = max(mac_p + alu, ocm, bcast_p)
     assert c > a                     # fewer MACs, but broadcasting the weights 25 times loses
-    assert r.mapping == "pixels/in-channels" and r.own_cycles == own(a, ddr) == 1630
+    assert p < a                     # 112 PE slots for the 100 pixels where rows x cols take 144
+    assert r.mapping == "pixels/pes" and r.own_cycles == own(p, ddr) == 1342
     assert (r.terms["mac"], r.terms["alu"], r.terms["ocm"], r.terms["broadcast"],
-            r.terms["ddr"]) == (mac_a, alu, ocm, bcast_a, ddr)
+            r.terms["ddr"]) == (mac_p, alu, ocm, bcast_p, ddr)
     assert r.bound == "compute" and r.macs == 800 * 16 * 9 and r.ddr_bytes == xb + wb + yb
     assert r.utilisation == pytest.approx(r.macs / (r.own_cycles * 4 * 4 * 8))
 
