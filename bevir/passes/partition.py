@@ -192,6 +192,7 @@ class Route:
     axis: int | None = None
     parts: tuple[Part, ...] = ()
     via_gather: bool = False
+    joined_in_ddr: bool = False
 
 
 class Router:
@@ -215,8 +216,10 @@ class Router:
         results."""
         return 0 if v.producer is not None and lowerable(v.producer) else HOST
 
-    def route(self, v: Value, r: tuple[int, int, int] | None, core: int) -> Route:
-        """How ``core`` gets range ``r`` (axis, start, stop; None: all) of ``v``."""
+    def route(self, v: Value, r: tuple[int, int, int] | None, core: int,
+              shared: bool = False) -> Route:
+        """How ``core`` gets range ``r`` (axis, start, stop; None: all) of ``v``;
+        ``shared``: the reader is split over several cores."""
         t = v.type
         if r is None:
             axis, lo, hi = 0, 0, (t.shape[0] if t.rank else 1)
@@ -236,8 +239,9 @@ class Router:
             parts = tuple(Part(k, lo, hi, whole) for k in range(len(d.pieces)))
             return Route(core, nbytes, axis=axis, parts=parts)
         src = 0 if d.split else self.home(v)
+        joined = d.split and shared and all(n == 1 for n in t.shape[:d.axis])
         return Route(core, nbytes, axis=axis, parts=(Part(src, lo, hi, whole),),
-                     via_gather=d.split)
+                     via_gather=d.split, joined_in_ddr=joined)
 
 
 # ---- costs -------------------------------------------------------------------------------
@@ -281,6 +285,8 @@ class Coster:
             return 0, 0, [route.nbytes]
         wait = copies = 0
         moved: list[int] = []
+        if route.joined_in_ddr:       # each core stores its piece, this core loads all
+            return max(map(self.store, sizes.values())), 0, [route.nbytes]
         if route.via_gather:          # core 0 gathers the pieces, then this core reads it
             remote = [b for k, b in sizes.items() if k != 0]
             wait = max(map(self.store, remote), default=0) + self.copy(sum(sizes.values()),
@@ -326,7 +332,7 @@ def node_cost(node: Node, d: Decision, router: Router, coster: Coster) -> int:
         transfers: list[int] = []
         for v, r in zip(node.inputs, ranges):
             if v is not None:
-                w, c, moved = coster.route(router.route(v, r, k), _sizes(router, v))
+                w, c, moved = coster.route(router.route(v, r, k, d.split), _sizes(router, v))
                 wait, copies, transfers = max(wait, w), copies + c, transfers + moved
         per_core.append((wait + copies, coster.op(spec.node if spec else node).terms.busy,
                          transfers))

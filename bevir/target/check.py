@@ -102,6 +102,12 @@ class _Replay:
     # ---- reads and writes ---------------------------------------------------------------
     def read(self, step: Step | None, mem: str, core: int, offset: int, name: str,
              what: str) -> None:
+        joined = self.memory.joined.get(self.tag(name)) if mem == "ddr" else None
+        if joined:                      # a gather's view: its pieces, end to end
+            for piece, _ in joined:
+                self.read(step, mem, core, offset, piece, what)
+                offset += self.values[piece].type.nbytes
+            return
         span = self.span(offset, name)
         for job in self.jobs[core] if mem == "ocm" else ():
             if _overlaps(span, job.dst):
@@ -217,7 +223,7 @@ class _Replay:
                 self.read(step, a.place.mem, core, a.place.offset, a.value, "the kernel")
             for a in step.args[operands:]:
                 self.write(step, a.place.mem, core, a.place.offset, a.value)
-        elif step.view:
+        elif step.view and node.output.name not in memory.joined:
             x = node.inputs[0]
             self.read(step, "ddr", core, memory.ddr[x.name], x.name, "the view")
         for t in step.stores:

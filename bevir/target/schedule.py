@@ -22,7 +22,9 @@ Every DDR <-> OCM movement is explicit here: a step's ``loads`` and ``stores``, 
 any op of an unplanned graph). :attr:`Step.ddr_bytes` is their sum. An op that only
 renames a row-major tensor's bytes (a reshape) with both its operand and its result in DDR
 is a view: its result is its operand's DDR slot, and its step moves nothing and calls no
-kernel (it waits for its operand and publishes its result).
+kernel (it waits for its operand and publishes its result). So is a ``core_gather`` whose
+result crosses DDR anyway (:func:`joined_in_ddr`): its pieces' producers store them into
+their ranges of its slot, and its readers wait for the pieces, not for the gathering core.
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ from dataclasses import dataclass, field
 from ..errors import BevirError
 from ..ir.graph import Graph, Node, Value
 from ..ir.types import DType, Layout
+from ..ops.common import norm_axis
 from ..ops.cost import view_cost
 
 ALIGN = 64
@@ -119,19 +122,50 @@ def host_round_trips(graph: Graph) -> list[list[Node]]:
             if not dev and any(d for d, _ in st[:k]) and any(d for d, _ in st[k + 1:])]
 
 
+def joined_in_ddr(node: Node) -> bool:
+    """Whether ``node`` is a ``core_gather`` whose result is a view of its pieces in DDR:
+    each piece's producer stores it straight into its range of the result's DDR slot, and
+    every reader waits for the pieces and loads the result, so nothing passes through the
+    gathering core. So it is where the result is read on another core or by the host (it
+    crosses DDR anyway) and the pieces lie end to end in it (no axis before the joined one
+    is longer than 1); each piece is made on the device, by a node that is not a view of
+    another value's bytes, and is joined by no other gather."""
+    if node.op != "core_gather":
+        return False
+    out = node.output
+    axis = norm_axis(node.attrs["axis"], out.type.rank)
+    if any(d != 1 for d in out.type.shape[:axis]) or len({id(x) for x in node.inputs}) != len(
+            node.inputs):
+        return False
+    for x in node.inputs:
+        p = x.producer
+        if (p is None or not lowerable(p) or p.op == "barrier" or renames(p)
+                or joined_in_ddr(p)
+                or any(u is not node and u.op == "core_gather" for u, _ in x.uses)):
+            return False
+    core = core_of(node)
+    graph_outputs = node.graph.outputs.values() if node.graph is not None else ()
+    return (any(not lowerable(u) or core_of(u) != core for u, _ in out.uses)
+            or any(o is out for o in graph_outputs))
+
+
 def reads_in_place(node: Node, v: Value) -> bool:
     """Whether ``node`` reads operand ``v`` where it lies in DDR instead of from its core's
     OCM: a ranged op (``core_slice``, ``core_gather``) reading a value made on another
-    core, by the host, or a graph input or constant moves only the range it takes."""
+    core, by the host, or a graph input or constant, or a gather's view of its pieces in
+    DDR (:func:`joined_in_ddr`), moves only the range it takes."""
     if not node.opdef.in_place_ranges:
         return False
     p = v.producer
-    return p is None or not lowerable(p) or core_of(p) != core_of(node)
+    return p is None or not lowerable(p) or core_of(p) != core_of(node) or joined_in_ddr(p)
 
 
 def held_tensors(node: Node) -> list[Value]:
     """The operands and results ``node`` holds in its core's OCM when they are planned
-    there: all but those it reads in place (:func:`reads_in_place`)."""
+    there: all but those it reads in place (:func:`reads_in_place`); nothing for a gather
+    that is a view of its pieces in DDR (:func:`joined_in_ddr`)."""
+    if joined_in_ddr(node):
+        return []
     return [v for v in node.inputs if v is not None and not reads_in_place(node, v)] + \
         list(node.outputs)
 
@@ -185,6 +219,8 @@ class MemoryMap:
     flags: dict[str, int] = field(default_factory=dict)            # value -> flag index
     ddr_size: int = 0
     views: dict[str, str] = field(default_factory=dict)    # value -> the value it views
+    joined: dict[str, list[tuple[str, int]]] = field(default_factory=dict)  # value ->
+    # its pieces and the cores that make them (:func:`joined_in_ddr`)
 
     def place(self, v: Value, core: int) -> Place:
         """Where ``core`` addresses ``v``: its OCM when it holds it there, else DDR."""
@@ -197,6 +233,16 @@ class MemoryMap:
             return
         self.ddr[v.name] = self.ddr_size
         self.ddr_size += -(-v.type.nbytes // ALIGN) * ALIGN
+
+    def add_joined(self, v: Value, pieces: list[Value], cores: list[int]) -> None:
+        """A gather's result in DDR, its pieces (made on ``cores``) end to end in its slot
+        (:func:`joined_in_ddr`)."""
+        self.add_ddr(v)
+        self.joined[v.name] = [(x.name, c) for x, c in zip(pieces, cores)]
+        at = self.ddr[v.name]
+        for x in pieces:
+            self.ddr[x.name] = at
+            at += x.type.nbytes
 
 
 # ---- what a core does -------------------------------------------------------------------
@@ -337,12 +383,16 @@ def memory_map(graph: Graph, device: set[int], cores: int) -> MemoryMap:
     for n in graph.nodes:
         if id(n) in device and ddr_view(n, mm):
             mm.views[n.output.name] = n.inputs[0].name
+        if id(n) in device and joined_in_ddr(n):     # its readers read its pieces
+            mm.add_joined(n.output, n.inputs, [producer_core(x, device) for x in n.inputs])
+            for x in n.inputs:
+                readers[x.name] |= readers.get(n.output.name, set())
     for v in touched.values():
         p = producer_core(v, device)
         others = readers.get(v.name, set()) - {p, None}
-        if p is None or (v.name, p) not in mm.ocm or others:
+        if v.name not in mm.ddr and (p is None or (v.name, p) not in mm.ocm or others):
             mm.add_ddr(v)
-        if p is not None and others - {"host"}:
+        if p is not None and others - {"host"} and v.name not in mm.joined:
             mm.flags[v.name] = len(mm.flags)
     return mm
 
@@ -371,9 +421,13 @@ class _CorePlanner:
         ``nbytes``: the bytes the node reads of it."""
         p = producer_core(v, self.device)
         place = self.memory.place(v, self.core)
-        if p != self.core and v.name not in self.waited and v.name in self.memory.flags:
-            self.waited.add(v.name)
-            step.waits.append(v.name)
+        made = self.memory.joined.get(v.name, [(v.name, p)])
+        for name, core in made:          # a gather's view in DDR: its pieces' flags
+            if core != self.core and name not in self.waited and name in self.memory.flags:
+                self.waited.add(name)
+                step.waits.append(name)
+        if v.name in self.memory.joined:
+            p = None                   # made in DDR by the pieces' stores: every core loads it
         if place.mem == "ocm" and p != self.core and v.name not in self.on_chip:
             self.on_chip.add(v.name)
             step.loads.append(Transfer(v.name, self.core, "load", v.type.nbytes, place.offset,
@@ -401,6 +455,9 @@ class _CorePlanner:
                 if producer_core(x, self.device) == self.core:
                     step.copies.append((self.operand(x, step, x.type.nbytes),
                                         self.result(y, step)))
+            return step
+        if n.output.name in self.memory.joined:    # its pieces' stores made it
+            step.view = True
             return step
         if n.output.name in self.memory.views:     # a view: only its operand's flag
             self.operand(n.inputs[0], step, 0)

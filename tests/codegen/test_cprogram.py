@@ -22,6 +22,7 @@ from bevir.flows.sweep import model_point
 from bevir.flows.target import compile_program, hw_config, simulate
 from bevir.passes import make_pass
 from bevir.target import HWConfig, model
+from bevir.target.schedule import joined_in_ddr, lowerable
 from bevir.testing import assert_bit_exact
 from tests.shared import (FREE_SYNC, GRAPHS, assert_counted_as_modelled, check_trace,
                           partitioned, planned, program_nodes)
@@ -44,8 +45,11 @@ def test_per_core_programs_are_bit_exact_and_count_what_the_model_charges(
         assert m["ocm"] and all(e["offset"] == next(o["offset"] for o in
                                 g.value(e["value"]).meta["ocm"] if o["core"] == e["core"])
                                 for e in m["ocm"])
-    if cores > 1 and any(n.meta.get("piece") for n in g.nodes):
+    if cores > 1 and any(n.op == "core_gather" and not joined_in_ddr(n) for n in g.nodes):
         assert any(s["waits"] for s in steps)          # the cores exchange values
+    for n in g.nodes:           # a join only the host reads: the pieces' stores make it
+        if joined_in_ddr(n) and all(not lowerable(u) for u, _ in n.output.uses):
+            assert not any(s["waits"] for s in steps if s["node"] == n.name)
     counts = assert_counted_as_modelled(program, HWConfig.parse("qc-u").with_cores(cores))
     assert counts["ddr_bytes"] > 0
 
