@@ -18,14 +18,17 @@ on chip.
 Which ops: a run of consecutive ops that compute images alone is cut after its last op
 whose tensors, split over the cores, exceed ``budget`` of a core's OCM: the later ops
 (ResNet's last stage: small activations, large weights) run on the whole batch, loading
-each weight once instead of once per stripe. How many images a stripe holds: as many (a
-divisor of the batch) as keep each op's tensors within the budget and as few as any later
-op of the run needs, so deeper layers, whose images are smaller, run wider stripes (a
-group per width); of the widths that fit, the narrowest, unless the cycle model finds a
-wider one fills the array's rows (a stripe of a few rows split over the cores leaves most
-of a 16-row array idle). A group's weights are read by each of its stripes: the memory plan
-keeps them resident while the group runs, and a group whose weights would not fit beside
-its activations is cut in consecutive groups that do (where what crosses the cut fits).
+each weight once instead of once per stripe; unless the cycle model finds that taking some
+of them into the group costs less than the join they spare (an attention's 16-bit
+probabilities, head by head, joined after the product with the values instead). How many
+images a stripe holds: as many (a divisor of the batch) as keep each op's tensors within
+the budget and as few as any later op of the run needs, so deeper layers, whose images are
+smaller, run wider stripes (a group per width); of the widths that fit, the narrowest,
+unless the cycle model finds a wider one fills the array's rows (a stripe of a few rows
+split over the cores leaves most of a 16-row array idle). A group's weights are read by
+each of its stripes: the memory plan keeps them resident while the group runs, and a group
+whose weights would not fit beside its activations is cut in consecutive groups that do
+(where what crosses the cut fits).
 
 Cascades: the groups of a run (narrow stripes, then wider ones) run interleaved, each
 stripe as soon as the images it reads are made: two one-image stripes, then the two-image
@@ -128,7 +131,8 @@ def groups(graph: Graph, budget: int, cores: int, hw: HWConfig | None = None) ->
             continue
         large = [k for k, n in enumerate(run) if working_set(n) > budget * cores]
         cascade = out[-1].cascade + 1 if out else 0
-        for group in stripes_of(run[:large[-1] + 1], budget * cores, cores, hw) if large else ():
+        end = _end(run, large[-1], cores, hw) if large else 0
+        for group in stripes_of(run[:end + 1], budget * cores, cores, hw) if large else ():
             cut = by_weights(group, hw.ocm_per_core - budget if hw else None, budget, cores)
             for k, part in enumerate(cut):
                 part.widths = group.widths if len(cut) == 1 else {
@@ -138,6 +142,33 @@ def groups(graph: Graph, budget: int, cores: int, hw: HWConfig | None = None) ->
             out += cut
         run = [node] if node is not None and by_image(node) else []
     return out
+
+
+def _end(run: list[Node], last: int, cores: int, hw: HWConfig | None) -> int:
+    """The last op of the group a run's striped ops make: its last large op (``last``), or
+    a later one where the cycle model finds that running the ops between one image a
+    stripe costs less than joining the results read after the group would save (the join
+    of an attention's probabilities, head by head, where the product with the values that
+    follows makes a result 28 times smaller)."""
+    if hw is None:
+        return last
+    batch = run[0].output.type.shape[0]
+    graph = run[0].graph
+    outputs = {id(v) for v in graph.outputs.values()} if graph is not None else set()
+    inside: set[int] = set()
+    def joins(k: int) -> int:           # the OCM cycles joining what leaves run[:k + 1]
+        inside.update(id(n) for n in run[:k + 1])
+        out = sum(n.output.type.nbytes for n in run[:k + 1] if id(n.output) in outputs
+                  or any(id(u) not in inside for u, _ in n.output.uses))
+        return 2 * out // (cores * hw.ocm_bytes_per_cycle)
+    best, best_cost, extra = last, joins(last), 0
+    for k in range(last + 1, len(run)):
+        extra += (stripe_cycles([run[k]], 1, cores, hw)
+                  - stripe_cycles([run[k]], batch, cores, hw))
+        cost = extra + joins(k)
+        if cost < best_cost:
+            best, best_cost = k, cost
+    return best
 
 
 def by_weights(group: Group, weights: int | None, budget: int, cores: int) -> list[Group]:
