@@ -749,6 +749,40 @@ def test_native_layer_norm_bits_are_numpys(shape, threads, monkeypatch, rng):
     assert ran, "the native kernel ran"
 
 
+@pytest.mark.parametrize("layout", [Layout.nhwc, Layout.plain], ids=str)
+@pytest.mark.parametrize("hw", [(1, 3), (2, 2), (3, 3), (80, 80), (5, 5)], ids=str)
+def test_native_global_mean_bits_are_numpys(hw, layout, monkeypatch, rng):
+    """global_avgpool natively (onnxruntime's four lanes, from +0 as numpy's reduce, the
+    S % 4 tail): the same bits as numpy's code in either layout, fewer than four elements
+    too, with infinities, NaNs, -0, subnormals, and all -0 channels (+0 means)."""
+    c = 21
+    x = (rng.standard_normal((2, *hw, c) if layout is Layout.nhwc else (2, c, *hw)) * 5
+         ).astype(np.float32)
+    flat = x.reshape(-1)
+    flat[::97], flat[5::101], flat[11::107], flat[13::109] = np.nan, np.inf, -0.0, 1e-40
+    x[(..., slice(2)) if layout is Layout.nhwc else (slice(None), slice(2))] = -0.0
+    ran = count_calls(monkeypatch, "bevir_global_mean_f32")
+    b = Builder("pool")
+    b.output("y", b.global_avgpool(b.input("x", TensorType.of(x, layout))))
+    runs = {}
+    for on in ("1", "0"):
+        monkeypatch.setenv("BEVIR_NATIVE", on)
+        with np.errstate(invalid="ignore", over="ignore"):
+            runs[on] = bevir.run(b.graph, {"x": x})["y"]
+    same_numbers(runs["1"], runs["0"])
+    assert ran, "the native kernel ran"
+
+
+def test_address_is_the_data_pointer_of_any_array():
+    """native.address: the data pointer of a C-contiguous, a transposed, a sliced, a
+    read-only and an empty array alike."""
+    a = np.arange(24, dtype=np.float32).reshape(4, 6)
+    frozen = a.copy()
+    frozen.setflags(write=False)
+    for v in (a, a.T, a[1:, 2:], frozen, np.zeros(0, np.float32), a[2]):
+        assert native.address(v) == v.ctypes.data
+
+
 @pytest.mark.parametrize("view", ["nhwc_of_nchw", "strided"])
 @pytest.mark.parametrize("op", ["sigmoid", "silu"])
 def test_native_sigmoid_of_a_view_lies_in_memory_as_numpys(op, view, monkeypatch, rng):

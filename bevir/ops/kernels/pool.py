@@ -72,7 +72,14 @@ def mlas_global_mean(x: np.ndarray, channels_last: bool = False) -> np.ndarray:
 
     numpy's add.reduce adds row after row along any axis but the contiguous one (there it
     sums pairwise), so the lanes are laid out with the spatial steps outermost: a view of
-    channels-last data, a byte copy of 4-element units of channels-first data."""
+    channels-last data, a byte copy of 4-element units of channels-first data; natively
+    (float32) the same adds in the same order."""
+    mean = native.global_mean(x, channels_last)
+    return numpy_global_mean(x, channels_last) if mean is None else mean
+
+
+def numpy_global_mean(x: np.ndarray, channels_last: bool = False) -> np.ndarray:
+    """:func:`mlas_global_mean` by numpy's reductions."""
     if channels_last:
         n, s, ch = x.shape
         body = s - s % 4

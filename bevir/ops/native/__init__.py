@@ -107,6 +107,7 @@ def library() -> ctypes.CDLL | None:
             dll.bevir_depthwise_epilogue_f32.argtypes = [ctypes.c_void_p] * 5 + [
                 ctypes.c_int64, ctypes.c_void_p]
             dll.bevir_layer_norm_f32.argtypes = [ctypes.c_void_p] * 6
+            dll.bevir_global_mean_f32.argtypes = [ctypes.c_void_p] * 4
             _self_check(dll)
             return dll
         except _Unavailable as e:
@@ -120,9 +121,20 @@ def has_vnni() -> bool:
     return enabled() and library().vnni
 
 
+def address(a: np.ndarray) -> int:
+    """The address of ``a``'s data for a kernel call (the caller keeps ``a`` alive): read
+    through a ctypes view of its buffer where it is C-contiguous, writable and not empty,
+    a third of what ``a.ctypes.data`` costs (it builds an object: a microsecond, paid
+    twice or thrice by every small kernel call), else from ``a.ctypes``."""
+    try:
+        return ctypes.addressof(ctypes.c_char.from_buffer(a))
+    except (TypeError, ValueError, BufferError):
+        return a.ctypes.data
+
+
 def _pointers(*arrays: np.ndarray) -> list[ctypes.c_void_p]:
     """The data pointers of ``arrays`` for a kernel call (the caller keeps them alive)."""
-    return [ctypes.c_void_p(a.ctypes.data) for a in arrays]
+    return [ctypes.c_void_p(address(a)) for a in arrays]
 
 
 _F32 = np.dtype(np.float32)
@@ -139,7 +151,8 @@ _KERNELS = [f"bevir_depthwise_{_SUFFIX[t]}" for t in _FLOATS] + [
     "bevir_gather_mac_i8", "bevir_gather_mac_i16", "bevir_u8s8_gemm", "bevir_gather_gemm_f32",
     "bevir_resize_bilinear_f32", "bevir_activation_f32", "bevir_depthwise_epilogue_f32",
     "bevir_gelu_erf_a_f32", "bevir_gelu_erf_b_f32", "bevir_sigmoid_a_f32",
-    "bevir_sigmoid_b_f32", "bevir_im2col_u32", "bevir_layer_norm_f32"] + [
+    "bevir_sigmoid_b_f32", "bevir_im2col_u32", "bevir_layer_norm_f32",
+    "bevir_global_mean_f32"] + [
     f"bevir_transpose_u{8 * w}" for w in (1, 2, 4, 8)]
 
 
@@ -246,7 +259,7 @@ def bind_depthwise(shape: tuple[int, ...], wt: np.ndarray, bias: np.ndarray | No
         _check_bound("depthwise", xp, xp.shape == shape, out, out_shape)
         if not out.size:
             return
-        xpp, op = xp.ctypes.data, out.ctypes.data
+        xpp, op = address(xp), address(out)
 
         def bands_of(calls):
             for x_at, out_at, d in calls:
@@ -332,7 +345,7 @@ def activation(op: str, attrs, y: np.ndarray) -> bool:
     if not block.flags.c_contiguous:
         return False
     dims = (ctypes.c_int64 * 2)(y.size, code[0])
-    library().bevir_activation_f32(block.ctypes.data, code[1], ctypes.addressof(dims))
+    library().bevir_activation_f32(address(block), code[1], ctypes.addressof(dims))
     return True
 
 
@@ -378,11 +391,11 @@ def _around_exp(x: np.ndarray, name: str, temporaries, flag: int = 0,
     block = max(1, min(GELU_BLOCK, -(-flat.size // parts)))
     # addresses taken once: a block's are its offsets from them (an array's .ctypes costs
     # microseconds, a block's kernels tens)
-    xp, op = flat.ctypes.data, out.ctypes.data
+    xp, op = address(flat), address(out)
 
     def blocks(starts: range) -> None:
         temps = [np.empty(min(block, flat.size), t) for t in temporaries]
-        tp = [t.ctypes.data for t in temps]
+        tp = [address(t) for t in temps]
         dims = (ctypes.c_int64 * 2)(0, flag)
         for i in starts:
             n = dims[0] = min(block, flat.size - i)
@@ -392,6 +405,25 @@ def _around_exp(x: np.ndarray, name: str, temporaries, flag: int = 0,
     starts = range(0, flat.size, block)
     parallel([functools.partial(blocks, starts[i::parts]) for i in range(min(parts, len(starts)))])
     return out.reshape(x.shape)
+
+
+def global_mean(x: np.ndarray, channels_last: bool) -> np.ndarray | None:
+    """kernels.pool.mlas_global_mean of C-contiguous float32 ``x`` [N, S, C] (channels last)
+    or [N, C, S]: onnxruntime's four lanes and their order, natively, [N, C]; None where no
+    native kernel runs (numpy's reductions cost more in calls than in adds on the small
+    maps of squeeze-excite blocks)."""
+    if not (x.dtype == _F32 and x.ndim == 3 and x.flags.c_contiguous and enabled()
+            and library().global_mean):
+        return None
+    return _global_mean(library(), x, channels_last)
+
+
+def _global_mean(dll, x: np.ndarray, channels_last: bool) -> np.ndarray:
+    n, s, c = x.shape if channels_last else (x.shape[0], x.shape[2], x.shape[1])
+    out, lanes = np.empty((n, c), np.float32), np.empty((4, c), np.float32)
+    dll.bevir_global_mean_f32(*_pointers(x, out, lanes),
+                              (ctypes.c_int64 * 4)(n, s, c, int(channels_last)))
+    return out
 
 
 #: what an element of a layer normalization costs, in multiply-adds (for :func:`shares`)
@@ -410,7 +442,7 @@ def layer_norm(x: np.ndarray, scale: np.ndarray | None, bias: np.ndarray | None,
                     for p in (scale, bias))):
         return None
     rows, out = x.size // c, np.empty_like(x)
-    fn, xp, op = library().bevir_layer_norm_f32, x.ctypes.data, out.ctypes.data
+    fn, xp, op = library().bevir_layer_norm_f32, address(x), address(out)
     sp, bp = (None if p is None else p.ctypes.data for p in (scale, bias))
     eps = _parameters(epsilon, 0.0)[1]         # float32(epsilon), as numpy's code adds it
 
@@ -625,7 +657,7 @@ class GatherGemm:
             _check_bound("GatherGemm", a, a.size == size, out, shape)
             if not out.size:
                 return
-            ap, op = a.ctypes.data, out.ctypes.data
+            ap, op = address(a), address(out)
 
             def run(calls):
                 for rows, offs, bp, biasp, at, *rest in calls:
@@ -831,6 +863,7 @@ def _self_check(dll) -> None:
     _self_check_integers(dll, rng)
     _self_check_gemm(dll, rng)
     _self_check_activations(dll)
+    _self_check_global_mean(dll)
 
 
 def _self_check_integers(dll, rng) -> None:
@@ -873,6 +906,23 @@ def _self_check_gemm(dll, rng) -> None:
         acc = (acc + a[:, k, None].astype(np.float64) * b[k]).astype(np.float32).astype(np.float64)
     if not np.array_equal(out, acc.astype(np.float32) + bias):
         raise _Unavailable("gather_gemm differs from fused multiply-adds")
+
+
+def _self_check_global_mean(dll) -> None:
+    """The global mean against its numpy code on special values and channels of -0 (whose
+    sum numpy's reduce starts from +0): where it differs, that kernel is off."""
+    from ..kernels.pool import numpy_global_mean     # which imports this module
+    x = np.resize(np.array(_SPECIALS + [-1.0, 0.25, 2.9], np.float32), (2, 7, 11))
+    x[:, :, :3] = x[:, :3] = -0.0
+    dll.global_mean = True
+    for channels_last in (True, False):
+        with np.errstate(all="ignore"):
+            want, got = numpy_global_mean(x, channels_last), _global_mean(dll, x, channels_last)
+        nan = np.isnan(want)
+        if not (np.array_equal(np.isnan(got), nan)
+                and got[~nan].tobytes() == want[~nan].tobytes()):
+            dll.global_mean = False
+            return
 
 
 def _self_check_activations(dll) -> None:

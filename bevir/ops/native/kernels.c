@@ -575,3 +575,40 @@ int bevir_layer_norm_f32(const float *x, const float *scale, const float *bias, 
   free(sq);
   return 0;
 }
+
+/* onnxruntime's float GlobalAveragePool (kernels.pool.mlas_global_mean) of x [N, S, C] where
+ * channels_last, else [N, C, S]: per image and channel, four lanes, lane j the sum of
+ * elements j, j + 4, ... in order onto +0 (as numpy's add.reduce adds row after row from its
+ * identity), the lanes added as (l0 + l2) + (l1 + l3), the last S % 4 elements added one by
+ * one, the sum divided by S. out: [N, C]. dims: N, S, C, channels_last. lanes: 4 * C floats
+ * of scratch (channels last). */
+int bevir_global_mean_f32(const float *x, float *out, float *lanes, const int64_t *d) {
+  const int64_t N = d[0], S = d[1], C = d[2], body = S - S % 4;
+  for (int64_t n = 0; n < N; n++, x += S * C, out += C) {
+    if (d[3]) {
+      /* four rows of channels, one a lane, lie as the lanes do: one run of 4 * C adds */
+      for (int64_t k = 0; k < 4 * C; k++) lanes[k] = 0.0f;
+      for (int64_t i = 0; i < body; i += 4) {
+        const float *restrict rows = x + i * C;
+        float *restrict l = lanes;
+        for (int64_t k = 0; k < 4 * C; k++) l[k] = l[k] + rows[k];
+      }
+      for (int64_t c = 0; c < C; c++) {
+        float total = (lanes[c] + lanes[2 * C + c]) + (lanes[C + c] + lanes[3 * C + c]);
+        for (int64_t i = body; i < S; i++) total = total + x[i * C + c];
+        out[c] = total / (float)S;
+      }
+    } else {
+      for (int64_t c = 0; c < C; c++) {
+        const float *row = x + c * S;
+        float l[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int64_t i = 0; i < body; i += 4)
+          for (int j = 0; j < 4; j++) l[j] = l[j] + row[i + j];
+        float total = (l[0] + l[2]) + (l[1] + l[3]);
+        for (int64_t i = body; i < S; i++) total = total + row[i];
+        out[c] = total / (float)S;
+      }
+    }
+  }
+  return 0;
+}
