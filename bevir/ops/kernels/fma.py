@@ -133,14 +133,15 @@ def depthwise_runner(shape, w: np.ndarray, b: np.ndarray | None, layout: Layout,
     n, ch, hp, wp, oh, ow = conv_geometry(shape, layout, (kh, kw), strides, pads, dilations)
     if ch != o or w.dtype != np.float32 or (b is not None and b.dtype != np.float32):
         return None
-    product = native.bind_depthwise((n, hp, wp, ch), tap_weights(w), b, (n, oh, ow, o),
-                                    (kh, kw), tuple(strides), tuple(dilations), activation)
+    shape = (n, hp - pads[0] - pads[2], wp - pads[1] - pads[3], ch)      # unpadded
+    product = native.bind_depthwise(shape, tap_weights(w), b, (n, oh, ow, o), (kh, kw),
+                                    tuple(strides), tuple(pads), tuple(dilations), activation)
     if product is None:
         return None
 
     def run(x: np.ndarray) -> np.ndarray:
         out = np.empty((n, oh, ow, o), np.float32)
-        product(native.contiguous(pad_nhwc(to_nhwc(x, layout), pads)), out)
+        product(native.contiguous(to_nhwc(x, layout)), out)       # the padding read in place
         return from_nhwc(out, layout)
     return run
 

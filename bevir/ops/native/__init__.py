@@ -104,7 +104,7 @@ def library() -> ctypes.CDLL | None:
             dll.bevir_gelu_erf_b_f32.argtypes = [ctypes.c_void_p] * 6
             dll.bevir_sigmoid_a_f32.argtypes = [ctypes.c_void_p] * 3
             dll.bevir_sigmoid_b_f32.argtypes = [ctypes.c_void_p] * 4
-            dll.bevir_depthwise_epilogue_f32.argtypes = [ctypes.c_void_p] * 5 + [
+            dll.bevir_depthwise_conv_f32.argtypes = [ctypes.c_void_p] * 5 + [
                 ctypes.c_int64, ctypes.c_void_p]
             dll.bevir_layer_norm_f32.argtypes = [ctypes.c_void_p] * 6
             dll.bevir_global_mean_f32.argtypes = [ctypes.c_void_p] * 4
@@ -149,7 +149,7 @@ _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 _KERNELS = [f"bevir_depthwise_{_SUFFIX[t]}" for t in _FLOATS] + [
     f"bevir_maxpool_{suffix}" for suffix in _SUFFIX.values()] + [
     "bevir_gather_mac_i8", "bevir_gather_mac_i16", "bevir_u8s8_gemm", "bevir_gather_gemm_f32",
-    "bevir_resize_bilinear_f32", "bevir_activation_f32", "bevir_depthwise_epilogue_f32",
+    "bevir_resize_bilinear_f32", "bevir_activation_f32", "bevir_depthwise_conv_f32",
     "bevir_gelu_erf_a_f32", "bevir_gelu_erf_b_f32", "bevir_sigmoid_a_f32",
     "bevir_sigmoid_b_f32", "bevir_im2col_u32", "bevir_layer_norm_f32",
     "bevir_global_mean_f32"] + [
@@ -220,50 +220,51 @@ def _check_bound(name: str, a: np.ndarray, fits: bool, out: np.ndarray, out_shap
 
 
 def bind_depthwise(shape: tuple[int, ...], wt: np.ndarray, bias: np.ndarray | None,
-                   out_shape: tuple[int, ...], kernel, strides, dilations,
+                   out_shape: tuple[int, ...], kernel, strides, pads, dilations,
                    activation: tuple[int, int | None] = NO_ACTIVATION
                    ) -> Callable[[np.ndarray, np.ndarray], None] | None:
-    """:func:`depthwise` of float32 operands, then ``bias`` [C] (or None) added to each
-    pixel and ``activation`` (an :func:`activation_code`) applied, in one native call (the
-    numpy path's operations: conv2d's y += b, the activation op's code), for padded inputs
-    of ``shape`` with the weights, bias and activation checked once: a function of
-    C-contiguous float32 ``xp`` and ``out``; None where no native kernel runs."""
+    """:func:`depthwise` of float32 operands padded with +0 by ``pads`` (top, left, bottom,
+    right), then ``bias`` [C] (or None) added to each pixel and ``activation`` (an
+    :func:`activation_code`) applied, in one native call (the numpy path's operations on
+    the padded copy, conv2d's y += b, the activation op's code) that reads the padding's
+    zeros without copying the input into it: for unpadded inputs of ``shape`` with the
+    weights, bias and activation checked once, a function of C-contiguous float32 ``x``
+    and ``out``; None where no native kernel runs."""
     if not (wt.dtype == _F32 and (bias is None or bias.dtype == _F32) and enabled()):
         return None
-    n, hp, wp, c = shape
+    n, h, w, c = shape
     oh, ow = out_shape[1:3]
+    top, left, bottom, right = pads
     if (tuple(out_shape) != (n, oh, ow, c) or wt.shape != (kernel[0] * kernel[1], c)
             or (bias is not None and bias.shape != (c,))):
         raise ValueError(f"depthwise: {shape} with weights {wt.shape} and bias "
                          f"{None if bias is None else bias.shape} cannot make {out_shape}")
-    check_windows((hp, wp), (oh, ow), kernel, strides, dilations)
+    check_windows((top + h + bottom, left + w + right), (oh, ow), kernel, strides, dilations)
     wt = np.ascontiguousarray(wt)
     bias = None if bias is None else np.ascontiguousarray(bias)
-    fn = library().bevir_depthwise_epilogue_f32
+    fn = library().bevir_depthwise_conv_f32
     fixed = (wt.ctypes.data, None if bias is None else bias.ctypes.data)
-    # bands of output rows, one a thread: a band of one image reads its rows of xp
+    # bands of output rows, one a thread, each reading the rows of x its windows reach
     parts = shares(n * oh * ow * c * kernel[0] * kernel[1])
-    if parts == 1:
-        pieces = [(0, 0, (n, hp, wp, c, oh, ow))]
-    else:
-        pieces = [(4 * (b * hp + top * strides[0]) * wp * c, 4 * (b * oh + top) * ow * c,
-                   (1, hp - top * strides[0], wp, c, bottom - top, ow))
-                  for b in range(n) for top, bottom in bands(oh, parts)]
-    dims = [(ctypes.c_int64 * 12)(*d, *kernel, *strides, *dilations) for _, _, d in pieces]
-    calls = [(x_at, out_at, ctypes.addressof(d)) for (x_at, out_at, _), d in zip(pieces, dims)]
+    pieces = [(0, 0, n, 0, oh)] if parts == 1 else [
+        (4 * b * h * w * c, 4 * b * oh * ow * c, 1, y0, y1)
+        for b in range(n) for y0, y1 in bands(oh, parts)]
+    dims = [(ctypes.c_int64 * 16)(images, h, w, c, oh, ow, *kernel, *strides, *dilations,
+                                  top, left, y0, y1) for _, _, images, y0, y1 in pieces]
+    calls = [(x_at, out_at, ctypes.addressof(d)) for (x_at, out_at, *_), d in zip(pieces, dims)]
     sets = [calls[i::parts] for i in range(min(parts, len(calls)))]
     keep = (wt, bias, dims)                      # alive while the function is
     shape, out_shape = tuple(shape), tuple(out_shape)
 
-    def run(xp: np.ndarray, out: np.ndarray, _keep=keep) -> None:
-        _check_bound("depthwise", xp, xp.shape == shape, out, out_shape)
+    def run(x: np.ndarray, out: np.ndarray, _keep=keep) -> None:
+        _check_bound("depthwise", x, x.shape == shape, out, out_shape)
         if not out.size:
             return
-        xpp, op = address(xp), address(out)
+        xp, op = address(x), address(out)
 
         def bands_of(calls):
             for x_at, out_at, d in calls:
-                if fn(xpp + x_at, *fixed, op + out_at, d, *activation) != 0:
+                if fn(xp + x_at, *fixed, op + out_at, d, *activation) != 0:
                     raise MemoryError("depthwise: no memory for the tap offsets")
         parallel([functools.partial(bands_of, c) for c in sets])
     return run
