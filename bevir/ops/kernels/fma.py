@@ -91,10 +91,12 @@ def fma_runner(shape, w: np.ndarray, b: np.ndarray | None, layout: Layout, strid
     product = plan.bind(weights if live is None else np.ascontiguousarray(weights[:, live]),
                         b, activation)
     pad = pad_nhwc if nhwc else pad_nchw
+    padded = any(pads)
+    out_shape = (n, o, oh, ow) if transposed else (n, oh, ow, o)
 
     def run(x: np.ndarray) -> np.ndarray:
-        out = np.empty((n, o, oh, ow) if transposed else (n, oh, ow, o), np.float32)
-        product(native.contiguous(pad(x, pads)), out.reshape(-1, o))
+        out = np.empty(out_shape, np.float32)
+        product(native.contiguous(pad(x, pads) if padded else x), out.reshape(-1, o))
         if transposed or nhwc:
             return out
         return native.contiguous(out.transpose(0, 3, 1, 2)) if by_channel else \

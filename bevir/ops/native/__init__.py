@@ -261,12 +261,15 @@ def bind_depthwise(shape: tuple[int, ...], wt: np.ndarray, bias: np.ndarray | No
         if not out.size:
             return
         xp, op = address(x), address(out)
+        if len(sets) == 1:                        # one thread: no pool, no partials
+            bands_of(xp, op, sets[0])
+        else:
+            parallel([functools.partial(bands_of, xp, op, c) for c in sets])
 
-        def bands_of(calls):
-            for x_at, out_at, d in calls:
-                if fn(xp + x_at, *fixed, op + out_at, d, *activation) != 0:
-                    raise MemoryError("depthwise: no memory for the tap offsets")
-        parallel([functools.partial(bands_of, c) for c in sets])
+    def bands_of(xp: int, op: int, calls) -> None:
+        for x_at, out_at, d in calls:
+            if fn(xp + x_at, *fixed, op + out_at, d, *activation) != 0:
+                raise MemoryError("depthwise: no memory for the tap offsets")
     return run
 
 
@@ -659,11 +662,11 @@ class GatherGemm:
             if not out.size:
                 return
             ap, op = address(a), address(out)
-
-            def run(calls):
-                for rows, offs, bp, biasp, at, *rest in calls:
-                    kernel(ap, rows, offs, bp, biasp, op + at, *rest)
-            parallel([functools.partial(run, c) for c in sets])
+            if len(sets) == 1:                    # one thread: no pool, no partials
+                _gather_gemm_calls(kernel, ap, op, sets[0])
+            else:
+                parallel([functools.partial(_gather_gemm_calls, kernel, ap, op, c)
+                          for c in sets])
             if whole is not None:
                 library().bevir_activation_f32(op, after[1], ctypes.addressof(whole))
         return product
@@ -673,6 +676,13 @@ class GatherGemm:
         """Write the product of ``a``, ``b`` and ``bias`` into ``out``, then
         ``activation`` (see :meth:`bind`)."""
         self.bind(b, bias, activation)(a, out)
+
+
+def _gather_gemm_calls(kernel, a: int, out: int, calls) -> None:
+    """The calls of one thread of a bound GatherGemm: its bands, operand ``a`` and result
+    ``out`` at the addresses given (each call's result at its offset from ``out``)."""
+    for rows, offs, b, bias, at, dims, blocks, act, params in calls:
+        kernel(a, rows, offs, b, bias, out + at, dims, blocks, act, params)
 
 
 def split_blocks(k: int, q: int, u: int) -> list[int]:
