@@ -132,6 +132,9 @@ class Ctx:
 
     def __init__(self, attrs: Mapping[str, Any], in_types: Sequence[TensorType | None] = (),
                  out_types: Sequence[TensorType] = (), node=None):
+        # the attributes as fields (the context's own fields, set after, win): an op reads
+        # them on every run, and a read through __getattr__ costs ten times as much
+        self.__dict__.update(attrs)
         self.attrs = attrs
         self.in_types = list(in_types)
         self.out_types = list(out_types)

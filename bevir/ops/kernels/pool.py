@@ -36,11 +36,12 @@ def window_taps(x: np.ndarray, axes, c, out, fill, pads=None):
     """Pad ``x`` (:func:`pool_padded`) and yield, per kernel tap, the strided view of the
     taps at every output position: KH*KW views of the output's shape."""
     x = pool_padded(x, axes, c, out, fill, pads)
+    dilations, strides = pool_dilations(c), c.strides
     for taps in product(*(range(k) for k in c.kernel)):
         idx = [slice(None)] * x.ndim
         for i, (a, t) in enumerate(zip(axes, taps)):
-            start = t * pool_dilations(c)[i]
-            idx[a] = slice(start, start + c.strides[i] * (out[i] - 1) + 1, c.strides[i])
+            start = t * dilations[i]
+            idx[a] = slice(start, start + strides[i] * (out[i] - 1) + 1, strides[i])
         yield x[tuple(idx)]
 
 
