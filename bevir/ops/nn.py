@@ -13,7 +13,7 @@ import numpy as np
 from ..ir.types import DType, Layout, TensorType
 from ..ir.opdef import (Bool, Ctx, FixedLowering, Float, Floats, Int, Ints, LayoutRule, OpDef,
                         Piece, Str)
-from .common import (float_operands, norm_axis, pool_dilations, pool_out, require,
+from .common import (channel_axis, float_operands, norm_axis, pool_dilations, pool_out, require,
                      spatial_axes, window_rows)
 from .kernels import kernel_for
 from .kernels.norm import moments
@@ -250,24 +250,13 @@ class BatchNorm(OpDef):
         float_operands(x)
         require(x.rank == 4 if x.layout is Layout.nhwc else x.rank >= 2,
                 f"expects an [N, C, ...] input, got {x}")
-        ch = x.shape[_channel_axis(x)]
+        ch = x.shape[channel_axis(x)]
         for p in params:
             require(p.dtype.is_float and p.shape == (ch,), f"parameters must be [{ch}], got {p}")
         return x
 
     def compute(self, c, x, scale, bias, mean, var):
-        t = c.in_types[0]
-        acc = _acc(x.dtype)
-        shape = [1] * x.ndim
-        shape[_channel_axis(t)] = -1
-        scale, bias, mean, var = (p.astype(acc, copy=False).reshape(shape)
-                                  for p in (scale, bias, mean, var))
-        y = (x.astype(acc, copy=False) - mean) / np.sqrt(var + acc.type(c.epsilon)) * scale + bias
-        return y.astype(x.dtype, copy=False)
-
-
-def _channel_axis(t: TensorType) -> int:
-    return 3 if t.layout is Layout.nhwc else 1
+        return kernel_for("batch_norm")(c, x, scale, bias, mean, var)    # kernels/norm.py
 
 
 class LayerNorm(OpDef):

@@ -815,6 +815,32 @@ def test_native_global_mean_bits_are_numpys(hw, layout, monkeypatch, rng):
     assert ran, "the native kernel ran"
 
 
+@pytest.mark.parametrize("case", [(Layout.nhwc, (2, 5, 7, 19)), (Layout.plain, (2, 19, 5, 7)),
+                                  (Layout.plain, (3, 19)), (Layout.plain, (2, 19, 9))], ids=str)
+def test_native_batch_norm_bits_are_numpys(case, monkeypatch, rng):
+    """batch_norm natively in one pass: the same bits as numpy's four, channels last or
+    not, with infinities, NaNs, -0, subnormals, a zero variance and float64 parameters."""
+    layout, shape = case
+    x = (rng.standard_normal(shape) * 5).astype(np.float32)
+    flat = x.reshape(-1)
+    flat[::97], flat[5::101], flat[11::107], flat[13::109] = np.nan, np.inf, -0.0, 1e-40
+    params = [rng.standard_normal(19) for _ in range(4)]
+    params[3] = np.abs(params[3])
+    params[3][2] = 0.0
+    b = Builder("batch_norm")
+    b.output("y", b.batch_norm(b.input("x", TensorType.of(x, layout)),
+                               *(b.const(p.astype(np.float64 if i == 1 else np.float32))
+                                 for i, p in enumerate(params)), epsilon=1e-3))
+    ran = count_calls(monkeypatch, "bevir_batch_norm_f32")
+    runs = {}
+    for on in ("1", "0"):
+        monkeypatch.setenv("BEVIR_NATIVE", on)
+        with np.errstate(invalid="ignore", over="ignore"):
+            runs[on] = bevir.run(b.graph, {"x": x})["y"]
+    same_numbers(runs["1"], runs["0"])
+    assert ran, "the native kernel ran"
+
+
 def test_address_is_the_data_pointer_of_any_array():
     """native.address: the data pointer of a C-contiguous, a transposed, a sliced, a
     read-only and an empty array alike."""

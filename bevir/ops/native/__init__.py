@@ -22,6 +22,7 @@ import threading
 import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from math import prod
 from pathlib import Path
 
 import numpy as np
@@ -108,6 +109,7 @@ def library() -> ctypes.CDLL | None:
                 ctypes.c_int64, ctypes.c_void_p]
             dll.bevir_layer_norm_f32.argtypes = [ctypes.c_void_p] * 6
             dll.bevir_global_mean_f32.argtypes = [ctypes.c_void_p] * 4
+            dll.bevir_batch_norm_f32.argtypes = [ctypes.c_void_p] * 4
             _self_check(dll)
             return dll
         except _Unavailable as e:
@@ -152,7 +154,7 @@ _KERNELS = [f"bevir_depthwise_{_SUFFIX[t]}" for t in _FLOATS] + [
     "bevir_resize_bilinear_f32", "bevir_activation_f32", "bevir_depthwise_conv_f32",
     "bevir_gelu_erf_a_f32", "bevir_gelu_erf_b_f32", "bevir_sigmoid_a_f32",
     "bevir_sigmoid_b_f32", "bevir_im2col_u32", "bevir_layer_norm_f32",
-    "bevir_global_mean_f32"] + [
+    "bevir_global_mean_f32", "bevir_batch_norm_f32"] + [
     f"bevir_transpose_u{8 * w}" for w in (1, 2, 4, 8)]
 
 
@@ -409,6 +411,20 @@ def _around_exp(x: np.ndarray, name: str, temporaries, flag: int = 0,
     starts = range(0, flat.size, block)
     parallel([functools.partial(blocks, starts[i::parts]) for i in range(min(parts, len(starts)))])
     return out.reshape(x.shape)
+
+
+def batch_norm(x: np.ndarray, axis: int, params: np.ndarray) -> np.ndarray | None:
+    """kernels.norm.batch_norm's arithmetic on C-contiguous float32 ``x`` per channel of
+    ``axis``, natively in one pass (numpy's code makes four over memory): ``params`` [4, C]
+    float32: mean, sqrt(var + epsilon), scale, bias. None where no native kernel runs."""
+    if not (x.dtype == _F32 and x.flags.c_contiguous and enabled()):
+        return None
+    params = np.ascontiguousarray(params, np.float32)
+    out = np.empty_like(x)
+    dims = (ctypes.c_int64 * 3)(prod(x.shape[:axis]), x.shape[axis], prod(x.shape[axis + 1:]))
+    if x.size:
+        library().bevir_batch_norm_f32(address(x), address(params), address(out), dims)
+    return out
 
 
 def global_mean(x: np.ndarray, channels_last: bool) -> np.ndarray | None:

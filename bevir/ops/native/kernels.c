@@ -697,3 +697,25 @@ int bevir_global_mean_f32(const float *x, float *out, float *lanes, const int64_
   }
   return 0;
 }
+
+/* Inference batch norm of float32 (kernels.norm.batch_norm's numpy code) over x [outer, C,
+ * inner]: out = (x - mean[c]) / s[c] * scale[c] + bias[c], each operation rounded in that
+ * order, s = sqrt(var + eps) given. p: mean, s, scale, bias, C floats each. dims: outer,
+ * C, inner. */
+int bevir_batch_norm_f32(const float *x, const float *p, float *out, const int64_t *d) {
+  const int64_t outer = d[0], C = d[1], inner = d[2];
+  const float *mean = p, *s = p + C, *k = p + 2 * C, *b = p + 3 * C;
+  for (int64_t o = 0; o < outer; o++, x += C * inner, out += C * inner) {
+    if (inner == 1) { /* channels last: one run of the channels */
+      for (int64_t c = 0; c < C; c++) out[c] = (x[c] - mean[c]) / s[c] * k[c] + b[c];
+      continue;
+    }
+    for (int64_t c = 0; c < C; c++) {
+      const float m = mean[c], sc = s[c], kc = k[c], bc = b[c];
+      const float *xc = x + c * inner;
+      float *oc = out + c * inner;
+      for (int64_t i = 0; i < inner; i++) oc[i] = (xc[i] - m) / sc * kc + bc;
+    }
+  }
+  return 0;
+}
