@@ -432,17 +432,12 @@ def global_mean(x: np.ndarray, channels_last: bool) -> np.ndarray | None:
     or [N, C, S]: onnxruntime's four lanes and their order, natively, [N, C]; None where no
     native kernel runs (numpy's reductions cost more in calls than in adds on the small
     maps of squeeze-excite blocks)."""
-    if not (x.dtype == _F32 and x.ndim == 3 and x.flags.c_contiguous and enabled()
-            and library().global_mean):
+    if not (x.dtype == _F32 and x.ndim == 3 and x.flags.c_contiguous and enabled()):
         return None
-    return _global_mean(library(), x, channels_last)
-
-
-def _global_mean(dll, x: np.ndarray, channels_last: bool) -> np.ndarray:
     n, s, c = x.shape if channels_last else (x.shape[0], x.shape[2], x.shape[1])
     out, lanes = np.empty((n, c), np.float32), np.empty((4, c), np.float32)
-    dll.bevir_global_mean_f32(*_pointers(x, out, lanes),
-                              (ctypes.c_int64 * 4)(n, s, c, int(channels_last)))
+    library().bevir_global_mean_f32(*_pointers(x, out, lanes),
+                                    (ctypes.c_int64 * 4)(n, s, c, int(channels_last)))
     return out
 
 
@@ -890,7 +885,6 @@ def _self_check(dll) -> None:
     _self_check_integers(dll, rng)
     _self_check_gemm(dll, rng)
     _self_check_activations(dll)
-    _self_check_global_mean(dll)
 
 
 def _self_check_integers(dll, rng) -> None:
@@ -933,23 +927,6 @@ def _self_check_gemm(dll, rng) -> None:
         acc = (acc + a[:, k, None].astype(np.float64) * b[k]).astype(np.float32).astype(np.float64)
     if not np.array_equal(out, acc.astype(np.float32) + bias):
         raise _Unavailable("gather_gemm differs from fused multiply-adds")
-
-
-def _self_check_global_mean(dll) -> None:
-    """The global mean against its numpy code on special values and channels of -0 (whose
-    sum numpy's reduce starts from +0): where it differs, that kernel is off."""
-    from ..kernels.pool import numpy_global_mean     # which imports this module
-    x = np.resize(np.array(_SPECIALS + [-1.0, 0.25, 2.9], np.float32), (2, 7, 11))
-    x[:, :, :3] = x[:, :3] = -0.0
-    dll.global_mean = True
-    for channels_last in (True, False):
-        with np.errstate(all="ignore"):
-            want, got = numpy_global_mean(x, channels_last), _global_mean(dll, x, channels_last)
-        nan = np.isnan(want)
-        if not (np.array_equal(np.isnan(got), nan)
-                and got[~nan].tobytes() == want[~nan].tobytes()):
-            dll.global_mean = False
-            return
 
 
 def _self_check_activations(dll) -> None:
