@@ -132,6 +132,9 @@ class Ctx:
 
     def __init__(self, attrs: Mapping[str, Any], in_types: Sequence[TensorType | None] = (),
                  out_types: Sequence[TensorType] = (), node=None):
+        # the attributes as fields (the context's own fields, set after, win): an op reads
+        # them on every run, and a read through __getattr__ costs ten times as much
+        self.__dict__.update(attrs)
         self.attrs = attrs
         self.in_types = list(in_types)
         self.out_types = list(out_types)
@@ -211,7 +214,8 @@ def aligned_range(t: TensorType | None, out: TensorType, axis: int, start: int, 
 def c_ordered(a: np.ndarray) -> np.ndarray:
     """``a``, or a C-ordered copy of it where it is a view in another memory order (a 0-d
     array stays 0-d)."""
-    a = np.asarray(a)
+    if type(a) is not np.ndarray:
+        a = np.asarray(a)
     return a if a.flags.c_contiguous else np.ascontiguousarray(a)
 
 
@@ -406,11 +410,25 @@ class OpDef:
         C-ordered one, and its vectorized transcendentals may take a scalar path on strided
         memory, so a result would otherwise depend on how its operand's producer laid the
         array out (a layout change elsewhere in the graph would change its bits)."""
-        if not (self.moves_data or self.any_memory_order):
-            arrays = [None if a is None else c_ordered(a) for a in arrays]
-        out = self.compute(self.ctx(node), *arrays)
-        outs = [out] if isinstance(out, np.ndarray) or np.isscalar(out) else list(out)
-        return [np.asarray(o) for o in outs]
+        return self.bind(node)(arrays)
+
+    def bind(self, node) -> Callable[[Sequence[np.ndarray | None]], list[np.ndarray]]:
+        """:meth:`run` of ``node`` as a function of its operand arrays, its context made
+        once: what the interpreter calls on every run of a graph (its prepared plan). It
+        holds the node's attributes and types as they are now, so a changed graph needs
+        new ones (the interpreter prepares again when the graph's version changes)."""
+        c, compute = self.ctx(node), self.compute
+        ordered = not (self.moves_data or self.any_memory_order)
+
+        def run(arrays: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+            if ordered:
+                arrays = [None if a is None else c_ordered(a) for a in arrays]
+            out = compute(c, *arrays)
+            if type(out) is np.ndarray:              # the common case, without a list
+                return [out]
+            outs = [out] if isinstance(out, np.ndarray) or np.isscalar(out) else list(out)
+            return [np.asarray(o) for o in outs]
+        return run
 
     def cost(self, node) -> dict[str, int]:
         """MACs and bytes read and written by one application of the node."""

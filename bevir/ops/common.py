@@ -68,6 +68,11 @@ def spatial_axes(t: TensorType) -> tuple[int, int]:
     return (1, 2) if t.layout is Layout.nhwc else (2, 3)
 
 
+def channel_axis(t: TensorType) -> int:
+    """The channel axis of an [N, C, ...] type: 3 in NHWC, else 1."""
+    return 3 if t.layout is Layout.nhwc else 1
+
+
 def pool_out_size(size: int, k: int, stride: int, pad_begin: int, pad_end: int,
                   dilation: int, ceil_mode: bool) -> int:
     """Windows along one axis (ONNX/torch): with ceil_mode the last window must start

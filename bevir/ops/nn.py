@@ -6,12 +6,14 @@ statement, its kernel (bevir.ops.kernels) does it, bit for bit.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ..ir.types import DType, Layout, TensorType
-from ..ir.opdef import (Bool, FixedLowering, Float, Floats, Int, Ints, LayoutRule, OpDef, Piece,
-                        Str)
-from .common import (float_operands, norm_axis, pool_dilations, pool_out, require,
+from ..ir.opdef import (Bool, Ctx, FixedLowering, Float, Floats, Int, Ints, LayoutRule, OpDef,
+                        Piece, Str)
+from .common import (channel_axis, float_operands, norm_axis, pool_dilations, pool_out, require,
                      spatial_axes, window_rows)
 from .kernels import kernel_for
 from .kernels.norm import moments
@@ -179,17 +181,31 @@ class AvgPool2d(OpDef):
 def avgpool_counts(c, t: TensorType, dtype) -> np.ndarray:
     """Average pooling's divisor at each output position (at least 1), shaped to broadcast
     against the output: the windows taken over a mask of what counts (the input, or the
-    input and its pads with count_include_pad)."""
+    input and its pads with count_include_pad). Made once per geometry, read-only: a
+    node's divisors are the same on every run."""
+    return _avgpool_counts(t.shape, t.layout, tuple(c.kernel), tuple(c.strides),
+                           tuple(c.pads), tuple(pool_dilations(c)), bool(c.ceil_mode),
+                           bool(c.count_include_pad), np.dtype(dtype))
+
+
+@functools.lru_cache(maxsize=256)
+def _avgpool_counts(shape, layout: Layout, kernel, strides, pads, dilations, ceil_mode: bool,
+                    count_include_pad: bool, dtype: np.dtype) -> np.ndarray:
+    c = Ctx({"kernel": kernel, "strides": strides, "pads": pads, "dilations": dilations,
+             "ceil_mode": ceil_mode})
+    t = TensorType(shape, layout=layout)
     axes, out = spatial_axes(t), pool_out(c, t)
     h, w = (t.shape[a] for a in axes)
-    top, left, bottom, right = c.pads
-    if c.count_include_pad:
+    top, left, bottom, right = pads
+    if count_include_pad:
         mask, pads = np.ones((h + top + bottom, w + left + right), dtype), (0, 0)
     else:
         mask, pads = np.ones((h, w), dtype), (top, left)
     shape = [1] * 4
     shape[axes[0]], shape[axes[1]] = out
-    return np.maximum(sum(window_taps(mask, (0, 1), c, out, 0, pads)), 1).reshape(shape)
+    counts = np.maximum(sum(window_taps(mask, (0, 1), c, out, 0, pads)), 1).reshape(shape)
+    counts.setflags(write=False)
+    return counts
 
 
 class GlobalAvgPool(OpDef):
@@ -234,24 +250,13 @@ class BatchNorm(OpDef):
         float_operands(x)
         require(x.rank == 4 if x.layout is Layout.nhwc else x.rank >= 2,
                 f"expects an [N, C, ...] input, got {x}")
-        ch = x.shape[_channel_axis(x)]
+        ch = x.shape[channel_axis(x)]
         for p in params:
             require(p.dtype.is_float and p.shape == (ch,), f"parameters must be [{ch}], got {p}")
         return x
 
     def compute(self, c, x, scale, bias, mean, var):
-        t = c.in_types[0]
-        acc = _acc(x.dtype)
-        shape = [1] * x.ndim
-        shape[_channel_axis(t)] = -1
-        scale, bias, mean, var = (p.astype(acc, copy=False).reshape(shape)
-                                  for p in (scale, bias, mean, var))
-        y = (x.astype(acc, copy=False) - mean) / np.sqrt(var + acc.type(c.epsilon)) * scale + bias
-        return y.astype(x.dtype, copy=False)
-
-
-def _channel_axis(t: TensorType) -> int:
-    return 3 if t.layout is Layout.nhwc else 1
+        return kernel_for("batch_norm")(c, x, scale, bias, mean, var)    # kernels/norm.py
 
 
 class LayerNorm(OpDef):

@@ -14,6 +14,7 @@ Subclassing and overriding :meth:`Interpreter.run_node` still works. See docs/in
 from __future__ import annotations
 
 import difflib
+import functools
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
@@ -132,15 +133,16 @@ class Interpreter:
         direct = not self._overrides and type(self).run_node is _RUN_NODE
         collect = keep_all or bool(wanted)
         fetched: dict[str, np.ndarray] = {}
-        for node, opdef, ins, outs, frees in self._steps:
+        for node, bound, ins, outs, frees, declared in self._steps:
             if plan is None or node in plan:
                 args = [None if k is None else env[k] for k in ins]
                 try:
                     if start is not None:
                         start(node, args)
-                    results = (opdef.run(node, args) if direct and opdef is not None
+                    results = (bound(args) if direct and bound is not None
                                else self.run_node(node, args))
-                    self._check(node, results)
+                    if not _fits(results, declared):
+                        self._check(node, results)        # raises, naming the result
                     if end is not None:
                         results = self._replaced(node, results, end(node, args, results))
                 except Exception as e:
@@ -286,9 +288,14 @@ class Interpreter:
 #: each op's kernel itself
 _RUN_NODE = Interpreter.run_node
 
-#: one node of a run: the node, its op (None: unknown), its operands' keys in the run's
-#: arrays (None: an omitted operand), its results' keys, the keys of the values it uses last
-Step = tuple[Node, OpDef | None, tuple[int | None, ...], tuple[int, ...], tuple[int, ...]]
+#: what a result must be: its shape and numpy dtype
+Declared = tuple[tuple[int, ...], np.dtype]
+#: one node of a run, prepared once per graph version (the run's plan): the node, its
+#: golden kernel bound to it (OpDef.bind; None: an unknown op), its operands' keys in the
+#: run's arrays (None: an omitted operand), its results' keys, the keys of the values it
+#: uses last, its results' declared shapes and dtypes
+Step = tuple[Node, Callable[[Args], list[np.ndarray]] | None, tuple[int | None, ...],
+             tuple[int, ...], tuple[int, ...], tuple[Declared, ...]]
 
 #: each graph's steps and values by name, while its version stays (bevir.run makes an
 #: interpreter per run)
@@ -296,12 +303,15 @@ _FACTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _graph_facts(graph: Graph) -> tuple[list[Step], dict[str, Value], int]:
-    """The graph's steps, its values by name and its largest result in bytes."""
+    """The graph's steps, its values by name and its largest result in bytes: prepared
+    again whenever the graph's version changes (every change through the Graph API bumps
+    it), so no step outlives the node it was made from."""
     hit = _FACTS.get(graph)
     if hit is None or hit[0] != graph.version:
         last_use = Interpreter._last_uses(graph)
-        steps = [(n, _opdef(n), tuple(None if v is None else id(v) for v in n.inputs),
-                  tuple(id(v) for v in n.outputs), tuple(id(v) for v in last_use.get(i, ())))
+        steps = [(n, _bound(n), tuple(None if v is None else id(v) for v in n.inputs),
+                  tuple(id(v) for v in n.outputs), tuple(id(v) for v in last_use.get(i, ())),
+                  tuple((v.type.shape, v.type.dtype.np) for v in n.outputs))
                  for i, n in enumerate(graph.nodes)]
         largest = max((v.type.nbytes for n in graph.nodes for v in n.outputs), default=0)
         hit = (graph.version, steps, {v.name: v for v in graph.values()}, largest)
@@ -309,12 +319,27 @@ def _graph_facts(graph: Graph) -> tuple[list[Step], dict[str, Value], int]:
     return hit[1], hit[2], hit[3]
 
 
-def _opdef(node: Node) -> OpDef | None:
-    """The node's op, or None where it is not registered (run_node reports that)."""
+def _bound(node: Node) -> Callable[[Args], list[np.ndarray]] | None:
+    """The node's golden kernel as a function of its operands (the op's own ``run`` where
+    it defines one), or None where its op is not registered (run_node reports that)."""
     try:
-        return node.opdef
+        opdef = node.opdef
     except BevirError:
         return None
+    if type(opdef).run is not OpDef.run:
+        return functools.partial(opdef.run, node)
+    return opdef.bind(node)
+
+
+def _fits(results: list[np.ndarray], declared: tuple[Declared, ...]) -> bool:
+    """Whether ``results`` are as many as declared, each of its declared shape and dtype
+    (:meth:`Interpreter._check` names the first that is not)."""
+    if len(results) != len(declared):
+        return False
+    for r, (shape, dtype) in zip(results, declared):
+        if r.shape != shape or r.dtype != dtype:
+            return False
+    return True
 
 
 def _node_error(node: Node, e: Exception) -> InterpreterError:

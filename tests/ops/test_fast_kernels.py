@@ -138,6 +138,8 @@ def _table_cases(rng):
                                           "pads": (1, 1, 1, 1), "ceil_mode": True}),
         "global_avgpool": ([f32(2, 3, 5, 7)], {}),
         "layer_norm": ([f32(2, 3, 24), f32(24), f32(24)], {"epsilon": 1e-6}),
+        "batch_norm": ([f32(2, 3, 4, 5), f32(3), f32(3), f32(3), np.abs(f32(3))],
+                       {"epsilon": 1e-3}),
         "resize": ([f32(1, 2, 4, 5)], {"size": (1, 2, 7, 9), "mode": "linear"}),
         "grid_sample": ([f32(1, 2, 5, 6), f32(1, 3, 4, 2, scale=0.7)], {}),
         "ms_deform_attn": ([f32(1, 2 * 3 + 1, 2, 4),

@@ -502,10 +502,10 @@ def test_native_conv_with_activation_bits_are_numpys(case, act, monkeypatch, rng
     """conv2d_act: the product, its bias and its activation natively (in one call where the
     kernels take all three), the same bits as the numpy path."""
     monkeypatch.setenv("OPENBLAS_NUM_THREADS", "1")         # one call, not bands
-    ran = count_calls(monkeypatch, "bevir_depthwise_epilogue_f32", "bevir_activation_f32")
+    ran = count_calls(monkeypatch, "bevir_depthwise_conv_f32", "bevir_activation_f32")
     runs = conv_act_runs(case, act, monkeypatch, rng, ran)
     if case[-1] > 1:
-        assert ran == ["bevir_depthwise_epilogue_f32"]       # bias and activation with it
+        assert ran == ["bevir_depthwise_conv_f32"]       # bias and activation with it
     same_numbers(runs["1"], runs["0"])
 
 
@@ -518,10 +518,52 @@ def test_native_products_in_bands_on_threads_bits_are_numpys(case, act, monkeypa
     the same bits as the numpy path."""
     monkeypatch.setenv("OPENBLAS_NUM_THREADS", "3")
     monkeypatch.setattr(native, "PARALLEL_WORK", 1)
-    ran = count_calls(monkeypatch, "bevir_depthwise_epilogue_f32", "bevir_gather_gemm_f32")
+    ran = count_calls(monkeypatch, "bevir_depthwise_conv_f32", "bevir_gather_gemm_f32")
     runs = conv_act_runs(case, act, monkeypatch, rng, ran)
     assert len(ran) != 1, "in bands (of 6 rows and more), or numpy's path"
     same_numbers(runs["1"], runs["0"])
+
+
+# (H, W, channels, kernel, strides, dilations, pads): depthwise convolutions whose windows
+# leave the input: asymmetric pads, pads wider than the map, a dilated kernel larger than
+# it, channels past a vector and a partial one, a 1x1 map, output columns of no interior
+PADDED_DEPTHWISE = [
+    (9, 11, 37, (3, 3), (1, 1), (1, 1), (1, 1, 1, 1)),
+    (8, 7, 21, (5, 5), (2, 2), (1, 1), (2, 1, 3, 0)),
+    (6, 5, 16, (3, 3), (2, 1), (3, 2), (4, 4, 4, 4)),
+    (1, 1, 8, (3, 3), (1, 1), (1, 1), (1, 1, 1, 1)),
+    (4, 12, 3, (1, 7), (1, 3), (1, 1), (0, 3, 0, 3)),
+    (5, 2, 24, (3, 5), (1, 1), (2, 1), (3, 2, 1, 2)),
+]
+
+
+@pytest.mark.parametrize("threads", ["1", "3"])
+@pytest.mark.parametrize("case", PADDED_DEPTHWISE, ids=str)
+def test_native_depthwise_reads_the_padding_in_place_with_numpys_bits(case, threads,
+                                                                      monkeypatch, rng):
+    """A depthwise conv2d natively reads its padding's zeros without a padded copy: each
+    padding tap's product 0 * w computed as the copy's (-0, and a NaN with an infinite
+    weight), the same bits as the numpy path on the padded copy, on one thread or in
+    bands of rows on three."""
+    h, w, c, kernel, strides, dilations, pads = case
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", threads)
+    monkeypatch.setattr(native, "PARALLEL_WORK", 1)
+    x = (rng.standard_normal((2, h, w, c)) * 4).astype(np.float32)
+    x.reshape(-1)[::13], x.reshape(-1)[5::17], x.reshape(-1)[7::19] = np.nan, -np.inf, -0.0
+    wt = rng.standard_normal((c, 1, *kernel)).astype(np.float32)
+    wt.reshape(-1)[3::29], wt.reshape(-1)[4::31] = np.inf, -0.0
+    b = Builder("depthwise")
+    b.output("y", b.conv2d(b.input("x", TensorType.of(x, Layout.nhwc)), b.const(wt),
+                           b.const(rng.standard_normal(c).astype(np.float32)),
+                           strides=strides, pads=pads, dilations=dilations, groups=c))
+    ran = count_calls(monkeypatch, "bevir_depthwise_conv_f32")
+    runs = {}
+    for on in ("1", "0"):
+        monkeypatch.setenv("BEVIR_NATIVE", on)
+        with np.errstate(invalid="ignore", over="ignore"):
+            runs[on] = bevir.run(b.graph, {"x": x})["y"]
+    same_numbers(runs["1"], runs["0"])
+    assert ran, "the native kernel ran"
 
 
 def conv_act_runs(case, act, monkeypatch, rng, ran: list[str]) -> dict[str, np.ndarray]:
@@ -747,6 +789,66 @@ def test_native_layer_norm_bits_are_numpys(shape, threads, monkeypatch, rng):
                 runs[on] = bevir.run(b.graph, {"x": x})["y"]
         same_numbers(runs["1"], runs["0"])
     assert ran, "the native kernel ran"
+
+
+@pytest.mark.parametrize("layout", [Layout.nhwc, Layout.plain], ids=str)
+@pytest.mark.parametrize("hw", [(1, 3), (2, 2), (3, 3), (80, 80), (5, 5)], ids=str)
+def test_native_global_mean_bits_are_numpys(hw, layout, monkeypatch, rng):
+    """global_avgpool natively (onnxruntime's four lanes, from +0 as numpy's reduce, the
+    S % 4 tail): the same bits as numpy's code in either layout, fewer than four elements
+    too, with infinities, NaNs, -0, subnormals, and all -0 channels (+0 means)."""
+    c = 21
+    x = (rng.standard_normal((2, *hw, c) if layout is Layout.nhwc else (2, c, *hw)) * 5
+         ).astype(np.float32)
+    flat = x.reshape(-1)
+    flat[::97], flat[5::101], flat[11::107], flat[13::109] = np.nan, np.inf, -0.0, 1e-40
+    x[(..., slice(2)) if layout is Layout.nhwc else (slice(None), slice(2))] = -0.0
+    ran = count_calls(monkeypatch, "bevir_global_mean_f32")
+    b = Builder("pool")
+    b.output("y", b.global_avgpool(b.input("x", TensorType.of(x, layout))))
+    runs = {}
+    for on in ("1", "0"):
+        monkeypatch.setenv("BEVIR_NATIVE", on)
+        with np.errstate(invalid="ignore", over="ignore"):
+            runs[on] = bevir.run(b.graph, {"x": x})["y"]
+    same_numbers(runs["1"], runs["0"])
+    assert ran, "the native kernel ran"
+
+
+@pytest.mark.parametrize("case", [(Layout.nhwc, (2, 5, 7, 19)), (Layout.plain, (2, 19, 5, 7)),
+                                  (Layout.plain, (3, 19)), (Layout.plain, (2, 19, 9))], ids=str)
+def test_native_batch_norm_bits_are_numpys(case, monkeypatch, rng):
+    """batch_norm natively in one pass: the same bits as numpy's four, channels last or
+    not, with infinities, NaNs, -0, subnormals, a zero variance and float64 parameters."""
+    layout, shape = case
+    x = (rng.standard_normal(shape) * 5).astype(np.float32)
+    flat = x.reshape(-1)
+    flat[::97], flat[5::101], flat[11::107], flat[13::109] = np.nan, np.inf, -0.0, 1e-40
+    params = [rng.standard_normal(19) for _ in range(4)]
+    params[3] = np.abs(params[3])
+    params[3][2] = 0.0
+    b = Builder("batch_norm")
+    b.output("y", b.batch_norm(b.input("x", TensorType.of(x, layout)),
+                               *(b.const(p.astype(np.float64 if i == 1 else np.float32))
+                                 for i, p in enumerate(params)), epsilon=1e-3))
+    ran = count_calls(monkeypatch, "bevir_batch_norm_f32")
+    runs = {}
+    for on in ("1", "0"):
+        monkeypatch.setenv("BEVIR_NATIVE", on)
+        with np.errstate(invalid="ignore", over="ignore"):
+            runs[on] = bevir.run(b.graph, {"x": x})["y"]
+    same_numbers(runs["1"], runs["0"])
+    assert ran, "the native kernel ran"
+
+
+def test_address_is_the_data_pointer_of_any_array():
+    """native.address: the data pointer of a C-contiguous, a transposed, a sliced, a
+    read-only and an empty array alike."""
+    a = np.arange(24, dtype=np.float32).reshape(4, 6)
+    frozen = a.copy()
+    frozen.setflags(write=False)
+    for v in (a, a.T, a[1:, 2:], frozen, np.zeros(0, np.float32), a[2]):
+        assert native.address(v) == v.ctypes.data
 
 
 @pytest.mark.parametrize("view", ["nhwc_of_nchw", "strided"])

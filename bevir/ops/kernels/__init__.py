@@ -24,7 +24,8 @@ The modules:
 - ``fma``: native FMA products standing in for those where BLAS sums the same way
 - ``products``: the ``conv2d`` kernel: which of those runs, prepared once per constant
   weight (the fused products of bevir/ops/fused.py use the same runners)
-- ``norm``: layer normalization's statistics, natively over C-contiguous float32 rows
+- ``norm``: layer normalization's statistics, natively over C-contiguous float32 rows;
+  batch normalization, natively in one pass
 - ``pool``: windows as strided views, max pooling, onnxruntime's global mean
 - ``resize``: ONNX Resize as onnxruntime's kernels and ONNX's reference compute it
 - ``sample``: bilinear sampling (``grid_sample``, ``ms_deform_attn``) as gathers

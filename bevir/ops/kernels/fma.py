@@ -75,11 +75,14 @@ def fma_runner(shape, w: np.ndarray, b: np.ndarray | None, layout: Layout, strid
                      by_channel)
     if live is not None and not np.isfinite(np.delete(weights, live, axis=1)).all():
         live = None                               # 0 * inf is a NaN: every tap counts
-    # conv2d_nchw's result lies in memory channel by channel, and a later reduction sums in
-    # the order of memory: so does this one's, written so (in one block of the reduction),
-    # or up to 32 channels, faster, transposed after
+    # the result lies in memory in its layout's order, so that no reader copies it (each
+    # op reads C-ordered operands, OpDef.run: the memory order never changes a bit): an
+    # NHWC one as the kernel writes it; an NCHW one of a channel-major product written
+    # channel by channel (in one block of the reduction) or, up to 32 channels, faster,
+    # transposed after; the others' as a transposed view, which the next convolution
+    # reads as it is
     bounds = native.blas_blocks(cg * kh * kw) if blocked else None
-    transposed = by_channel and o > 32 and (bounds is None or len(bounds) == 2)
+    transposed = by_channel and not nhwc and o > 32 and (bounds is None or len(bounds) == 2)
     plan = _window_plan((n, hp, wp, ch) if nhwc else (n, ch, hp, wp), nhwc, o, (oh, ow),
                         (kh, kw), tuple(strides), tuple(dilations), groups, by_channel,
                         None if live is None else tuple(live), blocked, transposed)
@@ -88,16 +91,16 @@ def fma_runner(shape, w: np.ndarray, b: np.ndarray | None, layout: Layout, strid
     product = plan.bind(weights if live is None else np.ascontiguousarray(weights[:, live]),
                         b, activation)
     pad = pad_nhwc if nhwc else pad_nchw
+    padded = any(pads)
+    out_shape = (n, o, oh, ow) if transposed else (n, oh, ow, o)
 
     def run(x: np.ndarray) -> np.ndarray:
-        out = np.empty((n, o, oh, ow) if transposed else (n, oh, ow, o), np.float32)
-        product(native.contiguous(pad(x, pads)), out.reshape(-1, o))
-        if transposed:
-            return out.transpose(0, 2, 3, 1) if nhwc else out
-        if by_channel:                                     # in channels, then as above
-            y = native.contiguous(out.transpose(0, 3, 1, 2))
-            return y.transpose(0, 2, 3, 1) if nhwc else y
-        return from_nhwc(out, layout)
+        out = np.empty(out_shape, np.float32)
+        product(native.contiguous(pad(x, pads) if padded else x), out.reshape(-1, o))
+        if transposed or nhwc:
+            return out
+        return native.contiguous(out.transpose(0, 3, 1, 2)) if by_channel else \
+            from_nhwc(out, layout)
     return run
 
 
@@ -132,14 +135,15 @@ def depthwise_runner(shape, w: np.ndarray, b: np.ndarray | None, layout: Layout,
     n, ch, hp, wp, oh, ow = conv_geometry(shape, layout, (kh, kw), strides, pads, dilations)
     if ch != o or w.dtype != np.float32 or (b is not None and b.dtype != np.float32):
         return None
-    product = native.bind_depthwise((n, hp, wp, ch), tap_weights(w), b, (n, oh, ow, o),
-                                    (kh, kw), tuple(strides), tuple(dilations), activation)
+    shape = (n, hp - pads[0] - pads[2], wp - pads[1] - pads[3], ch)      # unpadded
+    product = native.bind_depthwise(shape, tap_weights(w), b, (n, oh, ow, o), (kh, kw),
+                                    tuple(strides), tuple(pads), tuple(dilations), activation)
     if product is None:
         return None
 
     def run(x: np.ndarray) -> np.ndarray:
         out = np.empty((n, oh, ow, o), np.float32)
-        product(native.contiguous(pad_nhwc(to_nhwc(x, layout), pads)), out)
+        product(native.contiguous(to_nhwc(x, layout)), out)       # the padding read in place
         return from_nhwc(out, layout)
     return run
 

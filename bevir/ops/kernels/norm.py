@@ -1,12 +1,13 @@
-"""Layer normalization: the two-pass statistics of layer_norm and layer_norm_stats, and the
+"""Normalization: the two-pass statistics of layer_norm and layer_norm_stats, the
 ``layer_norm`` kernel (natively over the last axis of C-contiguous float32 rows, the same
-operations: numpy's pairwise sums, in float32)."""
+operations: numpy's pairwise sums, in float32) and the ``batch_norm`` kernel (natively in
+one pass over float32, the same operations)."""
 from __future__ import annotations
 
 import numpy as np
 
 from .. import native
-from ..common import norm_axis
+from ..common import channel_axis, norm_axis
 from . import kernel
 
 
@@ -37,3 +38,22 @@ def layer_norm(c, x: np.ndarray, scale: np.ndarray | None = None,
     if bias is not None:
         y += bias
     return y.astype(x.dtype, copy=False)
+
+
+@kernel("batch_norm")
+def batch_norm(c, x: np.ndarray, scale: np.ndarray, bias: np.ndarray, mean: np.ndarray,
+               var: np.ndarray) -> np.ndarray:
+    """batch_norm: (x - mean) / sqrt(var + epsilon) * scale + bias per channel (axis 1, or 3
+    in NHWC), in (at least) float32; natively (native.batch_norm) in one pass over float32
+    x, numpy's four passes otherwise."""
+    axis = channel_axis(c.in_types[0])
+    acc = np.promote_types(x.dtype, np.float32)
+    scale, bias, mean, var = (p.astype(acc, copy=False) for p in (scale, bias, mean, var))
+    s = np.sqrt(var + acc.type(c.epsilon))
+    y = native.batch_norm(x, axis, np.stack([mean, s, scale, bias]))
+    if y is not None:
+        return y
+    shape = [1] * x.ndim
+    shape[axis] = -1
+    mean, s, scale, bias = (p.reshape(shape) for p in (mean, s, scale, bias))
+    return ((x.astype(acc, copy=False) - mean) / s * scale + bias).astype(x.dtype, copy=False)

@@ -2,6 +2,7 @@
 NHWC, a compare per tap), and onnxruntime's summation order for a global mean."""
 from __future__ import annotations
 
+import functools
 from itertools import product
 
 import numpy as np
@@ -36,11 +37,12 @@ def window_taps(x: np.ndarray, axes, c, out, fill, pads=None):
     """Pad ``x`` (:func:`pool_padded`) and yield, per kernel tap, the strided view of the
     taps at every output position: KH*KW views of the output's shape."""
     x = pool_padded(x, axes, c, out, fill, pads)
+    dilations, strides = pool_dilations(c), c.strides
     for taps in product(*(range(k) for k in c.kernel)):
         idx = [slice(None)] * x.ndim
         for i, (a, t) in enumerate(zip(axes, taps)):
-            start = t * pool_dilations(c)[i]
-            idx[a] = slice(start, start + c.strides[i] * (out[i] - 1) + 1, c.strides[i])
+            start = t * dilations[i]
+            idx[a] = slice(start, start + strides[i] * (out[i] - 1) + 1, strides[i])
         yield x[tuple(idx)]
 
 
@@ -72,7 +74,34 @@ def mlas_global_mean(x: np.ndarray, channels_last: bool = False) -> np.ndarray:
 
     numpy's add.reduce adds row after row along any axis but the contiguous one (there it
     sums pairwise), so the lanes are laid out with the spatial steps outermost: a view of
-    channels-last data, a byte copy of 4-element units of channels-first data."""
+    channels-last data, a byte copy of 4-element units of channels-first data; natively
+    (float32) the same adds in the same order."""
+    mean = native.global_mean(x, channels_last) if native.enabled() and _native_agrees() \
+        else None
+    return numpy_global_mean(x, channels_last) if mean is None else mean
+
+
+@functools.cache
+def _native_agrees() -> bool:
+    """Whether native.global_mean gives :func:`numpy_global_mean`'s bits on special values
+    and on channels of -0 (numpy's reduce starts from +0; another numpy might start from
+    the first element): checked once, with the native kernels on."""
+    x = np.resize(np.array([0.0, -0.0, 1.0, -1.5, np.inf, -np.inf, np.nan, 1e-40, 3e38, 0.25,
+                            2.9], np.float32), (2, 7, 11))
+    x[:, :, :3] = x[:, :3] = -0.0
+    for channels_last in (True, False):
+        got = native.global_mean(x, channels_last)
+        with np.errstate(all="ignore"):
+            want = numpy_global_mean(x, channels_last)
+        nan = np.isnan(want)
+        if got is None or not (np.array_equal(np.isnan(got), nan)
+                               and got[~nan].tobytes() == want[~nan].tobytes()):
+            return False
+    return True
+
+
+def numpy_global_mean(x: np.ndarray, channels_last: bool = False) -> np.ndarray:
+    """:func:`mlas_global_mean` by numpy's reductions."""
     if channels_last:
         n, s, ch = x.shape
         body = s - s % 4

@@ -22,6 +22,7 @@ import threading
 import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from math import prod
 from pathlib import Path
 
 import numpy as np
@@ -104,9 +105,11 @@ def library() -> ctypes.CDLL | None:
             dll.bevir_gelu_erf_b_f32.argtypes = [ctypes.c_void_p] * 6
             dll.bevir_sigmoid_a_f32.argtypes = [ctypes.c_void_p] * 3
             dll.bevir_sigmoid_b_f32.argtypes = [ctypes.c_void_p] * 4
-            dll.bevir_depthwise_epilogue_f32.argtypes = [ctypes.c_void_p] * 5 + [
+            dll.bevir_depthwise_conv_f32.argtypes = [ctypes.c_void_p] * 5 + [
                 ctypes.c_int64, ctypes.c_void_p]
             dll.bevir_layer_norm_f32.argtypes = [ctypes.c_void_p] * 6
+            dll.bevir_global_mean_f32.argtypes = [ctypes.c_void_p] * 4
+            dll.bevir_batch_norm_f32.argtypes = [ctypes.c_void_p] * 4
             _self_check(dll)
             return dll
         except _Unavailable as e:
@@ -120,9 +123,20 @@ def has_vnni() -> bool:
     return enabled() and library().vnni
 
 
+def address(a: np.ndarray) -> int:
+    """The address of ``a``'s data for a kernel call (the caller keeps ``a`` alive): read
+    through a ctypes view of its buffer where it is C-contiguous, writable and not empty,
+    a third of what ``a.ctypes.data`` costs (it builds an object: a microsecond, paid
+    twice or thrice by every small kernel call), else from ``a.ctypes``."""
+    try:
+        return ctypes.addressof(ctypes.c_char.from_buffer(a))
+    except (TypeError, ValueError, BufferError):
+        return a.ctypes.data
+
+
 def _pointers(*arrays: np.ndarray) -> list[ctypes.c_void_p]:
     """The data pointers of ``arrays`` for a kernel call (the caller keeps them alive)."""
-    return [ctypes.c_void_p(a.ctypes.data) for a in arrays]
+    return [ctypes.c_void_p(address(a)) for a in arrays]
 
 
 _F32 = np.dtype(np.float32)
@@ -137,9 +151,10 @@ _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 _KERNELS = [f"bevir_depthwise_{_SUFFIX[t]}" for t in _FLOATS] + [
     f"bevir_maxpool_{suffix}" for suffix in _SUFFIX.values()] + [
     "bevir_gather_mac_i8", "bevir_gather_mac_i16", "bevir_u8s8_gemm", "bevir_gather_gemm_f32",
-    "bevir_resize_bilinear_f32", "bevir_activation_f32", "bevir_depthwise_epilogue_f32",
+    "bevir_resize_bilinear_f32", "bevir_activation_f32", "bevir_depthwise_conv_f32",
     "bevir_gelu_erf_a_f32", "bevir_gelu_erf_b_f32", "bevir_sigmoid_a_f32",
-    "bevir_sigmoid_b_f32", "bevir_im2col_u32", "bevir_layer_norm_f32"] + [
+    "bevir_sigmoid_b_f32", "bevir_im2col_u32", "bevir_layer_norm_f32",
+    "bevir_global_mean_f32", "bevir_batch_norm_f32"] + [
     f"bevir_transpose_u{8 * w}" for w in (1, 2, 4, 8)]
 
 
@@ -207,52 +222,56 @@ def _check_bound(name: str, a: np.ndarray, fits: bool, out: np.ndarray, out_shap
 
 
 def bind_depthwise(shape: tuple[int, ...], wt: np.ndarray, bias: np.ndarray | None,
-                   out_shape: tuple[int, ...], kernel, strides, dilations,
+                   out_shape: tuple[int, ...], kernel, strides, pads, dilations,
                    activation: tuple[int, int | None] = NO_ACTIVATION
                    ) -> Callable[[np.ndarray, np.ndarray], None] | None:
-    """:func:`depthwise` of float32 operands, then ``bias`` [C] (or None) added to each
-    pixel and ``activation`` (an :func:`activation_code`) applied, in one native call (the
-    numpy path's operations: conv2d's y += b, the activation op's code), for padded inputs
-    of ``shape`` with the weights, bias and activation checked once: a function of
-    C-contiguous float32 ``xp`` and ``out``; None where no native kernel runs."""
+    """:func:`depthwise` of float32 operands padded with +0 by ``pads`` (top, left, bottom,
+    right), then ``bias`` [C] (or None) added to each pixel and ``activation`` (an
+    :func:`activation_code`) applied, in one native call (the numpy path's operations on
+    the padded copy, conv2d's y += b, the activation op's code) that reads the padding's
+    zeros without copying the input into it: for unpadded inputs of ``shape`` with the
+    weights, bias and activation checked once, a function of C-contiguous float32 ``x``
+    and ``out``; None where no native kernel runs."""
     if not (wt.dtype == _F32 and (bias is None or bias.dtype == _F32) and enabled()):
         return None
-    n, hp, wp, c = shape
+    n, h, w, c = shape
     oh, ow = out_shape[1:3]
+    top, left, bottom, right = pads
     if (tuple(out_shape) != (n, oh, ow, c) or wt.shape != (kernel[0] * kernel[1], c)
             or (bias is not None and bias.shape != (c,))):
         raise ValueError(f"depthwise: {shape} with weights {wt.shape} and bias "
                          f"{None if bias is None else bias.shape} cannot make {out_shape}")
-    check_windows((hp, wp), (oh, ow), kernel, strides, dilations)
+    check_windows((top + h + bottom, left + w + right), (oh, ow), kernel, strides, dilations)
     wt = np.ascontiguousarray(wt)
     bias = None if bias is None else np.ascontiguousarray(bias)
-    fn = library().bevir_depthwise_epilogue_f32
+    fn = library().bevir_depthwise_conv_f32
     fixed = (wt.ctypes.data, None if bias is None else bias.ctypes.data)
-    # bands of output rows, one a thread: a band of one image reads its rows of xp
+    # bands of output rows, one a thread, each reading the rows of x its windows reach
     parts = shares(n * oh * ow * c * kernel[0] * kernel[1])
-    if parts == 1:
-        pieces = [(0, 0, (n, hp, wp, c, oh, ow))]
-    else:
-        pieces = [(4 * (b * hp + top * strides[0]) * wp * c, 4 * (b * oh + top) * ow * c,
-                   (1, hp - top * strides[0], wp, c, bottom - top, ow))
-                  for b in range(n) for top, bottom in bands(oh, parts)]
-    dims = [(ctypes.c_int64 * 12)(*d, *kernel, *strides, *dilations) for _, _, d in pieces]
-    calls = [(x_at, out_at, ctypes.addressof(d)) for (x_at, out_at, _), d in zip(pieces, dims)]
+    pieces = [(0, 0, n, 0, oh)] if parts == 1 else [
+        (4 * b * h * w * c, 4 * b * oh * ow * c, 1, y0, y1)
+        for b in range(n) for y0, y1 in bands(oh, parts)]
+    dims = [(ctypes.c_int64 * 16)(images, h, w, c, oh, ow, *kernel, *strides, *dilations,
+                                  top, left, y0, y1) for _, _, images, y0, y1 in pieces]
+    calls = [(x_at, out_at, ctypes.addressof(d)) for (x_at, out_at, *_), d in zip(pieces, dims)]
     sets = [calls[i::parts] for i in range(min(parts, len(calls)))]
     keep = (wt, bias, dims)                      # alive while the function is
     shape, out_shape = tuple(shape), tuple(out_shape)
 
-    def run(xp: np.ndarray, out: np.ndarray, _keep=keep) -> None:
-        _check_bound("depthwise", xp, xp.shape == shape, out, out_shape)
+    def run(x: np.ndarray, out: np.ndarray, _keep=keep) -> None:
+        _check_bound("depthwise", x, x.shape == shape, out, out_shape)
         if not out.size:
             return
-        xpp, op = xp.ctypes.data, out.ctypes.data
+        xp, op = address(x), address(out)
+        if len(sets) == 1:                        # one thread: no pool, no partials
+            bands_of(xp, op, sets[0])
+        else:
+            parallel([functools.partial(bands_of, xp, op, c) for c in sets])
 
-        def bands_of(calls):
-            for x_at, out_at, d in calls:
-                if fn(xpp + x_at, *fixed, op + out_at, d, *activation) != 0:
-                    raise MemoryError("depthwise: no memory for the tap offsets")
-        parallel([functools.partial(bands_of, c) for c in sets])
+    def bands_of(xp: int, op: int, calls) -> None:
+        for x_at, out_at, d in calls:
+            if fn(xp + x_at, *fixed, op + out_at, d, *activation) != 0:
+                raise MemoryError("depthwise: no memory for the tap offsets")
     return run
 
 
@@ -332,7 +351,7 @@ def activation(op: str, attrs, y: np.ndarray) -> bool:
     if not block.flags.c_contiguous:
         return False
     dims = (ctypes.c_int64 * 2)(y.size, code[0])
-    library().bevir_activation_f32(block.ctypes.data, code[1], ctypes.addressof(dims))
+    library().bevir_activation_f32(address(block), code[1], ctypes.addressof(dims))
     return True
 
 
@@ -378,11 +397,11 @@ def _around_exp(x: np.ndarray, name: str, temporaries, flag: int = 0,
     block = max(1, min(GELU_BLOCK, -(-flat.size // parts)))
     # addresses taken once: a block's are its offsets from them (an array's .ctypes costs
     # microseconds, a block's kernels tens)
-    xp, op = flat.ctypes.data, out.ctypes.data
+    xp, op = address(flat), address(out)
 
     def blocks(starts: range) -> None:
         temps = [np.empty(min(block, flat.size), t) for t in temporaries]
-        tp = [t.ctypes.data for t in temps]
+        tp = [address(t) for t in temps]
         dims = (ctypes.c_int64 * 2)(0, flag)
         for i in starts:
             n = dims[0] = min(block, flat.size - i)
@@ -392,6 +411,34 @@ def _around_exp(x: np.ndarray, name: str, temporaries, flag: int = 0,
     starts = range(0, flat.size, block)
     parallel([functools.partial(blocks, starts[i::parts]) for i in range(min(parts, len(starts)))])
     return out.reshape(x.shape)
+
+
+def batch_norm(x: np.ndarray, axis: int, params: np.ndarray) -> np.ndarray | None:
+    """kernels.norm.batch_norm's arithmetic on C-contiguous float32 ``x`` per channel of
+    ``axis``, natively in one pass (numpy's code makes four over memory): ``params`` [4, C]
+    float32: mean, sqrt(var + epsilon), scale, bias. None where no native kernel runs."""
+    if not (x.dtype == _F32 and x.flags.c_contiguous and enabled()):
+        return None
+    params = np.ascontiguousarray(params, np.float32)
+    out = np.empty_like(x)
+    dims = (ctypes.c_int64 * 3)(prod(x.shape[:axis]), x.shape[axis], prod(x.shape[axis + 1:]))
+    if x.size:
+        library().bevir_batch_norm_f32(address(x), address(params), address(out), dims)
+    return out
+
+
+def global_mean(x: np.ndarray, channels_last: bool) -> np.ndarray | None:
+    """kernels.pool.mlas_global_mean of C-contiguous float32 ``x`` [N, S, C] (channels last)
+    or [N, C, S]: onnxruntime's four lanes and their order, natively, [N, C]; None where no
+    native kernel runs (numpy's reductions cost more in calls than in adds on the small
+    maps of squeeze-excite blocks)."""
+    if not (x.dtype == _F32 and x.ndim == 3 and x.flags.c_contiguous and enabled()):
+        return None
+    n, s, c = x.shape if channels_last else (x.shape[0], x.shape[2], x.shape[1])
+    out, lanes = np.empty((n, c), np.float32), np.empty((4, c), np.float32)
+    library().bevir_global_mean_f32(*_pointers(x, out, lanes),
+                                    (ctypes.c_int64 * 4)(n, s, c, int(channels_last)))
+    return out
 
 
 #: what an element of a layer normalization costs, in multiply-adds (for :func:`shares`)
@@ -410,7 +457,7 @@ def layer_norm(x: np.ndarray, scale: np.ndarray | None, bias: np.ndarray | None,
                     for p in (scale, bias))):
         return None
     rows, out = x.size // c, np.empty_like(x)
-    fn, xp, op = library().bevir_layer_norm_f32, x.ctypes.data, out.ctypes.data
+    fn, xp, op = library().bevir_layer_norm_f32, address(x), address(out)
     sp, bp = (None if p is None else p.ctypes.data for p in (scale, bias))
     eps = _parameters(epsilon, 0.0)[1]         # float32(epsilon), as numpy's code adds it
 
@@ -625,12 +672,12 @@ class GatherGemm:
             _check_bound("GatherGemm", a, a.size == size, out, shape)
             if not out.size:
                 return
-            ap, op = a.ctypes.data, out.ctypes.data
-
-            def run(calls):
-                for rows, offs, bp, biasp, at, *rest in calls:
-                    kernel(ap, rows, offs, bp, biasp, op + at, *rest)
-            parallel([functools.partial(run, c) for c in sets])
+            ap, op = address(a), address(out)
+            if len(sets) == 1:                    # one thread: no pool, no partials
+                _gather_gemm_calls(kernel, ap, op, sets[0])
+            else:
+                parallel([functools.partial(_gather_gemm_calls, kernel, ap, op, c)
+                          for c in sets])
             if whole is not None:
                 library().bevir_activation_f32(op, after[1], ctypes.addressof(whole))
         return product
@@ -640,6 +687,13 @@ class GatherGemm:
         """Write the product of ``a``, ``b`` and ``bias`` into ``out``, then
         ``activation`` (see :meth:`bind`)."""
         self.bind(b, bias, activation)(a, out)
+
+
+def _gather_gemm_calls(kernel, a: int, out: int, calls) -> None:
+    """The calls of one thread of a bound GatherGemm: its bands, operand ``a`` and result
+    ``out`` at the addresses given (each call's result at its offset from ``out``)."""
+    for rows, offs, b, bias, at, dims, blocks, act, params in calls:
+        kernel(a, rows, offs, b, bias, out + at, dims, blocks, act, params)
 
 
 def split_blocks(k: int, q: int, u: int) -> list[int]:

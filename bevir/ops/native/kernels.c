@@ -273,16 +273,101 @@ int bevir_activation_f32(float *x, const float *p, const int64_t *d) {
   return activate_f32(x, d[0], d[1], p);
 }
 
-/* The depthwise convolution of float32 (bevir_depthwise_f32), then the bias added to
- * each pixel's channels (conv2d's y += b) and activation act (activate_f32) over out. */
-int bevir_depthwise_epilogue_f32(const float *xp, const float *wt, const float *bias,
-                                 float *out, const int64_t *d, int64_t act, const float *p) {
-  if (bevir_depthwise_f32(xp, wt, out, d) != 0) return -1;
-  const int64_t c = d[3], n = d[0] * d[4] * d[5] * c;
-  if (bias)
-    for (int64_t i = 0; i < n; i += c)
-      for (int64_t k = 0; k < c; k++) out[i + k] = out[i + k] + bias[k];
-  return activate_f32(out, n, act, p);
+/* One output pixel of bevir_depthwise_conv_f32 whose window leaves x, tap t's channels
+ * read from src[t] (a row of +0 for a tap in the padding: what the padded copy holds, its
+ * product computed as any other's): DEPTHWISE_PIXELS' operations for one pixel. */
+static void depthwise_edge_f32(const float *const *src, const float *wt, float *o, int64_t c,
+                               int64_t nt) {
+  typedef bevir_depthwise_f32_v V;
+  const int64_t lanes = sizeof(V) / sizeof(float);
+  int64_t k = 0;
+  for (; k + lanes <= c; k += lanes) {
+    V a = bevir_depthwise_f32_v_ld(src[0] + k) * bevir_depthwise_f32_v_ld(wt + k);
+    for (int64_t t = 1; t < nt; t++)
+      a = a + bevir_depthwise_f32_v_ld(src[t] + k) * bevir_depthwise_f32_v_ld(wt + t * c + k);
+    memcpy(o + k, &a, sizeof(V));
+  }
+  for (; k < c; k++) {
+    float a = src[0][k] * wt[k];
+    for (int64_t t = 1; t < nt; t++) a = a + src[t][k] * wt[t * c + k];
+    o[k] = a;
+  }
+}
+
+/* x // y for y > 0, rounding down (C's division truncates toward zero). */
+static inline int64_t floor_div(int64_t x, int64_t y) { return x >= 0 ? x / y : -((-x + y - 1) / y); }
+
+/* Output pixel (oy, ox) of bevir_depthwise_conv_f32 by depthwise_edge_f32: each tap's row
+ * of channels in x, or the row of zeros. */
+#define EDGE_PIXEL                                                                        \
+  {                                                                                       \
+    for (int64_t i = 0, t = 0; i < kh; i++)                                               \
+      for (int64_t j = 0; j < kw; j++, t++) {                                             \
+        const int64_t iy = iy0 + i * dh, ix = ox * sw - left + j * dw;                    \
+        src[t] = iy >= 0 && iy < H && ix >= 0 && ix < W ? img + (iy * W + ix) * c : zeros; \
+      }                                                                                   \
+    depthwise_edge_f32(src, wt, orow + ox * c, c, nt);                                    \
+  }
+
+/* The depthwise convolution of float32 x [N, H, W, C] padded with +0 by top rows and left
+ * columns (and below and right as far as the windows reach), without a padded copy: the
+ * products and sums of bevir_depthwise_f32 on the padded input, a window within x by
+ * DEPTHWISE_PIXELS, one that leaves it by depthwise_edge_f32; then the bias added to each
+ * pixel's channels (conv2d's y += b) and activation act (activate_f32). Output rows y0 to
+ * y1 of each image of out [N, OH, OW, C]. dims: N, H, W, C, OH, OW, KH, KW, SH, SW, DH, DW,
+ * top, left, y0, y1. */
+int bevir_depthwise_conv_f32(const float *x, const float *wt, const float *bias, float *out,
+                             const int64_t *d, int64_t act, const float *p) {
+  const int64_t N = d[0], H = d[1], W = d[2], c = d[3], OH = d[4], OW = d[5], kh = d[6];
+  const int64_t kw = d[7], sh = d[8], sw = d[9], dh = d[10], dw = d[11], top = d[12];
+  const int64_t left = d[13], y0 = d[14], y1 = d[15], nt = kh * kw, step = sw * c;
+  ptrdiff_t *off = tap_offsets(d);                    /* in x's rows of W pixels */
+  const float **src = malloc(sizeof(float *) * (size_t)nt);  /* an edge pixel's taps */
+  float *zeros = calloc((size_t)(c > 0 ? c : 1), sizeof(float));
+  if (!off || !src || !zeros) {
+    free(off);
+    free(src);
+    free(zeros);
+    return -1;
+  }
+  /* the output columns [x0, x1) whose windows lie within x's columns */
+  const int64_t first = (left + sw - 1) / sw, x0 = first < OW ? first : OW;
+  const int64_t last = floor_div(W - 1 - (kw - 1) * dw + left, sw) + 1;
+  const int64_t x1 = last < x0 ? x0 : last < OW ? last : OW;
+  for (int64_t b = 0; b < N; b++) {
+    const float *img = x + b * H * W * c;
+    for (int64_t oy = y0; oy < y1; oy++) {
+      const int64_t iy0 = oy * sh - top;
+      float *orow = out + (b * OH + oy) * OW * c;
+      int64_t ox = 0;
+      if (iy0 >= 0 && iy0 + (kh - 1) * dh < H) {
+        for (; ox < x0; ox++) EDGE_PIXEL
+        for (; ox + 4 <= x1; ox += 4) {
+          const float *s = img + (iy0 * W + ox * sw - left) * c;
+          float *o = orow + ox * c;
+          DEPTHWISE_PIXELS(bevir_depthwise_f32_v, float, 4)
+        }
+        for (; ox < x1; ox++) {
+          const float *s = img + (iy0 * W + ox * sw - left) * c;
+          float *o = orow + ox * c;
+          DEPTHWISE_PIXELS(bevir_depthwise_f32_v, float, 1)
+        }
+      }
+      for (; ox < OW; ox++) EDGE_PIXEL
+    }
+  }
+  free(off);
+  free(src);
+  free(zeros);
+  for (int64_t b = 0; b < N; b++) {
+    float *rows = out + (b * OH + y0) * OW * c;
+    const int64_t n = (y1 - y0) * OW * c;
+    if (bias)
+      for (int64_t i = 0; i < n; i += c)
+        for (int64_t k = 0; k < c; k++) rows[i + k] = rows[i + k] + bias[k];
+    if (activate_f32(rows, n, act, p) != 0) return -1;
+  }
+  return 0;
 }
 
 /* Float32 products summed as an FMA kernel of BLAS sums them: out[m, n] = the products
@@ -573,5 +658,64 @@ int bevir_layer_norm_f32(const float *x, const float *scale, const float *bias, 
       for (int64_t k = 0; k < c; k++) o[k] = o[k] + bias[k];
   }
   free(sq);
+  return 0;
+}
+
+/* onnxruntime's float GlobalAveragePool (kernels.pool.mlas_global_mean) of x [N, S, C] where
+ * channels_last, else [N, C, S]: per image and channel, four lanes, lane j the sum of
+ * elements j, j + 4, ... in order onto +0 (as numpy's add.reduce adds row after row from its
+ * identity), the lanes added as (l0 + l2) + (l1 + l3), the last S % 4 elements added one by
+ * one, the sum divided by S. out: [N, C]. dims: N, S, C, channels_last. lanes: 4 * C floats
+ * of scratch (channels last). */
+int bevir_global_mean_f32(const float *x, float *out, float *lanes, const int64_t *d) {
+  const int64_t N = d[0], S = d[1], C = d[2], body = S - S % 4;
+  for (int64_t n = 0; n < N; n++, x += S * C, out += C) {
+    if (d[3]) {
+      /* four rows of channels, one a lane, lie as the lanes do: one run of 4 * C adds */
+      for (int64_t k = 0; k < 4 * C; k++) lanes[k] = 0.0f;
+      for (int64_t i = 0; i < body; i += 4) {
+        const float *restrict rows = x + i * C;
+        float *restrict l = lanes;
+        for (int64_t k = 0; k < 4 * C; k++) l[k] = l[k] + rows[k];
+      }
+      for (int64_t c = 0; c < C; c++) {
+        float total = (lanes[c] + lanes[2 * C + c]) + (lanes[C + c] + lanes[3 * C + c]);
+        for (int64_t i = body; i < S; i++) total = total + x[i * C + c];
+        out[c] = total / (float)S;
+      }
+    } else {
+      for (int64_t c = 0; c < C; c++) {
+        const float *row = x + c * S;
+        float l[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int64_t i = 0; i < body; i += 4)
+          for (int j = 0; j < 4; j++) l[j] = l[j] + row[i + j];
+        float total = (l[0] + l[2]) + (l[1] + l[3]);
+        for (int64_t i = body; i < S; i++) total = total + row[i];
+        out[c] = total / (float)S;
+      }
+    }
+  }
+  return 0;
+}
+
+/* Inference batch norm of float32 (kernels.norm.batch_norm's numpy code) over x [outer, C,
+ * inner]: out = (x - mean[c]) / s[c] * scale[c] + bias[c], each operation rounded in that
+ * order, s = sqrt(var + eps) given. p: mean, s, scale, bias, C floats each. dims: outer,
+ * C, inner. */
+int bevir_batch_norm_f32(const float *x, const float *p, float *out, const int64_t *d) {
+  const int64_t outer = d[0], C = d[1], inner = d[2];
+  const float *mean = p, *s = p + C, *k = p + 2 * C, *b = p + 3 * C;
+  for (int64_t o = 0; o < outer; o++, x += C * inner, out += C * inner) {
+    if (inner == 1) { /* channels last: one run of the channels */
+      for (int64_t c = 0; c < C; c++) out[c] = (x[c] - mean[c]) / s[c] * k[c] + b[c];
+      continue;
+    }
+    for (int64_t c = 0; c < C; c++) {
+      const float m = mean[c], sc = s[c], kc = k[c], bc = b[c];
+      const float *xc = x + c * inner;
+      float *oc = out + c * inner;
+      for (int64_t i = 0; i < inner; i++) oc[i] = (xc[i] - m) / sc * kc + bc;
+    }
+  }
   return 0;
 }

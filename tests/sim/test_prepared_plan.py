@@ -1,0 +1,96 @@
+"""The interpreter's prepared plan: each node's golden kernel bound once per graph version
+(OpDef.bind: its context, whether it reads C-ordered operands, its results' declared
+types) and reused by every run, giving the bits of the unprepared semantics; a graph
+changed after a run is prepared again, never served from the stale plan."""
+import numpy as np
+import pytest
+
+import bevir
+from bevir import InterpreterError, TensorType
+from bevir.ir.builder import Builder
+from bevir.sim.interpreter import Interpreter
+
+
+class Unprepared(Interpreter):
+    """Each node computed as OpDef.run's docstring defines it, from scratch: a context made
+    for the call and every operand C-ordered (but for data movement and the ops that read
+    any memory order)."""
+
+    def run_node(self, node, args):
+        op = node.opdef
+        if not (op.moves_data or op.any_memory_order):
+            args = [None if a is None else np.ascontiguousarray(a) for a in args]
+        out = op.compute(op.ctx(node), *args)
+        return [np.asarray(o) for o in ([out] if isinstance(out, np.ndarray) else out)]
+
+
+def model(rng) -> tuple[bevir.Graph, dict[str, np.ndarray]]:
+    """A convolution, a transposed view read by a layer norm (a reduction over a strided
+    axis unless copied), a split into two results and a softmax."""
+    b = Builder("m")
+    x = b.input("x", TensorType((1, 3, 12, 10)))
+    y = b.conv2d(x, b.const(rng.standard_normal((8, 3, 3, 3)).astype(np.float32)),
+                 b.const(rng.standard_normal(8).astype(np.float32)), pads=(1, 1, 1, 1))
+    t = b.transpose(b.relu(y), perm=(0, 2, 3, 1))
+    n = b.layer_norm(t, axis=-1)
+    lo, hi = b.split(n, axis=3, sizes=(3, 5))
+    b.output("lo", b.softmax(lo, axis=-1))
+    b.output("hi", hi)
+    return b.graph, {"x": rng.standard_normal((1, 3, 12, 10)).astype(np.float32)}
+
+
+def same_bits(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(
+        a[k].dtype == b[k].dtype and a[k].tobytes() == b[k].tobytes() for k in a)
+
+
+def test_prepared_runs_give_the_bits_of_the_unprepared_semantics(rng):
+    graph, feed = model(rng)
+    first = bevir.run(graph, feed, fetch="all")
+    again = bevir.run(graph, feed, fetch="all")          # the plan the first run prepared
+    assert same_bits(first, again)
+    assert same_bits(first, Unprepared(graph).run(feed, fetch="all"))
+
+
+def hardsigmoid_graph() -> tuple[bevir.Graph, np.ndarray]:
+    b = Builder("g")
+    x = b.input("x", TensorType((5,)))
+    b.output("y", b.hardsigmoid(x, alpha=0.2, beta=0.5))
+    return b.graph, np.array([-4, -1, 0, 1, 4], np.float32)
+
+
+def test_a_node_replaced_after_a_run_runs_as_replaced():
+    graph, x = hardsigmoid_graph()
+    old = graph.nodes[0]
+    assert bevir.run(graph, {"x": x})["y"].tolist() == pytest.approx([0, 0.3, 0.5, 0.7, 1])
+    new = graph.create_node("hardsigmoid", old.inputs, {"alpha": 0.5, "beta": 0.5},
+                            after=old)
+    graph.replace_all_uses(old.outputs[0], new.outputs[0])
+    graph.erase(old)
+    assert bevir.run(graph, {"x": x})["y"].tolist() == [0, 0, 0.5, 1, 1]
+
+
+def test_attributes_and_types_changed_with_the_version_are_read_again():
+    """A pass that sets a node's fields itself and bumps the graph's version (as the pass
+    manager requires of a change): the next run binds the node anew."""
+    graph, x = hardsigmoid_graph()
+    node = graph.nodes[0]
+    bevir.run(graph, {"x": x})
+    node.attrs = dict(node.attrs, alpha=0.25)
+    graph.version += 1
+    assert bevir.run(graph, {"x": x})["y"].tolist() == [0, 0.25, 0.5, 0.75, 1]
+    node.outputs[0].type = TensorType((5,), "f16")       # now declared otherwise
+    graph.version += 1
+    with pytest.raises(InterpreterError, match="declared tensor<5xf16>"):
+        bevir.run(graph, {"x": x})
+
+
+def test_a_wrong_result_is_still_named_with_its_declared_type():
+    """The plan's quick check of the results defers to the full one, which names them."""
+    graph, x = hardsigmoid_graph()
+    bad = Interpreter(graph, kernels={"hardsigmoid": lambda node, args: [args[0][:2]]})
+    with pytest.raises(InterpreterError, match=r"result %\S+ is float32\[2\], declared"):
+        bad.run({"x": x})
+    two = Interpreter(graph, kernels={"hardsigmoid": lambda node, args: [args[0]] * 2})
+    with pytest.raises(InterpreterError, match="produced 2 results, declared 1"):
+        two.run({"x": x})
