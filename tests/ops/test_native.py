@@ -140,10 +140,7 @@ def test_native_maxpool_bits_are_numpys(pool, dtype, channels, monkeypatch, nati
     y = b.maxpool2d(b.input("x", TensorType.of(x, Layout.nhwc)), kernel=kernel,
                     strides=strides, pads=pads, dilations=dilations, ceil_mode=ceil)
     b.output("y", y)
-    runs = {}
-    for on in ("1", "0"):
-        monkeypatch.setenv("BEVIR_NATIVE", on)
-        runs[on] = bevir.run(b.graph, {"x": x})["y"]
+    runs = both_ways(monkeypatch, b.graph, {"x": x})
     assert native_runs == [f"bevir_maxpool_{native._SUFFIX[np.dtype(dtype)]}"]
     assert runs["1"].dtype == runs["0"].dtype and runs["1"].tobytes() == runs["0"].tobytes()
 
@@ -268,6 +265,16 @@ FMA_CASES = [
     (Layout.nhwc, (1, 64, 10, 10), 32, (3, 3), (1, 1), (1, 1), (1, 1, 1, 1), 1),
     (Layout.nhwc, (1, 96, 6, 6), 64, (3, 3), (1, 1), (7, 7), (7, 7, 7, 7), 1),
 ]
+
+
+def both_ways(monkeypatch, graph, feed: dict, out: str = "y") -> dict[str, np.ndarray]:
+    """``graph``'s result ``out`` with the native kernels ("1") and with numpy's code ("0")."""
+    runs = {}
+    for on in ("1", "0"):
+        monkeypatch.setenv("BEVIR_NATIVE", on)
+        with np.errstate(invalid="ignore", over="ignore"):
+            runs[on] = bevir.run(graph, feed)[out]
+    return runs
 
 
 def count_calls(monkeypatch, *kernels: str) -> list[str]:
@@ -406,11 +413,7 @@ def test_native_bilinear_resize_bits_are_numpys(shape, size, mode, monkeypatch, 
     calls = []
     real = native.resize_bilinear
     monkeypatch.setattr(native, "resize_bilinear", lambda *a: calls.append(real(*a)) or calls[-1])
-    runs = {}
-    for on in ("1", "0"):
-        monkeypatch.setenv("BEVIR_NATIVE", on)
-        with np.errstate(invalid="ignore"):
-            runs[on] = bevir.run(b.graph, {"x": x})["y"]
+    runs = both_ways(monkeypatch, b.graph, {"x": x})
     assert calls == [True, False] and runs["1"].shape == runs["0"].shape == size
     nan = np.isnan(runs["0"])
     assert np.array_equal(np.isnan(runs["1"]), nan)
@@ -428,10 +431,7 @@ def test_native_layout_transform_moves_the_same_bits(shape, to, dtype, monkeypat
     calls = []
     real = native.swap_last_axes
     monkeypatch.setattr(native, "swap_last_axes", lambda a: calls.append(real(a)) or calls[-1])
-    runs = {}
-    for on in ("1", "0"):
-        monkeypatch.setenv("BEVIR_NATIVE", on)
-        runs[on] = bevir.run(b.graph, {"x": x})["y"]
+    runs = both_ways(monkeypatch, b.graph, {"x": x})
     assert calls[0] is not None and calls[1] is None
     perm = (0, 2, 3, 1) if to == "nhwc" else (0, 3, 1, 2)
     assert runs["1"].tobytes() == runs["0"].tobytes() == x.transpose(perm).tobytes()
@@ -557,11 +557,7 @@ def test_native_depthwise_reads_the_padding_in_place_with_numpys_bits(case, thre
                            b.const(rng.standard_normal(c).astype(np.float32)),
                            strides=strides, pads=pads, dilations=dilations, groups=c))
     ran = count_calls(monkeypatch, "bevir_depthwise_conv_f32")
-    runs = {}
-    for on in ("1", "0"):
-        monkeypatch.setenv("BEVIR_NATIVE", on)
-        with np.errstate(invalid="ignore", over="ignore"):
-            runs[on] = bevir.run(b.graph, {"x": x})["y"]
+    runs = both_ways(monkeypatch, b.graph, {"x": x})
     same_numbers(runs["1"], runs["0"])
     assert ran, "the native kernel ran"
 
@@ -621,11 +617,7 @@ def test_native_gelu_bits_are_numpys(threads, monkeypatch, rng):
     b = Builder("gelu")
     b.output("y", b.gelu(b.input("x", TensorType.of(x))))
     ran = count_calls(monkeypatch, "bevir_gelu_erf_b_f32")
-    runs = {}
-    for on in ("1", "0"):
-        monkeypatch.setenv("BEVIR_NATIVE", on)
-        with np.errstate(invalid="ignore"):
-            runs[on] = bevir.run(b.graph, {"x": x})["y"]
+    runs = both_ways(monkeypatch, b.graph, {"x": x})
     assert len(ran) == 4                       # one per block, with native kernels only
     nan = np.isnan(runs["0"])
     assert np.array_equal(np.isnan(runs["1"]), nan)
@@ -644,11 +636,7 @@ def test_native_sigmoid_bits_are_numpys(op, threads, monkeypatch, rng):
     b = Builder(op)
     b.output("y", getattr(b, op)(b.input("x", TensorType.of(x))))
     ran = count_calls(monkeypatch, "bevir_sigmoid_b_f32")
-    runs = {}
-    for on in ("1", "0"):
-        monkeypatch.setenv("BEVIR_NATIVE", on)
-        with np.errstate(invalid="ignore", over="ignore"):
-            runs[on] = bevir.run(b.graph, {"x": x})["y"]
+    runs = both_ways(monkeypatch, b.graph, {"x": x})
     assert len(ran) == 3                       # blocks of 2^16, or of a third of x
     nan = np.isnan(runs["0"])
     assert np.array_equal(np.isnan(runs["1"]), nan)
@@ -782,11 +770,7 @@ def test_native_layer_norm_bits_are_numpys(shape, threads, monkeypatch, rng):
         b = Builder("layer_norm")
         b.output("y", b.layer_norm(b.input("x", TensorType.of(x)),
                                    *(b.const(p) for p in (scale, bias) if p is not None)))
-        runs = {}
-        for on in ("1", "0"):
-            monkeypatch.setenv("BEVIR_NATIVE", on)
-            with np.errstate(invalid="ignore", over="ignore"):
-                runs[on] = bevir.run(b.graph, {"x": x})["y"]
+        runs = both_ways(monkeypatch, b.graph, {"x": x})
         same_numbers(runs["1"], runs["0"])
     assert ran, "the native kernel ran"
 
@@ -806,11 +790,7 @@ def test_native_global_mean_bits_are_numpys(hw, layout, monkeypatch, rng):
     ran = count_calls(monkeypatch, "bevir_global_mean_f32")
     b = Builder("pool")
     b.output("y", b.global_avgpool(b.input("x", TensorType.of(x, layout))))
-    runs = {}
-    for on in ("1", "0"):
-        monkeypatch.setenv("BEVIR_NATIVE", on)
-        with np.errstate(invalid="ignore", over="ignore"):
-            runs[on] = bevir.run(b.graph, {"x": x})["y"]
+    runs = both_ways(monkeypatch, b.graph, {"x": x})
     same_numbers(runs["1"], runs["0"])
     assert ran, "the native kernel ran"
 
@@ -832,11 +812,7 @@ def test_native_batch_norm_bits_are_numpys(case, monkeypatch, rng):
                                *(b.const(p.astype(np.float64 if i == 1 else np.float32))
                                  for i, p in enumerate(params)), epsilon=1e-3))
     ran = count_calls(monkeypatch, "bevir_batch_norm_f32")
-    runs = {}
-    for on in ("1", "0"):
-        monkeypatch.setenv("BEVIR_NATIVE", on)
-        with np.errstate(invalid="ignore", over="ignore"):
-            runs[on] = bevir.run(b.graph, {"x": x})["y"]
+    runs = both_ways(monkeypatch, b.graph, {"x": x})
     same_numbers(runs["1"], runs["0"])
     assert ran, "the native kernel ran"
 
