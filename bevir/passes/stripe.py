@@ -153,22 +153,25 @@ def _end(run: list[Node], last: int, cores: int, hw: HWConfig | None) -> int:
     if hw is None:
         return last
     batch = run[0].output.type.shape[0]
-    graph = run[0].graph
-    outputs = {id(v) for v in graph.outputs.values()} if graph is not None else set()
-    inside: set[int] = set()
-    def joins(k: int) -> int:           # the OCM cycles joining what leaves run[:k + 1]
-        inside.update(id(n) for n in run[:k + 1])
-        out = sum(n.output.type.nbytes for n in run[:k + 1] if id(n.output) in outputs
-                  or any(id(u) not in inside for u, _ in n.output.uses))
-        return 2 * out // (cores * hw.ocm_bytes_per_cycle)
-    best, best_cost, extra = last, joins(last), 0
+    best, best_cost, extra = last, _join_cycles(run[:last + 1], cores, hw), 0
     for k in range(last + 1, len(run)):
         extra += (stripe_cycles([run[k]], 1, cores, hw)
                   - stripe_cycles([run[k]], batch, cores, hw))
-        cost = extra + joins(k)
+        cost = extra + _join_cycles(run[:k + 1], cores, hw)
         if cost < best_cost:
             best, best_cost = k, cost
     return best
+
+
+def _join_cycles(nodes: list[Node], cores: int, hw: HWConfig) -> int:
+    """The OCM cycles, per core, of joining the results of ``nodes`` that are read after
+    them or by the host, from their stripes."""
+    inside = {id(n) for n in nodes}
+    graph = nodes[0].graph
+    outputs = {id(v) for v in graph.outputs.values()} if graph is not None else set()
+    joined = sum(n.output.type.nbytes for n in nodes if id(n.output) in outputs
+                 or any(id(u) not in inside for u, _ in n.output.uses))
+    return 2 * joined // (cores * hw.ocm_bytes_per_cycle)
 
 
 def by_weights(group: Group, weights: int | None, budget: int, cores: int) -> list[Group]:
