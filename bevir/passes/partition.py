@@ -184,7 +184,10 @@ class Route:
     ``core_slice`` of it, joined by a ``core_gather`` when there are several.
     A producer split along another axis gives one part per piece (its range of the cut
     axis, joined along the producer's). ``via_gather``: the whole of a split producer's
-    result, its pieces gathered on core 0 first."""
+    result, its pieces gathered on core 0 first; ``joined_in_ddr``: that gather is a view
+    of the pieces in DDR (a split reader, the pieces end to end: see
+    :func:`bevir.target.schedule.joined_in_ddr`), so each core stores its piece and this
+    core loads the whole."""
 
     core: int
     nbytes: int
