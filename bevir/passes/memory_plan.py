@@ -11,10 +11,13 @@ Plan: start with every value in OCM. While a core's live bytes at some step exce
 OCM (the lower bound ``max_t sum(live bytes)``), or the placement does not fit, move one
 value live but untouched at the peak step to DDR (the one used farthest ahead, as Belady's
 rule does); a DDR value is loaded by a ``dma_copy`` before each node that reads it, and a
-DDR activation is stored by one right after its producer. When nothing at the peak step
+DDR activation is stored by one right after its producer (the producer core's next node
+reads it in OCM). When nothing at the peak step
 can move, the step's own operands and results exceed the OCM: a PassError naming the op
-and the bytes it needs. Loads are then moved one node earlier (double buffering: the
-transfer overlaps the previous node) where the bound leaves room.
+and the bytes it needs. Loads are then issued up to ``prefetch_window`` nodes early
+(double buffering: the transfer overlaps the nodes before its reader) where the bound
+leaves room, in the order of their readers, and later again where the placement
+fragments.
 
 Placement, per core: greedy by size, best fit (TFLite / TVM USMP), then a seeded
 hill-climb over the placement order (Vela) that stops at the lower bound, after
@@ -202,6 +205,11 @@ class _Timeline:
         self.made_at = {v.name: index[id(v.producer)] for v in self.values.values()
                         if v.producer is not None}
         self.producer = {name: i for name, i in self.made_at.items() if self.held(self.nodes[i])}
+        self.next_on_core: list[int | None] = [None] * len(self.nodes)
+        after: dict[int, int] = {}
+        for i in range(len(self.nodes) - 1, -1, -1):
+            self.next_on_core[i] = after.get(self.core[i])
+            after[self.core[i]] = i
         self.pinned_in = {v.name for v in graph.inputs}
         self.pinned_out = {v.name for v in graph.outputs.values()}
         for v in list(graph.inputs) + list(graph.outputs.values()):
@@ -267,12 +275,21 @@ class _Timeline:
         return start, end
 
     def ddr_intervals(self, name: str) -> list[tuple]:
+        kept = self.kept_for(name)
         out = [(self.core[i], self.prefetch.get((name, i), i), i, BufferKey(name, load=i))
-               for i in self.readers[name] if i not in self.stages]
+               for i in self.readers[name] if i not in self.stages and i != kept]
         p = self.producer.get(name)
-        if p is not None and p not in self.stages:
-            out.append((self.core[p], p, p, BufferKey(name)))   # its result, until stored
+        if p is not None and p not in self.stages:      # its result, until stored and read
+            out.append((self.core[p], p, p if kept is None else kept, BufferKey(name)))
         return out
+
+    def kept_for(self, name: str) -> int | None:
+        """The reader of DDR value ``name`` that reads its result in OCM rather than a load:
+        the producer core's next node, where it reads the value (no node between would hide
+        the load, and the bytes stay live from the store to the reload anyway)."""
+        p = self.producer.get(name)
+        i = None if p is None or p in self.stages else self.next_on_core[p]
+        return i if i is not None and i not in self.stages and i in self.readers[name] else None
 
     def intervals(self, name: str) -> list[tuple]:
         return self.ddr_intervals(name) if name in self.ddr else self.ocm_intervals(name)
@@ -300,6 +317,20 @@ class _Timeline:
         self.prefetch[name, i] = at
         self.live[self.core[i]][at:i] += self.size[name]
 
+    def delay_prefetch(self, name: str, i: int, at: int) -> None:
+        """Issue the load of ``name`` for node ``i`` at step ``at`` (``i``: at its reader),
+        and the loads of the core's later readers issued before ``at`` at ``at`` too: a
+        core's DMA engine runs its loads in the order they were issued, so none waits behind
+        one for a later reader."""
+        core = self.core[i]
+        for (other, j), start in list(self.prefetch.items()):
+            if self.core[j] == core and j >= i and start < at:
+                self.live[core][start:min(at, j)] -= self.size[other]
+                if at >= j:
+                    del self.prefetch[other, j]
+                else:
+                    self.prefetch[other, j] = at
+
     def clear_prefetch(self) -> None:
         for (name, i), at in self.prefetch.items():
             self.live[self.core[i]][at:i] -= self.size[name]
@@ -324,7 +355,8 @@ class _Timeline:
             return []                           # the node streams its DDR operands itself
         n = self.nodes[i]
         held = {id(v) for v in self.held(n)}
-        return [v.name for v in n.distinct_inputs() if v.name in self.ddr and id(v) in held]
+        return [v.name for v in n.distinct_inputs() if v.name in self.ddr and id(v) in held
+                and self.kept_for(v.name) != i]
 
     def touched_at(self, i: int) -> set[str]:
         return {v.name for v in self.held(self.nodes[i])}
@@ -514,23 +546,27 @@ class PlanMemory(Pass):
     def _prefetch(self, tl: _Timeline, bufs: list[Buffer], figures: dict[int, dict]):
         """Issue loads early (the core's DMA engine moves them while the nodes between run)
         while the bound stays within the OCM: each as early as ``prefetch_window`` node
-        steps allow, else one node early; keep the plan without them if the placement
-        then does not fit. What the host made for a core to read once (a camera's rows it
-        cut) is loaded the same way, so that it arrives while the core computes what comes
-        before (its reader, a quantize, has little work to hide the load under); where its
-        load cannot be issued early it stays in OCM, loaded by its reader."""
+        steps allow, none before the core's load for an earlier node; where the placement
+        fragments, later (:meth:`_place_prefetched`); where that does not fit, each one
+        node early the same way, else none. What the host made for a core to read once (a
+        camera's rows it cut) is loaded the same way, so that it arrives while the core
+        computes what comes before (its reader, a quantize, has little work to hide the
+        load under); where its load cannot be issued early it stays in OCM, loaded by its
+        reader."""
         fed = [name for name in tl.values if tl.fed_once(name) and name not in tl.ddr]
         for name in fed:
             tl.to_ddr(name)
         for window in dict.fromkeys((self.prefetch_window, 1)):
+            issued: dict[int, int] = {}      # per core: where its last load was issued
             for i in range(1, len(tl.nodes)):
                 for name in tl.loads(i):
-                    at = self._issue_step(tl, name, i, window)
+                    at = self._issue_step(tl, name, i, window, issued.get(tl.core[i], 0))
                     if at is not None:
                         tl.add_prefetch(name, i, at)
+                    issued[tl.core[i]] = i if at is None else at
             if not tl.prefetch:
                 break
-            new_bufs, new_figures, _ = self._place(tl)
+            new_bufs, new_figures = self._place_prefetched(tl)
             if new_figures is not None:
                 late = {name for name in fed if not any(
                     (name, i) in tl.prefetch for i in tl.readers[name])}
@@ -545,8 +581,28 @@ class PlanMemory(Pass):
             tl.to_ocm(name)
         return bufs, figures
 
-    def _issue_step(self, tl: _Timeline, name: str, i: int, window: int) -> int | None:
-        """The earliest step, at most ``window`` nodes of its core before node ``i``, at
+    def _place_prefetched(self, tl: _Timeline):
+        """Place with the loads issued early; where a core's placement does not fit
+        (fragmentation), its loads in flight at the fullest step of the overflowing
+        buffer are issued at their readers again, until it fits or none is left."""
+        while tl.prefetch:
+            bufs, figures, core = self._place(tl, search=False)
+            if figures is not None:
+                return self._place(tl)[:2]
+            top = max((b for b in bufs if b.core == core), key=lambda b: b.offset + b.size)
+            t = top.start + int(tl.live[core][top.start:top.end + 1].argmax())
+            late = [(name, i) for (name, i), at in tl.prefetch.items()
+                    if tl.core[i] == core and at <= t < i]
+            if not late:
+                break
+            for name, i in late:
+                tl.delay_prefetch(name, i, i)
+            self.stat("prefetches-delayed", len(late))
+        return None, None
+
+    def _issue_step(self, tl: _Timeline, name: str, i: int, window: int, floor: int
+                    ) -> int | None:
+        """The earliest node of its core, at most ``window`` before node ``i``, at
         which the load of ``name`` fits the core's OCM at every step up to ``i``, after the
         value was made (and stored) and with no node of the other side (host, device)
         between (None: not even one node early). The nodes run stage after stage
@@ -554,14 +610,14 @@ class PlanMemory(Pass):
         before the device stage that loads them."""
         core, side = tl.core[i], lowerable(tl.nodes[i])
         live, size, at, mine = tl.live[core], tl.size[name], None, 0
-        for j in range(i - 1, -1, -1):
+        for j in range(i - 1, floor - 1, -1):
             if tl.made_at.get(name, -1) >= j or lowerable(tl.nodes[j]) != side or \
                     live[j] + size > self.ocm:
                 break
-            at = j
-            mine += tl.core[j] == core
-            if mine >= window:
-                break
+            if tl.core[j] == core:          # issued before a node of its core
+                at, mine = j, mine + 1
+                if mine >= window:
+                    break
         return at
 
     # ---- writing the plan into the graph ------------------------------------------------
@@ -584,8 +640,9 @@ class PlanMemory(Pass):
                     ddr_value[v.name] = v
                 elif v.name in sched.ddr:
                     s = self._dma(graph, v, "ocm", "ddr", n, after=after)
+                    kept = sched.kept_for(v.name)
                     for user, j in list(v.uses):
-                        if user is not s:
+                        if user is not s and (kept is None or user is not nodes[kept]):
                             user.set_input(j, s.output)
                     for k, o in graph.outputs.items():
                         if o is v:
