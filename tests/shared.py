@@ -215,7 +215,7 @@ def assert_counted_as_modelled(program, hw: HWConfig) -> dict:
     assert [c["ddr_bytes"] for c in counts["cores"]] == \
         profile.ddr_bytes_per_core[:len(counts["cores"])]
     assert counts["kernel_calls"] == sum(1 for r in profile.records
-                                         if r.bound not in ("barrier", "view", "prefetch"))
+                                         if r.bound not in ("barrier", "view", "prefetch", "spill"))
     return counts
 
 

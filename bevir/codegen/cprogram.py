@@ -218,7 +218,7 @@ class _CoreWriter:
         self.core, self.memory, self.kernels = core, memory, kernels
         self.lines: list[str] = []
         self.steps: list[dict] = []
-        self.tickets: dict[str, str] = {}     # prefetched value -> its DMA ticket variable
+        self.tickets: dict[str, str] = {}     # value on the DMA engine -> its ticket variable
 
     @staticmethod
     def ptr(place: Place) -> str:
@@ -240,12 +240,12 @@ class _CoreWriter:
         for t in step.loads:
             self.copy(f"ocm + {t.ocm}", f"ddr + {t.ddr}", t.nbytes)
             out.append("  " + _count(s, ddr_bytes=t.nbytes, transfers=1))
-        for v in step.dma_waits:             # prefetched by the core's DMA engine
+        for v in step.dma_waits:             # moved by the core's DMA engine
             out.append(f"  bevir_dma_wait({self.tickets.pop(v)});")
         for src, dst in step.copies:         # a barrier: this core's pieces pass through
             self.copy(self.ptr(dst.place), self.ptr(src.place), src.nbytes)
         out.append(_stamp(s, "loaded"))
-        if step.prefetch:                     # issued; the engine copies while the core goes on
+        if step.on_engine:                    # issued; the engine copies while the core goes on
             src, dst = step.args
             self.tickets[dst.value] = f"t{s}"
             out.append(f"  int64_t t{s} = bevir_dma_issue({self.ptr(dst.place)}, "

@@ -54,6 +54,8 @@ from .placement import conflicts, place_core
 register_meta_key("ocm", list, doc="plan-memory: [{core, offset, size}] per core holding the value")
 register_meta_key("mem", str, doc="plan-memory: 'ocm' or 'ddr', where the value lives")
 register_meta_key("memory_plan", dict, doc="plan-memory: options and per-core figures")
+register_meta_key("async", bool, doc="plan-memory: a store the core's DMA engine runs while the "
+                  "core goes on (its source stays in OCM through the core's next node)")
 register_meta_key("stream", dict, doc="plan-memory: a node streamed in stripes between DDR and "
                   "an OCM stage buffer ({core, stripes, offset, size})")
 
@@ -152,10 +154,17 @@ def graph_timeline(graph: Graph, cores: int = 1, shared: bool = False, align: in
     key = lambda v: BufferKey(v.name)  # noqa: E731
     stages = [n for n in graph.nodes if "stream" in n.meta]
     held = held_in_ocm(graph)
-    steps = [Step(node_core(n, cores, shared),
-                  _distinct([key(v) for v in held(n) if ocm(v)] +
-                            [_stage_key(n)] * ("stream" in n.meta)), n, n.op != "dma_copy")
-             for n in graph.nodes]
+    keys = [[key(v) for v in held(n) if ocm(v)] + [_stage_key(n)] * ("stream" in n.meta)
+            for n in graph.nodes]
+    for t, n in enumerate(graph.nodes):      # an asynchronous store's source: through the
+        if n.meta.get("async"):              # core's next node
+            core = node_core(n, cores, shared)
+            nxt = next((u for u in range(t + 1, len(keys)) if graph.nodes[u].op != "dma_copy"
+                        and node_core(graph.nodes[u], cores, shared) == core), None)
+            if nxt is not None:
+                keys[nxt].append(key(n.inputs[0]))
+    steps = [Step(node_core(n, cores, shared), _distinct(k), n, n.op != "dma_copy")
+             for n, k in zip(graph.nodes, keys)]
     sizes = {key(v): _align(v.type.nbytes, align) for v in graph.values()}
     sizes.update({_stage_key(n): n.meta["stream"]["size"] for n in stages})
     return _buffers(steps, sizes,
@@ -186,6 +195,7 @@ class _Timeline:
         self.last = max(len(self.nodes) - 1, 0)
         self.ddr: dict[str, None] = {}
         self.prefetch: dict[tuple[str, int], int] = {}
+        self.spills: set[str] = set()      # DDR values whose store runs on the DMA engine
         index = {id(n): i for i, n in enumerate(self.nodes)}
         self.values: dict[str, Value] = {}
         self.size: dict[str, int] = {}
@@ -280,8 +290,41 @@ class _Timeline:
                for i in self.readers[name] if i not in self.stages and i != kept]
         p = self.producer.get(name)
         if p is not None and p not in self.stages:      # its result, until stored and read
-            out.append((self.core[p], p, p if kept is None else kept, BufferKey(name)))
+            end = self.next_on_core[p] if name in self.spills else self._stored(name)
+            out.append((self.core[p], p, end, BufferKey(name)))
         return out
+
+    def _stored(self, name: str) -> int:
+        """The last step a DDR value's result stays in OCM with its store synchronous."""
+        kept = self.kept_for(name)
+        return self.producer[name] if kept is None else kept
+
+    def may_spill(self, name: str) -> bool:
+        """Whether the store of DDR value ``name`` may run on its core's DMA engine while
+        the producer core's next node runs (its result then stays in OCM through that
+        node): where only that core reads it (no other core waits for the store)."""
+        p = self.producer.get(name)
+        if p is None or p in self.stages or self.next_on_core[p] is None:
+            return False
+        return all(self.core[i] == self.core[p] for i in self.readers[name])
+
+    def add_spills(self, ocm: int) -> None:
+        """Make the stores asynchronous where the bound stays within the OCM."""
+        for name in self.ddr:
+            if self.may_spill(name):
+                p = self.producer[name]
+                extra = slice(self._stored(name) + 1, self.next_on_core[p] + 1)
+                live = self.live[self.core[p]]
+                if extra.start >= extra.stop or int(live[extra].max()) + self.size[name] <= ocm:
+                    self.spills.add(name)
+                    live[extra] += self.size[name]
+
+    def sync_store(self, name: str) -> None:
+        """Make the store of ``name`` synchronous again."""
+        p = self.producer[name]
+        self.spills.discard(name)
+        self.live[self.core[p]][self._stored(name) + 1:self.next_on_core[p] + 1] -= \
+            self.size[name]
 
     def kept_for(self, name: str) -> int | None:
         """The reader of DDR value ``name`` that reads its result in OCM rather than a load:
@@ -564,8 +607,7 @@ class PlanMemory(Pass):
                     if at is not None:
                         tl.add_prefetch(name, i, at)
                     issued[tl.core[i]] = i if at is None else at
-            if not tl.prefetch:
-                break
+            tl.add_spills(self.ocm)              # where the loads issued early leave room
             new_bufs, new_figures = self._place_prefetched(tl)
             if new_figures is not None:
                 late = {name for name in fed if not any(
@@ -577,24 +619,36 @@ class PlanMemory(Pass):
                     tl.to_ocm(name)
                 return new_bufs, new_figures
             tl.clear_prefetch()
+            for name in list(tl.spills):
+                tl.sync_store(name)
         for name in fed:
             tl.to_ocm(name)
         return bufs, figures
 
     def _place_prefetched(self, tl: _Timeline):
-        """Place with the loads issued early; where a core's placement does not fit
-        (fragmentation), its loads in flight at the fullest step of the overflowing
-        buffer are issued at their readers again, until it fits or none is left."""
-        while tl.prefetch:
+        """Place with the loads issued early and the stores asynchronous. Where a core's
+        placement does not fit (fragmentation), at the fullest step of the overflowing
+        buffer: its stores still running there become synchronous, else its loads in
+        flight there are issued at their readers, else all its stores become synchronous;
+        until it fits, or nothing is left to give up."""
+        while tl.prefetch or tl.spills:
             bufs, figures, core = self._place(tl, search=False)
             if figures is not None:
                 return self._place(tl)[:2]
             top = max((b for b in bufs if b.core == core), key=lambda b: b.offset + b.size)
             t = top.start + int(tl.live[core][top.start:top.end + 1].argmax())
+            stores = [name for name in tl.spills if tl.core[tl.producer[name]] == core]
+            running = [name for name in stores
+                       if tl.producer[name] < t <= tl.next_on_core[tl.producer[name]]]
             late = [(name, i) for (name, i), at in tl.prefetch.items()
                     if tl.core[i] == core and at <= t < i]
-            if not late:
-                break
+            if running or not late:
+                if not (running or stores):
+                    break
+                for name in running or stores:
+                    tl.sync_store(name)
+                self.stat("spills-made-synchronous", len(running or stores))
+                continue
             for name, i in late:
                 tl.delay_prefetch(name, i, i)
             self.stat("prefetches-delayed", len(late))
@@ -640,6 +694,8 @@ class PlanMemory(Pass):
                     ddr_value[v.name] = v
                 elif v.name in sched.ddr:
                     s = self._dma(graph, v, "ocm", "ddr", n, after=after)
+                    if v.name in sched.spills:
+                        s.meta["async"] = True
                     kept = sched.kept_for(v.name)
                     for user, j in list(v.uses):
                         if user is not s and (kept is None or user is not nodes[kept]):

@@ -4,16 +4,17 @@ step expects, when it reads it.
 :func:`check_schedule` replays a :class:`~bevir.target.schedule.Schedule` on a symbolic
 memory: each byte range of DDR and of each core's OCM holds the *name* of the value last
 written there. A kernel's operands, a load's or store's source, a host stage's operands
-and the graph's outputs must hold their values when read; a prefetch (the core's DMA
-engine, see :mod:`bevir.codegen.cprogram`) may finish at any moment between its issue and
-the step that waits for it, so until then nothing may read or write its destination or
-write its source. Cores run in program order, each blocked at a flag until its producer
-published it and at a barrier until every core reached it.
+and the graph's outputs must hold their values when read; a transfer on the core's DMA
+engine (a prefetch or a spill, see :mod:`bevir.codegen.cprogram`) may finish at any moment
+between its issue and the step that waits for it, so until then nothing may read or write
+its destination or write its source. Cores run in program order, each blocked at a flag
+until its producer published it and at a barrier until every core reached it.
 
 This catches what a golden run of the planned graph cannot (the golden model computes
 every node from its operands, wherever the plan put them): two values planned into one
 OCM range while both live, a load issued before its source was stored, a store racing a
-prefetch, a host stage reading a DDR slot nothing wrote.
+prefetch, a spill's source overwritten before the spill ran, a host stage reading a DDR
+slot nothing wrote.
 
     from bevir.target import check_schedule, schedule_of
     check_schedule(schedule_of(planned_graph))    # raises ScheduleError naming the step
@@ -66,11 +67,16 @@ class _Space:
 
 @dataclass(frozen=True)
 class _Job:
-    """A prefetch in flight: ``value`` is copied from DDR ``src`` to the core's OCM ``dst``."""
+    """A transfer in flight on a core's DMA engine: ``value`` is copied from ``src`` to
+    ``dst`` (each (memory, span): a prefetch from DDR to the core's OCM, a spill back)."""
 
     value: str
-    src: tuple[int, int]
-    dst: tuple[int, int]
+    src: tuple[str, tuple[int, int]]
+    dst: tuple[str, tuple[int, int]]
+
+    @property
+    def what(self) -> str:
+        return f"the {'prefetch' if self.dst[0] == 'ocm' else 'spill'} of '{self.value}'"
 
 
 def _overlaps(a: tuple[int, int], b: tuple[int, int]) -> bool:
@@ -109,10 +115,12 @@ class _Replay:
                 offset += self.values[piece].type.nbytes
             return
         span = self.span(offset, name)
-        for job in self.jobs[core] if mem == "ocm" else ():
-            if _overlaps(span, job.dst):
-                self._fail(step, f"{what} reads OCM {span} while the prefetch of "
-                                 f"'{job.value}' may still write it")
+        for k, jobs in enumerate(self.jobs):
+            for job in jobs:
+                if job.dst[0] == mem and (mem == "ddr" or k == core) and _overlaps(span,
+                                                                                  job.dst[1]):
+                    self._fail(step, f"{what} reads {mem.upper()} {span} while {job.what} "
+                                     f"may still write it")
         if not self.space(mem, core).holds(*span, self.tag(name)):
             where = f"{mem} {span}" + (f" of core {core}" if mem == "ocm" else "")
             self._fail(step, f"{what} reads '{name}' from {where}, which does not hold it "
@@ -122,12 +130,10 @@ class _Replay:
         span = self.span(offset, name)
         for k, jobs in enumerate(self.jobs):
             for job in jobs:
-                if mem == "ddr" and _overlaps(span, job.src):
-                    self._fail(step, f"writes '{name}' over DDR {span}, the source of the "
-                                     f"prefetch of '{job.value}' on core {k} still in flight")
-                if mem == "ocm" and k == core and _overlaps(span, job.dst):
-                    self._fail(step, f"writes '{name}' over OCM {span}, the destination of "
-                                     f"the prefetch of '{job.value}' still in flight")
+                for end, (m, s) in (("source", job.src), ("destination", job.dst)):
+                    if m == mem and (mem == "ddr" or k == core) and _overlaps(span, s):
+                        self._fail(step, f"writes '{name}' over {mem.upper()} {span}, the "
+                                         f"{end} of {job.what} on core {k} still in flight")
         self.space(mem, core).write(*span, self.tag(name))
 
     def finish(self, core: int, upto: str | None = None) -> None:
@@ -138,7 +144,7 @@ class _Replay:
             (i for i, j in enumerate(jobs) if j.value == upto), len(jobs))
         done, self.jobs[core] = jobs[:n], jobs[n:]
         for job in done:
-            self.ocm[core].write(*job.dst, self.tag(job.value))
+            self.space(job.dst[0], core).write(*job.dst[1], self.tag(job.value))
 
     def _fail(self, step: Step | None, message: str) -> None:
         node = step.node if step is not None else None
@@ -212,11 +218,13 @@ class _Replay:
         for src, dst in step.copies:          # a barrier: this core's pieces pass through
             self.read(step, src.place.mem, core, src.place.offset, src.value, "the copy")
             self.write(step, dst.place.mem, core, dst.place.offset, dst.value)
-        if step.prefetch:
+        if step.on_engine:
             src, dst = step.args
-            self.read(step, src.place.mem, core, src.place.offset, src.value, "the prefetch")
-            self.jobs[core].append(_Job(dst.value, self.span(src.place.offset, src.value),
-                                        self.span(dst.place.offset, dst.value)))
+            self.read(step, src.place.mem, core, src.place.offset, src.value,
+                      "the prefetch" if step.prefetch else "the spill")
+            self.jobs[core].append(_Job(dst.value,
+                                        (src.place.mem, self.span(src.place.offset, src.value)),
+                                        (dst.place.mem, self.span(dst.place.offset, dst.value))))
         elif step.kernel:
             operands = len([v for v in node.inputs if v is not None])
             for a in step.args[:operands]:
@@ -242,5 +250,5 @@ def _values(graph: Graph) -> dict[str, Value]:
 def check_schedule(sched: Schedule) -> None:
     """Replay ``sched`` on a symbolic memory (see the module docstring); raise
     :class:`~bevir.target.schedule.ScheduleError` naming the first step that reads a
-    range not holding its value, or writes over a prefetch still in flight."""
+    range not holding its value, or writes over a transfer still in flight."""
     _Replay(sched).run()

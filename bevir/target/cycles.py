@@ -42,9 +42,10 @@ from .schedule import Schedule, ScheduleError, Step, schedule_of
 
 #: what a step can be bound by: the largest of its terms ("launch" when all are 0), a
 #: barrier (its copies and the release), or nothing: a view of DDR bytes (its waits only),
-#: a prefetch (issued to the core's DMA engine; its reader waits for the transfer)
+#: a prefetch or a spill (a load or a store issued to the core's DMA engine; a step
+#: after it waits for the transfer)
 BOUNDS = ("compute", "alu", "ocm", "broadcast", "ddr", "barrier", "launch", "view",
-          "prefetch")
+          "prefetch", "spill")
 
 
 # ---- the cost of one op -------------------------------------------------------------------
@@ -351,7 +352,7 @@ class _Job:
     tracks: list[_Track]
     double: bool = True            # DMA overlaps the array's work
     arrive: float = 0.0            # a barrier: when this core's copies are done
-    engine: _Track | None = None   # a prefetch: its transfer on the core's DMA engine
+    engine: _Track | None = None   # its transfer on the core's DMA engine (prefetch, spill)
 
     @property
     def dma_span(self) -> tuple[float, float] | None:
@@ -439,7 +440,7 @@ class _Simulation:
                         + [self.fetched[core, v] for v in step.dma_waits])
             self.jobs[core] = self._job(step, start)
             self.pos[core] += 1
-            if step.prefetch:
+            if step.on_engine:
                 self.issued[core].append(self.jobs[core])
         for core, issued in enumerate(self.issued):
             if issued and core not in self.engines:    # the engine takes the next transfer
@@ -457,7 +458,7 @@ class _Simulation:
         setup = hw.dma_setup_cycles * len(transfers)
         exposed = exposed_cycles(transfers, hw)
         cost = self.costs.get(id(step.node)) if step.kernel else None
-        if step.prefetch:                # issued: the engine moves it, the core goes on
+        if step.on_engine:               # issued: the engine moves it, the core goes on
             tracks = [_Track([("time", start - self.now)], self.now)]
             return _Job(step, None, transfers, setup + ddr_time, exposed, 0, 0, start, tracks)
         if cost is None:                 # a barrier's copies: OCM traffic, no kernel
@@ -508,7 +509,8 @@ def _record(job: _Job, end: float, index: int, prev_end: int, hw: HWConfig) -> O
              "ddr_shared": 0 if step.barrier else max(0, own - job.alone),
              "exposed": job.exposed, "launch": job.launch}
     bound = ("barrier" if step.barrier else "view" if step.view else "prefetch"
-             if step.prefetch else _bound(t, job.ddr + terms["ddr_shared"]))
+             if step.prefetch else "spill" if step.spill
+             else _bound(t, job.ddr + terms["ddr_shared"]))
     macs = c.macs if c is not None else 0
     util = macs / (own * hw.peak_macs_per_cycle) if own else 0.0
     span = job.dma_span

@@ -69,8 +69,8 @@ def describe_schedule(graph: Graph, profile: Profile) -> str:
     for r in profile.records:
         n = graph.nodes[r.index]
         if n.op == "dma_copy":
-            what = "prefetched loads" if r.bound == "prefetch" else (
-                "stores" if n.attrs["dst"] == "ddr" else "loads")
+            what = {"prefetch": "prefetched loads", "spill": "asynchronous stores"}.get(
+                r.bound, "stores" if n.attrs["dst"] == "ddr" else "loads")
         elif "stream" in n.meta:
             what = "streamed ops"
         elif r.bound == "view":

@@ -284,7 +284,13 @@ class Step:
     copies: list[tuple[Arg, Arg]] = field(default_factory=list)   # barrier: (src, dst)
     view: bool = False            # its result is its operand's DDR bytes (:func:`ddr_view`)
     prefetch: bool = False        # a load the core's DMA engine runs (:func:`prefetches`)
-    dma_waits: list[str] = field(default_factory=list)    # prefetched values it reads first
+    spill: bool = False           # a store the core's DMA engine runs (:func:`spills`)
+    dma_waits: list[str] = field(default_factory=list)    # engine transfers it waits for
+
+    @property
+    def on_engine(self) -> bool:
+        """Whether the step issues a transfer to the core's DMA engine (the core goes on)."""
+        return self.prefetch or self.spill
 
     @property
     def barrier(self) -> bool:
@@ -294,7 +300,7 @@ class Step:
     def kernel(self) -> bool:
         """Whether the step calls the node's kernel (every device node but a barrier and a
         view)."""
-        return not self.barrier and not self.view and not self.prefetch
+        return not self.barrier and not self.view and not self.on_engine
 
     def ddr_args(self) -> list[Arg]:
         """The buffers the step addresses in DDR in place (kernel arguments, copies)."""
@@ -407,6 +413,18 @@ def prefetches(node: Node, memory: MemoryMap) -> bool:
             and (node.inputs[0].name, core_of(node)) not in memory.ocm)
 
 
+def spills(node: Node, memory: MemoryMap) -> bool:
+    """Whether ``node`` is a store the memory plan made asynchronous (``dma_copy`` from its
+    core's OCM to DDR, ``meta["async"]``): the core's DMA engine runs it while the core goes
+    on; the step after the core's next node waits for it (the plan keeps its source in OCM
+    through that node), as does a step reading its result in place. Loads of its result on
+    the core come after it on the engine. Not where another core reads it (its flag is
+    published by the core, not the engine)."""
+    return (node.op == "dma_copy" and node.attrs["src"] == "ocm" and node.attrs["dst"] == "ddr"
+            and bool(node.meta.get("async")) and node.output.name not in memory.flags
+            and (node.inputs[0].name, core_of(node)) in memory.ocm)
+
+
 class _CorePlanner:
     """One core's steps: each node's waits, loads, arguments, stores and flags."""
 
@@ -415,6 +433,7 @@ class _CorePlanner:
         self.on_chip: set[str] = set()        # values this core has loaded into its OCM
         self.waited: set[str] = set()
         self.in_flight: set[str] = set()      # prefetched, not read yet
+        self.storing: dict[str, bool] = {}    # spilled, not waited for: the next node ran
 
     def operand(self, v: Value, step: Step, nbytes: int) -> Arg:
         """The operand where this core has it, after waiting for / loading it as needed;
@@ -445,13 +464,35 @@ class _CorePlanner:
             step.publishes.append(v.name)
         return Arg(v.name, place, v.type.nbytes)
 
+    def _await(self, v: str, step: Step) -> None:
+        """``step`` reads ``v``: it waits for the engine's transfer of it, if in flight."""
+        if v in self.in_flight or v in self.storing:
+            self.in_flight.discard(v)
+            self.storing.pop(v, None)
+            step.dma_waits.append(v)
+
+    def drain(self) -> None:
+        """The core's DMA engine is drained at a stage's end."""
+        self.in_flight.clear()
+        self.storing.clear()
+
     def step(self, n: Node) -> Step:
+        step = self._step(n)
+        for v in [v for v, ran in self.storing.items() if ran]:
+            del self.storing[v]                # its source may be overwritten from here
+            step.dma_waits.insert(0, v)
+        if n.op != "dma_copy":
+            self.storing = dict.fromkeys(self.storing, True)
+        if spills(n, self.memory):
+            step.spill = True
+            self.storing[n.output.name] = False
+        return step
+
+    def _step(self, n: Node) -> Step:
         step = Step(self.core, n)
         if n.op == "barrier":          # this core's pieces pass through, then all wait
             for x, y in zip(n.inputs, n.outputs):
-                if x.name in self.in_flight:
-                    self.in_flight.discard(x.name)
-                    step.dma_waits.append(x.name)
+                self._await(x.name, step)
                 if producer_core(x, self.device) == self.core:
                     step.copies.append((self.operand(x, step, x.type.nbytes),
                                         self.result(y, step)))
@@ -460,6 +501,7 @@ class _CorePlanner:
             step.view = True
             return step
         if n.output.name in self.memory.views:     # a view: only its operand's flag
+            self._await(n.inputs[0].name, step)
             self.operand(n.inputs[0], step, 0)
             self.result(n.output, step)
             step.view = True
@@ -468,11 +510,11 @@ class _CorePlanner:
         share = _read_share(n, operands)
         step.args = [self.operand(v, step, share(v)) for v in operands] + \
             [self.result(v, step) for v in n.outputs]
+        loads = prefetches(n, self.memory)     # after a spill on the engine: no wait
         for v in dict.fromkeys(v.name for v in operands):
-            if v in self.in_flight:
-                self.in_flight.discard(v)
-                step.dma_waits.append(v)
-        if prefetches(n, self.memory):
+            if not (loads and v in self.storing):
+                self._await(v, step)
+        if loads:
             step.prefetch = True
             self.in_flight.add(n.output.name)
         return step
@@ -505,7 +547,7 @@ def schedule_of(graph: Graph, cores: int | None = None) -> Schedule:
         if dev:
             stage.steps = [[] for _ in range(cores)]
             for p in planners:          # each core's DMA engine is drained between stages
-                p.in_flight.clear()
+                p.drain()
             for n in nodes:
                 for p in planners:
                     if n.op == "barrier" or core_of(n) == p.core:

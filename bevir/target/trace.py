@@ -85,7 +85,7 @@ def model_trace(profile: Profile) -> Trace:
                      "cycles": r.own_cycles, "macs": r.macs, "ddr_bytes": r.ddr_bytes,
                      "terms": r.terms})
         if r.dma is not None:
-            lane = ENGINE if r.bound == "prefetch" else DMA
+            lane = ENGINE if r.bound in ("prefetch", "spill") else DMA
             trace.slice(pid, lane, "dma", r.dma[0], r.dma[1], "dma",
                         {"node": r.name, "loc": r.loc, "bytes": r.ddr_bytes,
                          "transfers": r.transfers})

@@ -21,7 +21,7 @@ from bevir.codegen.cprogram import CompiledProgram
 from bevir.flows.sweep import model_point
 from bevir.flows.target import compile_program, hw_config, simulate
 from bevir.passes import make_pass
-from bevir.target import HWConfig, model
+from bevir.target import HWConfig, model, schedule_of
 from bevir.target.schedule import joined_in_ddr, lowerable
 from bevir.testing import assert_bit_exact
 from tests.shared import (FREE_SYNC, GRAPHS, assert_counted_as_modelled, check_trace,
@@ -335,11 +335,13 @@ def test_a_reshape_in_ddr_is_a_view_that_moves_nothing(rng, tmp_path):
                 assert [r.bound for r in records if r.name == n.name] == ["view"]
 
 
-def test_loads_run_on_each_core_s_dma_engine_while_it_computes(rng, tmp_path):
+def test_loads_and_spills_run_on_each_core_s_dma_engine_while_it_computes(rng, tmp_path):
     """A load the memory plan placed runs on the core's DMA engine (a thread with a queue
     in the programs): the core issues it and goes on, the first step reading it waits for
-    it. Bit-exact on 1 and 2 cores, counted as modelled; in the model the transfer runs
-    after its issue and before its reader, overlapping the steps between."""
+    it; a store of a value only its core reads (the skip) too, waited for after the core's
+    next node. Bit-exact on 1 and 2 cores, counted as modelled; in the model each transfer
+    runs after its issue and before the step that waits for it, overlapping the steps
+    between."""
     from tests.shared import prefetching
     graph, feed = prefetching(rng)
     for cores, ocm in ((1, "100KB"), (2, "64KB")):          # the skip waits in DDR
@@ -352,9 +354,11 @@ def test_loads_run_on_each_core_s_dma_engine_while_it_computes(rng, tmp_path):
         issued = [s for s in steps if s["op"] == "dma_copy" and s["kernel"] is None]
         assert issued and all(s["ddr_bytes"] > 0 for s in issued)
         records = model(g, hw).records
-        for r in (r for r in records if r.bound == "prefetch"):
+        assert {"prefetch", "spill"} <= {r.bound for r in records}
+        for r in (r for r in records if r.bound in ("prefetch", "spill")):
             assert r.own_cycles == 0 and r.dma[0] >= r.start
-            loaded = g.nodes[r.index].output
-            readers = [u for u in records if u.core == r.core and u.index > r.index
-                       and loaded in g.nodes[u.index].inputs]
-            assert readers and readers[0].start >= r.dma[1]
+            moved = g.nodes[r.index].output.name
+            waiter = next(st for st in schedule_of(g).steps(r.core) if moved in st.dma_waits)
+            after = [u for u in records if u.core == r.core and u.index > r.index
+                     and g.nodes[u.index] is waiter.node]
+            assert after and after[0].start >= r.dma[1]

@@ -36,11 +36,28 @@ def first(sched, pred):
 
 
 def test_a_reader_that_does_not_wait_for_its_prefetch_is_refused(sched):
-    reader = first(sched, lambda st: st.dma_waits)
+    loaded = {st.args[-1].value for st in sched.steps() if st.prefetch}
+    reader = first(sched, lambda st: loaded & set(st.dma_waits))
     reader.dma_waits.clear()
     with pytest.raises(ScheduleError, match="while the prefetch of .* may still write it") as e:
         check_schedule(sched)
     assert e.value.node == reader.node.name
+
+
+def test_a_spill_is_waited_for_before_its_source_is_overwritten(sched):
+    """The skip's store runs on the DMA engine while the first linear runs (which reads
+    the skip where it is); the step after it waits for the store. Without that wait, a
+    later step writes over the store's source while it may still be in flight."""
+    spill = first(sched, lambda st: st.spill)
+    assert spill.node.meta["async"] and spill.node.inputs[0].name == "skip"
+    steps = list(sched.steps(spill.core))
+    at = steps.index(spill)
+    kernel = next(k for k in range(at + 1, len(steps)) if steps[k].node.op != "dma_copy")
+    waiter = steps[kernel + 1]
+    assert waiter.dma_waits[0] == spill.node.output.name
+    waiter.dma_waits.pop(0)
+    with pytest.raises(ScheduleError, match="the source of the spill of .* still in flight"):
+        check_schedule(sched)
 
 
 def test_a_store_of_a_value_still_in_flight_is_refused(sched):

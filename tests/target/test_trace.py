@@ -54,9 +54,9 @@ def test_the_model_trace_shows_dma_and_waits(rng):
 
 
 def test_the_dma_engine_has_its_own_lane(rng):
-    """A load the DMA engine runs ahead of its reader overlaps the transfers the steps in
-    between make themselves: it lies on the core's DMA engine lane, theirs on the DMA
-    lane, and the trace stays well formed."""
+    """A load the DMA engine runs ahead of its reader, and a store it runs while the
+    core goes on, overlap the transfers the steps in between make themselves: they lie on
+    the core's DMA engine lane, theirs on the DMA lane, and the trace stays well formed."""
     from bevir.passes import make_pass
     from bevir.target import HWConfig
     from tests.shared import prefetching
@@ -68,8 +68,9 @@ def test_the_dma_engine_has_its_own_lane(rng):
     check_trace(events)
     lanes = {e["args"]["node"]: e["tid"] for e in events["traceEvents"]
              if e["ph"] == "X" and e["name"] == "dma"}
-    ahead = {r.name for r in profile.records if r.bound == "prefetch"}
-    assert ahead and {lanes[n] for n in ahead} == {2}
+    ahead = {r.name for r in profile.records if r.bound in ("prefetch", "spill")}
+    assert {r.bound for r in profile.records if r.name in ahead} == {"prefetch", "spill"}
+    assert {lanes[n] for n in ahead} == {2}
     assert {tid for n, tid in lanes.items() if n not in ahead} == {1}
 
 
