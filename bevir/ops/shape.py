@@ -12,8 +12,8 @@ from math import prod
 import numpy as np
 
 from ..ir.types import DType, Layout, TensorType
-from ..ir.opdef import (Bool, FixedLowering, Float, Int, Ints, LayoutRule, OpDef, Str,
-                        Tensor)
+from ..ir.opdef import (Bool, FixedLowering, Float, Int, Ints, LayoutRule, OpDef, Piece, Str,
+                        Tensor, aligned_range)
 from .common import RangeMap, norm_axis, require, same_dtype
 from . import native
 from .layout_rules import AXIS, axes_attr, layout_perm, pads_attr, permute_quant
@@ -395,6 +395,27 @@ class Expand(OpDef):
     moves_data = True
     operands = ("x",)
     attrs = {"shape": Ints()}
+    splits = ("rows",)
+
+    def region(self, c, axis, start, stop):
+        """A range of any leading result axis: the operand's range along it where the
+        operand has that axis, the whole operand where it is repeated; the target shape
+        takes the range's length on that axis."""
+        out = c.out_types[0]
+        if axis not in self.row_axes(c):
+            return None
+        shape = list(c.shape)
+        at = axis - (out.rank - len(shape))
+        if at >= 0 and shape[at] != 1:
+            shape[at] = stop - start
+        return Piece((aligned_range(c.in_types[0], out, axis, start, stop),),
+                     {"shape": tuple(shape)})
+
+    def split_piece(self, c, kind, start, stop):
+        return self.region(c, self.split_axis(c, kind), start, stop)
+
+    def region_axes(self, c):
+        return {a: "rows" for a in self.row_axes(c)}
 
     def infer(self, c, x):
         shape = np.broadcast_shapes(x.shape, c.shape)

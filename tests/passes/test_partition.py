@@ -374,6 +374,29 @@ def test_reshapes_and_transposes_split_by_the_ranges_they_read(rng, tmp_path, ax
     assert differing(bevir.run(g, inputs), bevir.run(b.graph, inputs)) == 0
 
 
+@pytest.mark.parametrize("axis", [0, 1, 2, 3])
+def test_an_expand_splits_by_any_leading_axis(rng, tmp_path, axis):
+    """An expand cuts a range of any leading result axis: where its operand has that axis
+    it reads the same range, where it repeats the operand (axes 0 and 1 here) it reads the
+    whole; its target shape takes the range's length. Split across 2 cores, bit for bit."""
+    b = bevir.Builder("repeat")
+    x = b.input("x", fx((1, 6, 8), 5))
+    b.output("y", b.expand(x, shape=[4, 3, 6, 8], name="e"))
+    node = b.graph.nodes[0]
+    assert set(node.opdef.region_axes(node.opdef.ctx(node))) == {0, 1, 2}
+    if axis == 3:
+        assert node.opdef.region(node.opdef.ctx(node), axis, 0, 4) is None
+        return
+    plan = search(b.graph, FREE_SYNC.with_cores(2))
+    (e,) = plan["ops"]
+    e["choice"], e["axis"] = "rows", axis
+    save_plan(plan, tmp_path / "plan.json")
+    g = partitioned(b.graph, 2, plan=str(tmp_path / "plan.json"))
+    assert len(split_entries(g)) == 1
+    inputs = {"x": ints(rng, (1, 6, 8))}
+    assert differing(bevir.run(g, inputs), bevir.run(b.graph, inputs)) == 0
+
+
 def test_a_reshape_cuts_the_axes_it_keeps_whole():
     """A reshape cuts each result axis (but the last) that is an operand axis with the
     same elements before it: unit axes added or dropped keep the cut."""
