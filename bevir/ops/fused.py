@@ -21,7 +21,7 @@ from ..ir.opdef import Activation, Attr, Bool, Ctx, FixedLowering, Float, OpDef,
 from . import native
 from .common import broadcast_types, float_operands, read_only, require
 from .layout_rules import ELEMENTWISE, NATIVE
-from .kernels.products import conv2d_runner, linear_runner, prepared_product
+from .kernels.products import conv2d_runner, linear_runner, prepared_runner
 from .linalg import CONV_ATTRS, Contraction, Convolution
 from .onnx_export import matmul_bias, onnx_as, then_activation
 
@@ -103,7 +103,10 @@ class Conv2dAct(Convolution):
         return _activation_infer(c, get_op("conv2d").infer(c, x, w, b))
 
     def compute(self, c, x, w, b=None):
-        return prepared_product(c, x, w, b, lambda: self.runner(c, x, w, b))
+        return self.prepare(c, x, w, b)(x)
+
+    def prepare(self, c, x, w, b=None):
+        return prepared_runner(c, x, w, b, lambda: self.runner(c, x, w, b))
 
     @staticmethod
     def runner(c, x, w, b):
@@ -137,9 +140,13 @@ class MatMulAct(Contraction):
         return _activation_infer(c, y)
 
     def compute(self, c, a, b, bias=None):
+        run = self.prepare(c, a, b, bias)
+        return self.numpy_path(c, a, b, bias) if run is None else run(a)
+
+    def prepare(self, c, a, b, bias=None):
         if np.ndim(b) == 2 and read_only(b):       # a weight: prepared once
-            return prepared_product(c, a, b, bias, lambda: self.runner(c, a, b, bias))
-        return self.numpy_path(c, a, b, bias)
+            return prepared_runner(c, a, b, bias, lambda: self.runner(c, a, b, bias))
+        return None
 
     @staticmethod
     def numpy_path(c, a, b, bias=None):

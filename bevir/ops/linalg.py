@@ -18,6 +18,7 @@ from .onnx_export import onnx_as
 # the BLAS convolutions the fixed-point products call through this module
 from .kernels.conv import (NCHW_CHANNEL_LIMIT, conv2d_nchw, conv2d_nhwc,  # noqa: F401
                            from_nhwc, to_nhwc)
+from .kernels.products import conv2d_prepared
 
 
 # ---- the product families: one shape rule and one MAC count each --------------------------
@@ -249,6 +250,9 @@ class Conv2d(Convolution):
 
     def compute(self, c, x, w, b=None):
         return kernel_for("conv2d")(c, x, w, b)      # kernels/products.py
+
+    def prepare(self, c, x, w, b=None):
+        return conv2d_prepared(c, x, w, b)
 
 
 class MatMul(MatrixProduct):

@@ -25,6 +25,7 @@ from ..ir.graph import Graph, Node, Value
 from ..ir.limits import tensor_bytes, tensor_too_big
 from ..ir.types import DType
 from ..ir.opdef import OpDef, get_op
+from ..ops import native
 
 Args = list[np.ndarray | None]
 #: a kernel: computes a node's results from its operand arrays (None: omitted operand)
@@ -70,7 +71,7 @@ class Interpreter:
         self.kernels: dict[str, Kernel] = dict(kernels or {})
         self.node_kernels: dict[str, Kernel] = dict(node_kernels or {})
         self.on_node_start, self.on_node_end = on_node_start, on_node_end
-        self._steps, self._values, self._largest = _graph_facts(graph)
+        self._steps, self._values, self._largest = _graph_facts(graph, native.enabled())
         self._arrays: dict[int, np.ndarray] = {}
         self._overrides: dict[Node, Kernel] = {}
 
@@ -127,20 +128,55 @@ class Interpreter:
         plan = None if given is None else self._plan(env, given, None if keep_all else keep)
         if self._largest > tensor_bytes():
             self._refuse_large(plan)
+        self._steps = _graph_facts(g, native.enabled())[0]     # kernels prepared for it
         self._overrides = self._resolve_kernels()
-        start, end = self.on_node_start, self.on_node_end
         # the golden kernels called straight from the op (no override, no run_node subclass)
         direct = not self._overrides and type(self).run_node is _RUN_NODE
+        if (direct and plan is None and not keep_all and not wanted
+                and self.on_node_start is None and self.on_node_end is None):
+            self._run_plain(env)
+            fetched: dict[str, np.ndarray] = {}
+        else:
+            fetched = self._run_steps(env, plan, keep, wanted, keep_all, direct)
+        for name in wanted - set(fetched):
+            fetched[name] = self._computed(name, env)
+        result = {k: env[id(v)] for k, v in g.outputs.items() if id(v) in env}
+        result.update({k: v for k, v in fetched.items() if k not in result})
+        return result
+
+    def _run_plain(self, env: dict[int, np.ndarray]) -> None:
+        """Every node by its bound golden kernel, without hooks, each value freed after its
+        last use (but the graph's outputs): the plain run, with nothing per node but the
+        kernel call and the check of its results."""
+        node = None
+        try:
+            for node, bound, ins, outs, _, declared, drops in self._steps:
+                results = bound(list(map(env.get, ins)))
+                if not _fits(results, declared):
+                    self._check(node, results)        # raises, naming the result
+                for k, r in zip(outs, results):
+                    env[k] = r
+                for k in drops:
+                    del env[k]
+        except Exception as e:
+            if node is None or isinstance(e, BevirError) and e.node:
+                raise
+            raise _node_error(node, e) from e
+
+    def _run_steps(self, env: dict[int, np.ndarray], plan: set[Node] | None, keep: set[int],
+                   wanted: set[str], keep_all: bool, direct: bool) -> dict[str, np.ndarray]:
+        """The nodes of ``plan`` (None: all) with the hooks, overrides and fetched values
+        of a run: the fetched values by name."""
+        start, end = self.on_node_start, self.on_node_end
         collect = keep_all or bool(wanted)
         fetched: dict[str, np.ndarray] = {}
-        for node, bound, ins, outs, frees, declared in self._steps:
+        for node, bound, ins, outs, frees, declared, _ in self._steps:
             if plan is None or node in plan:
                 args = [None if k is None else env[k] for k in ins]
                 try:
                     if start is not None:
                         start(node, args)
-                    results = (bound(args) if direct and bound is not None
-                               else self.run_node(node, args))
+                    results = bound(args) if direct else self.run_node(node, args)
                     if not _fits(results, declared):
                         self._check(node, results)        # raises, naming the result
                     if end is not None:
@@ -158,11 +194,7 @@ class Interpreter:
                 for k in frees:
                     if k not in keep:
                         env.pop(k, None)
-        for name in wanted - set(fetched):
-            fetched[name] = self._computed(name, env)
-        result = {k: env[id(v)] for k, v in g.outputs.items() if id(v) in env}
-        result.update({k: v for k, v in fetched.items() if k not in result})
-        return result
+        return fetched
 
     def _bind_inputs(self, inputs: Mapping[str, np.ndarray], env: dict[int, np.ndarray]) -> None:
         check_input_names(self.graph, inputs)
@@ -291,41 +323,49 @@ _RUN_NODE = Interpreter.run_node
 #: what a result must be: its shape and numpy dtype
 Declared = tuple[tuple[int, ...], np.dtype]
 #: one node of a run, prepared once per graph version (the run's plan): the node, its
-#: golden kernel bound to it (OpDef.bind; None: an unknown op), its operands' keys in the
-#: run's arrays (None: an omitted operand), its results' keys, the keys of the values it
-#: uses last, its results' declared shapes and dtypes
-Step = tuple[Node, Callable[[Args], list[np.ndarray]] | None, tuple[int | None, ...],
-             tuple[int, ...], tuple[int, ...], tuple[Declared, ...]]
+#: golden kernel bound to it (OpDef.bind), its operands' keys in the run's arrays (None: an
+#: omitted operand), its results' keys, the keys of the values it uses last, its results'
+#: declared shapes and dtypes, and the keys of the values it uses last that are no graph
+#: output (those a plain run frees)
+Step = tuple[Node, Callable[[Args], list[np.ndarray]], tuple[int | None, ...],
+             tuple[int, ...], tuple[int, ...], tuple[Declared, ...], tuple[int, ...]]
 
 #: each graph's steps and values by name, while its version stays (bevir.run makes an
 #: interpreter per run)
 _FACTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _graph_facts(graph: Graph) -> tuple[list[Step], dict[str, Value], int]:
+def _graph_facts(graph: Graph, native_kernels: bool) -> tuple[list[Step], dict[str, Value], int]:
     """The graph's steps, its values by name and its largest result in bytes: prepared
     again whenever the graph's version changes (every change through the Graph API bumps
-    it), so no step outlives the node it was made from."""
+    it), so no step outlives the node it was made from, or whether native kernels run
+    (``native_kernels``; the bound kernels prepare their native calls once)."""
     hit = _FACTS.get(graph)
-    if hit is None or hit[0] != graph.version:
+    if hit is None or hit[0] != (graph.version, native_kernels):
         last_use = Interpreter._last_uses(graph)
-        steps = [(n, _bound(n), tuple(None if v is None else id(v) for v in n.inputs),
-                  tuple(id(v) for v in n.outputs), tuple(id(v) for v in last_use.get(i, ())),
-                  tuple((v.type.shape, v.type.dtype.np) for v in n.outputs))
-                 for i, n in enumerate(graph.nodes)]
+        outputs = {id(v) for v in graph.outputs.values()}
+        steps = []
+        for i, n in enumerate(graph.nodes):
+            frees = tuple(id(v) for v in last_use.get(i, ()))
+            steps.append((n, _bound(n), tuple(None if v is None else id(v) for v in n.inputs),
+                          tuple(id(v) for v in n.outputs), frees,
+                          tuple((v.type.shape, v.type.dtype.np) for v in n.outputs),
+                          tuple(k for k in frees if k not in outputs)))
         largest = max((v.type.nbytes for n in graph.nodes for v in n.outputs), default=0)
-        hit = (graph.version, steps, {v.name: v for v in graph.values()}, largest)
+        hit = ((graph.version, native_kernels), steps, {v.name: v for v in graph.values()},
+               largest)
         _FACTS[graph] = hit
     return hit[1], hit[2], hit[3]
 
 
-def _bound(node: Node) -> Callable[[Args], list[np.ndarray]] | None:
+def _bound(node: Node) -> Callable[[Args], list[np.ndarray]]:
     """The node's golden kernel as a function of its operands (the op's own ``run`` where
-    it defines one), or None where its op is not registered (run_node reports that)."""
+    it defines one; where its op is not registered, a function that asks for it again,
+    raising what :meth:`Interpreter.run_node` raises)."""
     try:
         opdef = node.opdef
     except BevirError:
-        return None
+        return lambda args: node.opdef.run(node, args)
     if type(opdef).run is not OpDef.run:
         return functools.partial(opdef.run, node)
     return opdef.bind(node)

@@ -29,19 +29,27 @@ def conv_args(c) -> tuple:
 _PREPARED = ArrayCache()
 
 
-def prepared_product(c, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
-                     build: Callable[[], Callable[[np.ndarray], np.ndarray]]) -> np.ndarray:
-    """``build()``, a function of the input that computes the node, applied to ``x``: built
-    once per weight that nothing can change (a graph constant) while the node's attributes,
-    the input's shape and type, the bias and whether native kernels run stay the same."""
+def prepared_runner(c, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
+                    build: Callable[[], Callable[[np.ndarray], np.ndarray]]
+                    ) -> Callable[[np.ndarray], np.ndarray]:
+    """``build()``, a function of the input that computes the node for inputs like ``x``:
+    built once per weight that nothing can change (a graph constant) while the node's
+    attributes, the input's shape and type, the bias and whether native kernels run stay
+    the same."""
     key = (x.shape, x.dtype, c.in_types[0].layout, c.attrs, native.enabled())
     hit = _PREPARED.get(w)
     if hit is not None and hit[1] is b and hit[0] == key:
-        return hit[2](x)
+        return hit[2]
     run = build()
     if read_only(w) and (b is None or read_only(b)):
         _PREPARED.put(w, (key[:3] + (dict(c.attrs), key[4]), b, run))
-    return run(x)
+    return run
+
+
+def prepared_product(c, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
+                     build: Callable[[], Callable[[np.ndarray], np.ndarray]]) -> np.ndarray:
+    """:func:`prepared_runner`'s function applied to ``x``."""
+    return prepared_runner(c, x, w, b, build)(x)
 
 
 def conv2d_runner(c, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
@@ -95,7 +103,14 @@ def linear_runner(a: np.ndarray, w: np.ndarray, bias: np.ndarray | None,
     return None if blocked is None else linear_fma(a.shape, w, bias, activation, blocked)
 
 
+def conv2d_prepared(c, x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None
+                    ) -> Callable[[np.ndarray], np.ndarray]:
+    """conv2d for inputs like ``x``: :func:`conv2d_runner`'s function, prepared once per
+    constant weight (what a prepared plan calls, OpDef.prepare)."""
+    return prepared_runner(c, x, w, b, lambda: conv2d_runner(c, x, w, b)[0])
+
+
 @kernel("conv2d")
 def conv2d(c, x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
-    """conv2d: :func:`conv2d_runner`'s function, prepared once per constant weight."""
-    return prepared_product(c, x, w, b, lambda: conv2d_runner(c, x, w, b)[0])
+    """conv2d: :func:`conv2d_prepared`'s function of ``x``."""
+    return conv2d_prepared(c, x, w, b)(x)
