@@ -110,6 +110,7 @@ def library() -> ctypes.CDLL | None:
             dll.bevir_layer_norm_f32.argtypes = [ctypes.c_void_p] * 6
             dll.bevir_global_mean_f32.argtypes = [ctypes.c_void_p] * 4
             dll.bevir_batch_norm_f32.argtypes = [ctypes.c_void_p] * 4
+            dll.bevir_join_rows.argtypes = [ctypes.c_void_p] * 4
             _self_check(dll)
             return dll
         except _Unavailable as e:
@@ -154,7 +155,7 @@ _KERNELS = [f"bevir_depthwise_{_SUFFIX[t]}" for t in _FLOATS] + [
     "bevir_resize_bilinear_f32", "bevir_activation_f32", "bevir_depthwise_conv_f32",
     "bevir_gelu_erf_a_f32", "bevir_gelu_erf_b_f32", "bevir_sigmoid_a_f32",
     "bevir_sigmoid_b_f32", "bevir_im2col_u32", "bevir_layer_norm_f32",
-    "bevir_global_mean_f32", "bevir_batch_norm_f32"] + [
+    "bevir_global_mean_f32", "bevir_batch_norm_f32", "bevir_join_rows"] + [
     f"bevir_transpose_u{8 * w}" for w in (1, 2, 4, 8)]
 
 
@@ -485,6 +486,35 @@ def swap_last_axes(x: np.ndarray) -> np.ndarray | None:
     out = np.empty(x.shape[:1] + x.shape[:0:-1], x.dtype)
     dims = (ctypes.c_int64 * 3)(*x.shape)
     getattr(library(), f"bevir_transpose_u{8 * width}")(*_pointers(x, out), dims)
+    return out
+
+
+#: below this many bytes a row of one operand, numpy's own concatenation is as fast
+JOIN_MAX_WIDTH = 128
+
+
+def join(xs: Sequence[np.ndarray], axis: int) -> np.ndarray | None:
+    """``np.concatenate(xs, axis)`` of C-contiguous arrays of one dtype, natively where the
+    operands' runs along ``axis`` and after it are short (numpy copies runs of a few
+    channels element by element): the same bits, or None where no native kernel runs or
+    numpy would copy as fast."""
+    x = xs[0]
+    if x.ndim == 0 or not enabled():
+        return None
+    axis = axis % x.ndim
+    rows = prod(x.shape[:axis])
+    widths = [prod(a.shape[axis:]) * a.itemsize for a in xs]
+    if (rows < 2 or max(widths) > JOIN_MAX_WIDTH
+            or not all(a.dtype == x.dtype and a.flags.c_contiguous and a.ndim == x.ndim
+                       and a.shape[:axis] == x.shape[:axis] and a.shape[axis + 1:]
+                       == x.shape[axis + 1:] for a in xs)):
+        return None
+    out = np.empty(x.shape[:axis] + (sum(a.shape[axis] for a in xs),) + x.shape[axis + 1:],
+                   x.dtype)
+    if out.size:
+        library().bevir_join_rows((ctypes.c_void_p * len(xs))(*(address(a) for a in xs)),
+                                  (ctypes.c_int64 * len(xs))(*widths), address(out),
+                                  (ctypes.c_int64 * 2)(rows, len(xs)))
     return out
 
 

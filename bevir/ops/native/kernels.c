@@ -38,23 +38,28 @@ static ptrdiff_t *tap_offsets(const int64_t *d) {
   typedef T V __attribute__((vector_size(BYTES), aligned(sizeof(T))));                    \
   static inline V V##_ld(const T *p) { V v; memcpy(&v, p, sizeof v); return v; }
 
+/* Channels k.. of P pixels (see DEPTHWISE_PIXELS) in vectors V, while a whole one fits. */
+#define DEPTHWISE_SWEEP(V, T, P)                                                          \
+  for (; k + (int64_t)(sizeof(V) / sizeof(T)) <= c; k += sizeof(V) / sizeof(T)) {        \
+    V a[P], w = V##_ld(wt + k);                                                           \
+    for (int p = 0; p < P; p++) a[p] = V##_ld(s + p * step + k) * w;                      \
+    for (int64_t t = 1; t < nt; t++) {                                                    \
+      w = V##_ld(wt + t * c + k);                                                         \
+      for (int p = 0; p < P; p++) a[p] = a[p] + V##_ld(s + p * step + off[t] + k) * w;    \
+    }                                                                                     \
+    for (int p = 0; p < P; p++) memcpy(o + p * c + k, &a[p], sizeof(V));                  \
+  }
+
 /* P pixels of an output row (their windows `step` elements apart from s, their results c
  * apart from o) in one sweep over the taps: each tap's weights loaded once for the P, a
- * vector of channels at a time, then one channel at a time; each pixel's products in tap
- * order, the first stored, each next one added. */
+ * vector V of channels at a time, then a half vector V##_h (what is left of few or odd
+ * channels: the same operations, lane by lane), then one channel at a time; each pixel's
+ * products in tap order, the first stored, each next one added. */
 #define DEPTHWISE_PIXELS(V, T, P)                                                         \
   {                                                                                       \
-    const int64_t lanes = sizeof(V) / sizeof(T);                                          \
     int64_t k = 0;                                                                        \
-    for (; k + lanes <= c; k += lanes) {                                                  \
-      V a[P], w = V##_ld(wt + k);                                                         \
-      for (int p = 0; p < P; p++) a[p] = V##_ld(s + p * step + k) * w;                    \
-      for (int64_t t = 1; t < nt; t++) {                                                  \
-        w = V##_ld(wt + t * c + k);                                                       \
-        for (int p = 0; p < P; p++) a[p] = a[p] + V##_ld(s + p * step + off[t] + k) * w;  \
-      }                                                                                   \
-      for (int p = 0; p < P; p++) memcpy(o + p * c + k, &a[p], sizeof(V));                \
-    }                                                                                     \
+    DEPTHWISE_SWEEP(V, T, P)                                                              \
+    DEPTHWISE_SWEEP(V##_h, T, P)                                                          \
     for (; k < c; k++)                                                                    \
       for (int p = 0; p < P; p++) {                                                       \
         T a = s[p * step + k] * wt[k];                                                    \
@@ -70,6 +75,7 @@ static ptrdiff_t *tap_offsets(const int64_t *d) {
  * an add, the compiler's operand order decides which one's sign and payload survive.) */
 #define DEPTHWISE(NAME, T)                                                                \
   VECTOR(NAME##_v, T, 32)                                                                 \
+  VECTOR(NAME##_v_h, T, 16)                                                               \
   int NAME(const T *xp, const T *wt, T *out, const int64_t *d) {                          \
     const int64_t c = d[3], nt = d[6] * d[7], step = d[9] * c;                            \
     ptrdiff_t *off = tap_offsets(d);                                                      \
@@ -273,20 +279,22 @@ int bevir_activation_f32(float *x, const float *p, const int64_t *d) {
   return activate_f32(x, d[0], d[1], p);
 }
 
+/* Channels k.. of depthwise_edge_f32's pixel in vectors V, while a whole one fits. */
+#define EDGE_SWEEP(V)                                                                     \
+  for (; k + (int64_t)(sizeof(V) / sizeof(float)) <= c; k += sizeof(V) / sizeof(float)) { \
+    V a = V##_ld(src[0] + k) * V##_ld(wt + k);                                            \
+    for (int64_t t = 1; t < nt; t++) a = a + V##_ld(src[t] + k) * V##_ld(wt + t * c + k); \
+    memcpy(o + k, &a, sizeof(V));                                                         \
+  }
+
 /* One output pixel of bevir_depthwise_conv_f32 whose window leaves x, tap t's channels
  * read from src[t] (a row of +0 for a tap in the padding: what the padded copy holds, its
  * product computed as any other's): DEPTHWISE_PIXELS' operations for one pixel. */
 static void depthwise_edge_f32(const float *const *src, const float *wt, float *o, int64_t c,
                                int64_t nt) {
-  typedef bevir_depthwise_f32_v V;
-  const int64_t lanes = sizeof(V) / sizeof(float);
   int64_t k = 0;
-  for (; k + lanes <= c; k += lanes) {
-    V a = bevir_depthwise_f32_v_ld(src[0] + k) * bevir_depthwise_f32_v_ld(wt + k);
-    for (int64_t t = 1; t < nt; t++)
-      a = a + bevir_depthwise_f32_v_ld(src[t] + k) * bevir_depthwise_f32_v_ld(wt + t * c + k);
-    memcpy(o + k, &a, sizeof(V));
-  }
+  EDGE_SWEEP(bevir_depthwise_f32_v)
+  EDGE_SWEEP(bevir_depthwise_f32_v_h)
   for (; k < c; k++) {
     float a = src[0][k] * wt[k];
     for (int64_t t = 1; t < nt; t++) a = a + src[t][k] * wt[t * c + k];
@@ -715,6 +723,46 @@ int bevir_batch_norm_f32(const float *x, const float *p, float *out, const int64
       const float *xc = x + c * inner;
       float *oc = out + c * inner;
       for (int64_t i = 0; i < inner; i++) oc[i] = (xc[i] - m) / sc * kc + bc;
+    }
+  }
+  return 0;
+}
+
+/* Concatenation along an axis of C-contiguous arrays, as bytes: out's row r (of d[0]) is
+ * row r of each of the d[1] operands xs[i] (rows of widths[i] bytes), one after the other:
+ * the bits move unchanged. numpy copies runs of a few channels (an NHWC concatenation)
+ * element by element, slowly. Operand by operand, each run in fixed-size moves (the last
+ * one overlapping the one before where the run is no multiple of its size): a call of
+ * memcpy per short run costs more than the run, and GCC would make the loop one (the
+ * attribute keeps it from). dims: rows, operands. */
+#if defined(__GNUC__) && !defined(__clang__)
+__attribute__((optimize("no-tree-loop-distribute-patterns")))
+#endif
+int bevir_join_rows(const char *const *xs, const int64_t *widths, char *out, const int64_t *d) {
+  const int64_t rows = d[0], n = d[1];
+  int64_t row = 0;
+  for (int64_t i = 0; i < n; i++) row += widths[i];
+  for (int64_t i = 0, at = 0; i < n; at += widths[i], i++) {
+    const int64_t w = widths[i];
+    for (int64_t r = 0; r < rows; r++) {
+      char *restrict dst = out + at + r * row;
+      const char *restrict src = xs[i] + r * w;
+      if (w >= 32) {
+        int64_t k = 0;
+        for (; k + 32 <= w; k += 32) memcpy(dst + k, src + k, 32);
+        if (k < w) memcpy(dst + w - 32, src + w - 32, 32);
+      } else if (w >= 16) {
+        memcpy(dst, src, 16);
+        memcpy(dst + w - 16, src + w - 16, 16);
+      } else if (w >= 8) {
+        memcpy(dst, src, 8);
+        memcpy(dst + w - 8, src + w - 8, 8);
+      } else if (w >= 4) {
+        memcpy(dst, src, 4);
+        memcpy(dst + w - 4, src + w - 4, 4);
+      } else {
+        for (int64_t k = 0; k < w; k++) dst[k] = src[k];
+      }
     }
   }
   return 0;
