@@ -11,6 +11,7 @@ The activation of a fused op is an attribute: ``activation`` (``none``, ``relu``
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -57,15 +58,23 @@ def _activation_ctx(c: Ctx, types=()) -> Ctx:
     return Ctx({a: c.attrs[f] for a, f in _activation(c.activation).attrs}, types)
 
 
-def apply_activation(c: Ctx, y: np.ndarray) -> np.ndarray:
-    """Apply the fused activation with the activation op's own definition (on float32, the
-    same operations in one native pass, in place: ``y`` is the product's fresh result)."""
+def activation_runner(c: Ctx) -> Callable[[np.ndarray], np.ndarray]:
+    """The fused activation as a function of the product's fresh result, applied with the
+    activation op's own definition (on float32, the same operations in one native pass,
+    in place), its context and native code made once."""
     if c.activation == "none":
-        return y
-    ctx = _activation_ctx(c)
-    if native.activation(c.activation, ctx.attrs, y):
-        return y
-    return get_op(c.activation).compute(ctx, y)
+        return lambda y: y
+    ctx, code, compute = _activation_ctx(c), activation_code(c), get_op(c.activation).compute
+
+    def run(y: np.ndarray) -> np.ndarray:
+        return y if native.activate(code, y) else compute(ctx, y)
+    return run
+
+
+def apply_activation(c: Ctx, y: np.ndarray) -> np.ndarray:
+    """Apply the fused activation to ``y``, the product's fresh result
+    (:func:`activation_runner`)."""
+    return activation_runner(c)(y)
 
 
 def activation_code(c: Ctx) -> tuple[int, int | None] | None:
@@ -77,7 +86,10 @@ def activation_code(c: Ctx) -> tuple[int, int | None] | None:
 
 def _then_activation(c: Ctx, run, activated: bool):
     """``run``, followed by the fused activation unless it applied it itself."""
-    return run if activated else (lambda x: apply_activation(c, run(x)))
+    if activated:
+        return run
+    activate = activation_runner(c)
+    return lambda x: activate(run(x))
 
 
 def _activation_infer(c: Ctx, t: TensorType) -> TensorType:

@@ -7,6 +7,8 @@ import pytest
 
 import bevir
 from bevir import InterpreterError, TensorType
+from bevir.ir.opdef import get_op
+from bevir.ir.types import Layout
 from bevir.ir.builder import Builder
 from bevir.sim.interpreter import Interpreter
 
@@ -94,3 +96,61 @@ def test_a_wrong_result_is_still_named_with_its_declared_type():
     two = Interpreter(graph, kernels={"hardsigmoid": lambda node, args: [args[0]] * 2})
     with pytest.raises(InterpreterError, match="produced 2 results, declared 1"):
         two.run({"x": x})
+
+
+def prepared_ops_model(rng, layout: Layout) -> tuple[bevir.Graph, dict[str, np.ndarray]]:
+    """The ops a plan prepares once per weight: a batch norm, a squeeze-excitation's
+    pointwise convolutions on a 1x1 map (numpy's GEMM: BLAS sums one row otherwise than the
+    native products), a 3x3 conv2d_act, a linear layer."""
+    f32 = lambda *s: rng.standard_normal(s).astype(np.float32)     # noqa: E731
+    b = Builder("m")
+    shape = (2, 6, 6, 8) if layout is Layout.nhwc else (2, 8, 6, 6)
+    x = b.input("x", TensorType(shape, layout=layout))
+    y = b.batch_norm(x, b.const(f32(8)), b.const(f32(8)), b.const(f32(8)),
+                     b.const(np.abs(f32(8)) + 0.5))
+    y = b.conv2d_act(y, b.const(f32(16, 8, 3, 3)), b.const(f32(16)), pads=(1, 1, 1, 1),
+                     activation="relu")
+    pooled = b.global_avgpool(y)
+    squeezed = b.conv2d_act(pooled, b.const(f32(4, 16, 1, 1)), b.const(f32(4)),
+                            activation="relu")
+    b.output("se", b.conv2d(squeezed, b.const(f32(16, 4, 1, 1)), b.const(f32(16))))
+    flat = b.reshape(pooled, shape=(2, 16))
+    b.output("fc", b.matmul_act(flat, b.const(f32(10, 16)), b.const(f32(10)), trans_b=True,
+                                activation="relu"))
+    return b.graph, {"x": f32(*shape)}
+
+
+@pytest.mark.parametrize("layout", [Layout.nhwc, Layout.plain])
+def test_prepared_products_give_the_bits_of_their_unprepared_compute(layout, monkeypatch, rng):
+    """Each op that defines OpDef.prepare is prepared once per plan (not at every run) and
+    gives the bits of its compute, natively and in numpy's code."""
+    graph, feed = prepared_ops_model(rng, layout)
+    calls = []
+    for op in ("batch_norm", "conv2d", "conv2d_act", "matmul_act"):
+        opdef, real = get_op(op), type(get_op(op)).prepare
+        monkeypatch.setattr(opdef, "prepare",
+                            lambda *a, _real=real, _op=opdef: calls.append(a) or _real(_op, *a))
+    for on in ("1", "0"):
+        monkeypatch.setenv("BEVIR_NATIVE", on)
+        calls.clear()
+        first = bevir.run(graph, feed)
+        assert len(calls) == 5                  # one per node, on its plan's first run
+        again = bevir.run(graph, feed)
+        assert len(calls) == 5
+        assert same_bits(first, again)
+        assert same_bits(first, Unprepared(graph).run(feed))
+
+
+def test_a_node_run_with_other_weights_computes_with_them(rng):
+    """OpDef.run of a prepared op on arrays that are not the node's constants (a piece of a
+    split node, a kernel hook's operands) computes with the arrays given."""
+    graph, feed = prepared_ops_model(rng, Layout.nhwc)
+    node = next(n for n in graph.nodes if n.op == "conv2d_act")
+    x = rng.standard_normal(node.inputs[0].type.shape).astype(np.float32)
+    w = rng.standard_normal(node.inputs[1].type.shape).astype(np.float32)
+    bias = node.inputs[2].const
+    (got,) = node.opdef.run(node, [x, w, bias])
+    want = node.opdef.compute(node.opdef.ctx(node), x, w, bias)
+    assert got.tobytes() == want.tobytes()
+    (own,) = node.opdef.run(node, [x, node.inputs[1].const, bias])
+    assert own.tobytes() != got.tobytes()

@@ -13,7 +13,7 @@ import numpy as np
 from .. import native
 from ..common import ArrayCache, read_only
 from . import kernel
-from .conv import conv2d_float
+from .conv import conv2d_float, conv2d_float_runner
 from .fma import conv2d_fma, depthwise_runner, fma_eligible, fma_runner, linear_fma
 from .gemm import stacked_matmul
 
@@ -74,7 +74,7 @@ def conv2d_runner(c, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
             run = fma_runner(x.shape, w, b, *args, activation, blocked)
     if run is not None:
         return run, True
-    return (lambda x: conv2d_float(x, w, b, *args)), False
+    return conv2d_float_runner(x, w, b, *args), False
 
 
 def linear_runner(a: np.ndarray, w: np.ndarray, bias: np.ndarray | None,

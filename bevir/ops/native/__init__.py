@@ -345,7 +345,12 @@ def activation(op: str, attrs, y: np.ndarray) -> bool:
     (another op or dtype, a view whose elements do not fill one block, kernels off). An
     elementwise pass: a transposed view (a channel-major convolution's NHWC result) runs in
     its memory's order, which numpy's loop over the view would take elementwise, slowly."""
-    code = activation_code(op, attrs)
+    return activate(activation_code(op, attrs), y)
+
+
+def activate(code: tuple[int, int | None] | None, y: np.ndarray) -> bool:
+    """:func:`activation` by its :func:`activation_code` (None: no native kernel takes it),
+    found once for a prepared product: False, touching nothing, where it does not run."""
     if code is None or y.dtype != np.float32 or not y.flags.writeable:
         return False
     block = y if y.flags.c_contiguous else y.transpose(np.argsort(y.strides)[::-1])
