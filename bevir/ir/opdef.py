@@ -262,6 +262,10 @@ class OpDef:
     #: views included, as they reach the ops that only move data. Every other op reads
     #: C-ordered operands (:meth:`run`)
     any_memory_order: ClassVar[bool] = False
+    #: each result of the golden kernel is a new array nothing else references (a
+    #: product's): the interpreter may hand it to its only reader to write its result
+    #: into (:meth:`bind_in_place`)
+    fresh_results: ClassVar[bool] = False
 
     # ---- interfaces: what passes and backends ask the op (None: not implemented) --------
     #: how the op maps through NCHW -> NHWC (to-nhwc); None: it has no NHWC form
@@ -456,6 +460,14 @@ class OpDef:
             return run
         return self._prepared(c, tuple(None if v is None else v.const for v in weights),
                               ordered, run)
+
+    def bind_in_place(self, node, operand: int
+                      ) -> Callable[[Sequence[np.ndarray | None]], list[np.ndarray]] | None:
+        """:meth:`bind`'s function writing the (single) result into operand ``operand``'s
+        array, which the caller hands over: a fresh array nothing else reads (an operand of
+        the result's shape and dtype whose producer has :attr:`fresh_results`). The same
+        bits as :meth:`bind`'s; None where the op cannot (the default)."""
+        return None
 
     def _prepared(self, c: Ctx, weights: tuple[np.ndarray | None, ...], ordered: bool,
                   run: Callable[[Sequence[np.ndarray | None]], list[np.ndarray]]

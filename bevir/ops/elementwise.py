@@ -7,7 +7,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..ir.types import DType, TensorType
-from ..ir.opdef import Activation, Bool, FixedLowering, Float, OpDef, Str
+from ..ir.opdef import Activation, Bool, FixedLowering, Float, OpDef, Str, c_ordered
 from . import native
 from .common import broadcast_types, float_operands, require, same_dtype
 from .layout_rules import ELEMENTWISE
@@ -314,6 +314,20 @@ class Binary(OpDef):
     def compute(self, c, a, b):
         fn = type(self).int_fn if a.dtype.kind in "iub" else type(self).fn
         return np.asarray(fn(a, b)).astype(a.dtype, copy=False)
+
+    def bind_in_place(self, node, operand):
+        """A float op whose ``fn`` is a ufunc, on operands of the result's dtype: ``fn``
+        with ``out`` the handed-over operand (C-ordered, as :meth:`OpDef.bind` reads them)."""
+        fn, out = type(self).fn, node.outputs[0].type
+        if not (isinstance(fn, np.ufunc) and out.dtype.is_float
+                and node.inputs[operand].type.shape == out.shape
+                and all(v.type.dtype == out.dtype for v in node.inputs)):
+            return None
+
+        def run(arrays):
+            a, b = (c_ordered(x) for x in arrays)
+            return [fn(a, b, out=(a, b)[operand])]
+        return run
 
 
 def binary(name: str, fn, int_fn=None, commutative: bool = False,

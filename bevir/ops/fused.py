@@ -108,6 +108,7 @@ class Conv2dAct(Convolution):
     fixed_point = FixedLowering("product")
     nhwc = NATIVE
     any_memory_order = True        # as conv2d's
+    fresh_results = True
     operands = ("x", "w", "b?")
     attrs = {**CONV_ATTRS, **activation_attrs(ACTIVATIONS)}
 
@@ -194,7 +195,15 @@ class AddRelu(OpDef):
         return get_op("relu").infer(c, get_op("add").infer(c, a, b))
 
     def compute(self, c, a, b):
-        y = get_op("add").compute(c, a, b)
+        return self._relu(c, get_op("add").compute(c, a, b))
+
+    def bind_in_place(self, node, operand):
+        """The sum into the handed-over operand (add's), then relu."""
+        add, c = get_op("add").bind_in_place(node, operand), self.ctx(node)
+        return None if add is None else (lambda arrays: [self._relu(c, add(arrays)[0])])
+
+    @staticmethod
+    def _relu(c, y):
         # the sum is a fresh array: relu's own operations on it in place, in one native
         # pass where they run (one allocation and one pass over memory fewer)
         return y if native.activation("relu", {}, y) else get_op("relu").compute(c, y)

@@ -11,14 +11,13 @@ from ..ir.types import Layout, TensorType
 from ..ir.opdef import Bool, FixedLowering, Float, Int, Ints, OpDef, Piece, aligned_range
 from .common import conv_out_size, float_operands, nchw_dims, require, window_rows
 from .cost import REQUANTIZE_OPS, PEMapping, Work
-from .kernels import kernel_for
+from .kernels import kernel_for, prepared_kernel
 from .layout_rules import NATIVE
 from .onnx_export import onnx_as
 
 # the BLAS convolutions the fixed-point products call through this module
 from .kernels.conv import (NCHW_CHANNEL_LIMIT, conv2d_nchw, conv2d_nhwc,  # noqa: F401
                            from_nhwc, to_nhwc)
-from .kernels.products import conv2d_prepared
 
 
 # ---- the product families: one shape rule and one MAC count each --------------------------
@@ -240,6 +239,8 @@ class Conv2d(Convolution):
     #: (an NCHW result kept in NHWC memory: the next convolution's copy is then free)
     #: gives the same bits as a C-ordered x
     any_memory_order = True
+    #: its kernels write a new array (a transposed view of one in NCHW)
+    fresh_results = True
     operands = ("x", "w", "b?")
 
     def infer(self, c, x, w, b=None):
@@ -252,7 +253,7 @@ class Conv2d(Convolution):
         return kernel_for("conv2d")(c, x, w, b)      # kernels/products.py
 
     def prepare(self, c, x, w, b=None):
-        return conv2d_prepared(c, x, w, b)
+        return prepared_kernel("conv2d", c, x, w, b)
 
 
 class MatMul(MatrixProduct):

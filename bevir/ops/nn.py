@@ -15,8 +15,8 @@ from ..ir.opdef import (Bool, Ctx, FixedLowering, Float, Floats, Int, Ints, Layo
                         Piece, Str)
 from .common import (channel_axis, float_operands, norm_axis, pool_dilations, pool_out, require,
                      spatial_axes, window_rows)
-from .kernels import kernel_for
-from .kernels.norm import batch_norm_runner, moments
+from .kernels import kernel_for, prepared_kernel
+from .kernels.norm import moments
 from .kernels.pool import window_taps
 from .kernels.resize import f32_scales, gather_tables
 from .layout_rules import NATIVE, size_attr
@@ -259,7 +259,7 @@ class BatchNorm(OpDef):
         return kernel_for("batch_norm")(c, x, scale, bias, mean, var)    # kernels/norm.py
 
     def prepare(self, c, x, scale, bias, mean, var):
-        return batch_norm_runner(c, x, scale, bias, mean, var)
+        return prepared_kernel("batch_norm", c, x, scale, bias, mean, var)
 
 
 class LayerNorm(OpDef):

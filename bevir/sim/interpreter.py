@@ -17,6 +17,7 @@ import difflib
 import functools
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import NamedTuple
 
 import numpy as np
 
@@ -71,7 +72,8 @@ class Interpreter:
         self.kernels: dict[str, Kernel] = dict(kernels or {})
         self.node_kernels: dict[str, Kernel] = dict(node_kernels or {})
         self.on_node_start, self.on_node_end = on_node_start, on_node_end
-        self._steps, self._values, self._largest = _graph_facts(graph, native.enabled())
+        facts = _graph_facts(graph, native.enabled())
+        self._steps, self._values, self._largest = facts.steps, facts.values, facts.largest
         self._arrays: dict[int, np.ndarray] = {}
         self._overrides: dict[Node, Kernel] = {}
 
@@ -128,14 +130,21 @@ class Interpreter:
         plan = None if given is None else self._plan(env, given, None if keep_all else keep)
         if self._largest > tensor_bytes():
             self._refuse_large(plan)
-        self._steps = _graph_facts(g, native.enabled())[0]     # kernels prepared for it
+        facts = _graph_facts(g, native.enabled())      # kernels prepared for it
+        self._steps = facts.steps
         self._overrides = self._resolve_kernels()
         # the golden kernels called straight from the op (no override, no run_node subclass)
         direct = not self._overrides and type(self).run_node is _RUN_NODE
+        fetched: dict[str, np.ndarray] = {}
         if (direct and plan is None and not keep_all and not wanted
                 and self.on_node_start is None and self.on_node_end is None):
-            self._run_plain(env)
-            fetched: dict[str, np.ndarray] = {}
+            try:
+                _run_plain(facts.plain, env)
+            except Exception:
+                # again node by node, from the start: the node that fails is named
+                env = self._arrays = {id(v): v.const for v in g.constants.values()}
+                self._bind(inputs, None, env)
+                self._run_steps(env, None, keep, wanted, keep_all, direct)
         else:
             fetched = self._run_steps(env, plan, keep, wanted, keep_all, direct)
         for name in wanted - set(fetched):
@@ -144,25 +153,6 @@ class Interpreter:
         result.update({k: v for k, v in fetched.items() if k not in result})
         return result
 
-    def _run_plain(self, env: dict[int, np.ndarray]) -> None:
-        """Every node by its bound golden kernel, without hooks, each value freed after its
-        last use (but the graph's outputs): the plain run, with nothing per node but the
-        kernel call and the check of its results."""
-        node = None
-        try:
-            for node, bound, ins, outs, _, declared, drops in self._steps:
-                results = bound(list(map(env.get, ins)))
-                if not _fits(results, declared):
-                    self._check(node, results)        # raises, naming the result
-                for k, r in zip(outs, results):
-                    env[k] = r
-                for k in drops:
-                    del env[k]
-        except Exception as e:
-            if node is None or isinstance(e, BevirError) and e.node:
-                raise
-            raise _node_error(node, e) from e
-
     def _run_steps(self, env: dict[int, np.ndarray], plan: set[Node] | None, keep: set[int],
                    wanted: set[str], keep_all: bool, direct: bool) -> dict[str, np.ndarray]:
         """The nodes of ``plan`` (None: all) with the hooks, overrides and fetched values
@@ -170,7 +160,7 @@ class Interpreter:
         start, end = self.on_node_start, self.on_node_end
         collect = keep_all or bool(wanted)
         fetched: dict[str, np.ndarray] = {}
-        for node, bound, ins, outs, frees, declared, _ in self._steps:
+        for node, bound, ins, outs, frees, declared in self._steps:
             if plan is None or node in plan:
                 args = [None if k is None else env[k] for k in ins]
                 try:
@@ -325,37 +315,140 @@ Declared = tuple[tuple[int, ...], np.dtype]
 #: one node of a run, prepared once per graph version (the run's plan): the node, its
 #: golden kernel bound to it (OpDef.bind), its operands' keys in the run's arrays (None: an
 #: omitted operand), its results' keys, the keys of the values it uses last, its results'
-#: declared shapes and dtypes, and the keys of the values it uses last that are no graph
-#: output (those a plain run frees)
+#: declared shapes and dtypes
 Step = tuple[Node, Callable[[Args], list[np.ndarray]], tuple[int | None, ...],
-             tuple[int, ...], tuple[int, ...], tuple[Declared, ...], tuple[int, ...]]
+             tuple[int, ...], tuple[int, ...], tuple[Declared, ...]]
+#: one step of a plain run (:func:`_plain_steps`): its function of its operands, their
+#: keys, its results' keys and declared types, the keys of the values it frees
+PlainStep = tuple[Callable[[Args], list[np.ndarray]], tuple[int | None, ...], tuple[int, ...],
+                  tuple[Declared, ...], tuple[int, ...]]
 
-#: each graph's steps and values by name, while its version stays (bevir.run makes an
-#: interpreter per run)
+
+class Facts(NamedTuple):
+    """What a graph's runs are prepared with, once per graph version."""
+
+    #: graph version, whether native kernels run
+    key: tuple[int, bool]
+    steps: list[Step]
+    #: the steps of a plain run (no hooks, overrides, fetch or partial plan)
+    plain: list[PlainStep]
+    #: the graph's values by name
+    values: dict[str, Value]
+    #: the largest result, in bytes
+    largest: int
+
+
+#: each graph's facts, while its version stays (bevir.run makes an interpreter per run)
 _FACTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _graph_facts(graph: Graph, native_kernels: bool) -> tuple[list[Step], dict[str, Value], int]:
-    """The graph's steps, its values by name and its largest result in bytes: prepared
-    again whenever the graph's version changes (every change through the Graph API bumps
-    it), so no step outlives the node it was made from, or whether native kernels run
-    (``native_kernels``; the bound kernels prepare their native calls once)."""
+def _graph_facts(graph: Graph, native_kernels: bool) -> Facts:
+    """The graph's steps (and a plain run's), its values by name and its largest result in
+    bytes: prepared again whenever the graph's version changes (every change through the
+    Graph API bumps it), so no step outlives the node it was made from, or whether native
+    kernels run (``native_kernels``; the bound kernels prepare their native calls once)."""
+    key = (graph.version, native_kernels)
     hit = _FACTS.get(graph)
-    if hit is None or hit[0] != (graph.version, native_kernels):
+    if hit is None or hit.key != key:
         last_use = Interpreter._last_uses(graph)
-        outputs = {id(v) for v in graph.outputs.values()}
-        steps = []
-        for i, n in enumerate(graph.nodes):
-            frees = tuple(id(v) for v in last_use.get(i, ()))
-            steps.append((n, _bound(n), tuple(None if v is None else id(v) for v in n.inputs),
-                          tuple(id(v) for v in n.outputs), frees,
-                          tuple((v.type.shape, v.type.dtype.np) for v in n.outputs),
-                          tuple(k for k in frees if k not in outputs)))
+        steps = [(n, _bound(n), tuple(None if v is None else id(v) for v in n.inputs),
+                  tuple(id(v) for v in n.outputs), tuple(id(v) for v in last_use.get(i, ())),
+                  tuple((v.type.shape, v.type.dtype.np) for v in n.outputs))
+                 for i, n in enumerate(graph.nodes)]
         largest = max((v.type.nbytes for n in graph.nodes for v in n.outputs), default=0)
-        hit = ((graph.version, native_kernels), steps, {v.name: v for v in graph.values()},
-               largest)
+        hit = Facts(key, steps, _plain_steps(graph, steps), {v.name: v for v in graph.values()},
+                    largest)
         _FACTS[graph] = hit
-    return hit[1], hit[2], hit[3]
+    return hit
+
+
+def _plain_steps(graph: Graph, steps: list[Step]) -> list[PlainStep]:
+    """The steps of a plain run: each node's, but where a node can write its result into
+    an operand's array (OpDef.bind_in_place) that is the only use of a fresh result
+    (OpDef.fresh_results: a convolution's, read by the add after it), the two run as one
+    step at the reader's place, the result written into the operand (one allocation, one
+    array of the run and one step fewer). Each value is freed after its last use, but the
+    graph's outputs."""
+    outputs = {id(v) for v in graph.outputs.values()}
+    index = {id(step[0]): i for i, step in enumerate(steps)}
+    donors: dict[int, tuple[int, Callable[[Args], list[np.ndarray]]]] = {}  # reader -> (k, fn)
+    for i, (node, *_) in enumerate(steps):
+        for k, v in enumerate(node.inputs):
+            if _donor(v, node, outputs) and index[id(v.producer)] not in donors:
+                fn = _in_place(node, k)
+                if fn is not None:
+                    donors[i] = (k, fn)
+                    break
+    merged = {index[id(steps[i][0].inputs[k].producer)] for i, (k, _) in donors.items()}
+    plain = []
+    for i, (node, bound, ins, outs, _, declared) in enumerate(steps):
+        if i in merged:
+            continue
+        if i in donors:
+            k, fn = donors[i]
+            p = steps[index[id(node.inputs[k].producer)]]
+            bound = _fused(p[1], p[5][0], len(p[2]), fn, k)
+            ins = p[2] + ins[:k] + (None,) + ins[k + 1:]
+        plain.append((bound, ins, outs, declared))
+    last: dict[int, int] = {}
+    for i, (_, ins, _, _) in enumerate(plain):
+        last.update((k, i) for k in ins if k is not None)
+    kept = outputs | {id(v) for v in graph.constants.values()}
+    frees: dict[int, list[int]] = {}
+    for k, i in last.items():
+        if k not in kept:
+            frees.setdefault(i, []).append(k)
+    return [step + (tuple(frees.get(i, ())),) for i, step in enumerate(plain)]
+
+
+def _donor(v: Value | None, reader: Node, outputs: set[int]) -> bool:
+    """Whether ``v`` is a fresh result (OpDef.fresh_results) that only ``reader`` reads,
+    once, and no graph output: its array may take the reader's result."""
+    if v is None or v.producer is None or id(v) in outputs or len(v.uses) != 1:
+        return False
+    try:
+        return v.producer.opdef.fresh_results and len(v.producer.outputs) == 1
+    except BevirError:                          # an unknown op
+        return False
+
+
+def _in_place(node: Node, operand: int) -> Callable[[Args], list[np.ndarray]] | None:
+    """The node's kernel writing into operand ``operand`` (OpDef.bind_in_place), or None."""
+    try:
+        return node.opdef.bind_in_place(node, operand)
+    except BevirError:                          # an unknown op
+        return None
+
+
+def _fused(produce: Callable[[Args], list[np.ndarray]], declared: Declared, count: int,
+           consume: Callable[[Args], list[np.ndarray]], operand: int
+           ) -> Callable[[Args], list[np.ndarray]]:
+    """One step of two nodes: ``produce`` on the first ``count`` operands, its result (of
+    the ``declared`` shape and dtype, else a ValueError) handed to ``consume`` as operand
+    ``operand`` of the rest."""
+    shape, dtype = declared
+
+    def run(args: Args) -> list[np.ndarray]:
+        (y,) = produce(args[:count])
+        if y.shape != shape or y.dtype != dtype:
+            raise ValueError(f"a result is {y.dtype}{list(y.shape)}, declared otherwise")
+        rest = args[count:]
+        rest[operand] = y
+        return consume(rest)
+    return run
+
+
+def _run_plain(steps: list[PlainStep], env: dict[int, np.ndarray]) -> None:
+    """A plain run of ``steps`` on ``env``: nothing per step but its kernel call, the check
+    of its results (a ValueError where one is not as declared) and the values it frees."""
+    for fn, ins, outs, declared, drops in steps:
+        results = fn(list(map(env.get, ins)))
+        if not _fits(results, declared):
+            raise ValueError("a result is not as declared")
+        for k, r in zip(outs, results):
+            env[k] = r
+        for k in drops:
+            del env[k]
 
 
 def _bound(node: Node) -> Callable[[Args], list[np.ndarray]]:

@@ -10,7 +10,8 @@ from bevir import InterpreterError, TensorType
 from bevir.ir.opdef import get_op
 from bevir.ir.types import Layout
 from bevir.ir.builder import Builder
-from bevir.sim.interpreter import Interpreter
+from bevir.ops import native
+from bevir.sim.interpreter import Interpreter, _graph_facts
 
 
 class Unprepared(Interpreter):
@@ -154,3 +155,57 @@ def test_a_node_run_with_other_weights_computes_with_them(rng):
     assert got.tobytes() == want.tobytes()
     (own,) = node.opdef.run(node, [x, node.inputs[1].const, bias])
     assert own.tobytes() != got.tobytes()
+
+
+def residual_model(rng, shared: bool = False) -> tuple[bevir.Graph, dict[str, np.ndarray]]:
+    """A convolution read only by an add_relu (a residual block's end), then by an add on
+    the other side; with ``shared``, the first convolution's result also a graph output."""
+    f32 = lambda *s: rng.standard_normal(s).astype(np.float32)     # noqa: E731
+    b = Builder("res")
+    x = b.input("x", TensorType((1, 5, 6, 8), layout=Layout.nhwc))
+    y = b.conv2d(x, b.const(f32(8, 8, 3, 3)), b.const(f32(8)), pads=(1, 1, 1, 1))
+    r = b.add_relu(y, x)
+    z = b.conv2d(r, b.const(f32(8, 8, 1, 1)), None)
+    b.output("out", b.add(b.const(f32(8)), z))
+    if shared:
+        b.output("y", y)
+    feed = {"x": f32(1, 5, 6, 8)}
+    feed["x"].reshape(-1)[::7] = np.nan                 # NaNs meet NaNs in the adds
+    return b.graph, feed
+
+
+@pytest.mark.parametrize("native_on", ["1", "0"])
+def test_a_plain_run_writes_an_add_into_its_convolutions_result_with_the_same_bits(
+        native_on, monkeypatch, rng):
+    """Each convolution read only by an add runs with it as one step of a plain run, the
+    sum written into its result: the bits of the node-by-node run (with a hook) and of the
+    unprepared semantics, NaNs included."""
+    monkeypatch.setenv("BEVIR_NATIVE", native_on)
+    graph, feed = residual_model(rng)
+    facts = _graph_facts(graph, native.enabled())
+    assert len(facts.steps) == 4 and len(facts.plain) == 2
+    plain = bevir.run(graph, feed)
+    hooked = Interpreter(graph, on_node_start=lambda node, args: None).run(feed)
+    assert same_bits(plain, hooked) and same_bits(plain, Unprepared(graph).run(feed))
+    assert np.isnan(plain["out"]).any()
+
+
+def test_a_result_read_elsewhere_is_not_written_into(rng):
+    """A convolution result that is also a graph output keeps its own array."""
+    graph, feed = residual_model(rng, shared=True)
+    facts = _graph_facts(graph, native.enabled())
+    assert len(facts.plain) == 3                        # only the second pair runs as one
+    got = bevir.run(graph, feed)
+    assert same_bits(got, Unprepared(graph).run(feed))
+
+
+def test_an_error_in_a_joined_step_names_its_node(monkeypatch, rng):
+    graph, feed = residual_model(rng)
+    conv = graph.nodes[0]
+
+    def fail(self, c, x, w, b=None):
+        raise RuntimeError("no kernel today")
+    monkeypatch.setattr(type(conv.opdef), "prepare", fail)
+    with pytest.raises(InterpreterError, match="no kernel today") as err:
+        bevir.run(graph, feed)
+    assert err.value.node == conv.name

@@ -64,7 +64,7 @@ def batch_norm_runner(c, x: np.ndarray, scale: np.ndarray, bias: np.ndarray, mea
     return run
 
 
-@kernel("batch_norm")
+@kernel("batch_norm", prepare=batch_norm_runner)
 def batch_norm(c, x: np.ndarray, scale: np.ndarray, bias: np.ndarray, mean: np.ndarray,
                var: np.ndarray) -> np.ndarray:
     """batch_norm: :func:`batch_norm_runner`'s function of ``x``."""

@@ -106,11 +106,11 @@ def linear_runner(a: np.ndarray, w: np.ndarray, bias: np.ndarray | None,
 def conv2d_prepared(c, x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None
                     ) -> Callable[[np.ndarray], np.ndarray]:
     """conv2d for inputs like ``x``: :func:`conv2d_runner`'s function, prepared once per
-    constant weight (what a prepared plan calls, OpDef.prepare)."""
+    constant weight (the kernel's prepared form: what a prepared plan calls)."""
     return prepared_runner(c, x, w, b, lambda: conv2d_runner(c, x, w, b)[0])
 
 
-@kernel("conv2d")
+@kernel("conv2d", prepare=conv2d_prepared)
 def conv2d(c, x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
     """conv2d: :func:`conv2d_prepared`'s function of ``x``."""
     return conv2d_prepared(c, x, w, b)(x)
