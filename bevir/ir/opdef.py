@@ -266,6 +266,10 @@ class OpDef:
     #: product's): the interpreter may hand it to its only reader to write its result
     #: into (:meth:`bind_in_place`)
     fresh_results: ClassVar[bool] = False
+    #: the op is the sum of its two operands followed by this activation ("none": add,
+    #: "relu": add_relu), which a product that one of them is may compute in its own pass
+    #: (:meth:`bind_sum`); None: the op is no such sum
+    sum_activation: ClassVar[str | None] = None
 
     # ---- interfaces: what passes and backends ask the op (None: not implemented) --------
     #: how the op maps through NCHW -> NHWC (to-nhwc); None: it has no NHWC form
@@ -467,6 +471,16 @@ class OpDef:
         array, which the caller hands over: a fresh array nothing else reads (an operand of
         the result's shape and dtype whose producer has :attr:`fresh_results`). The same
         bits as :meth:`bind`'s; None where the op cannot (the default)."""
+        return None
+
+    def bind_sum(self, node, first: bool, activation: str
+                 ) -> Callable[[Sequence[np.ndarray | None], np.ndarray], np.ndarray | None] | None:
+        """A function of the node's operand arrays and an addend: the node's (single)
+        result, then the addend added (``addend + y`` where ``first``, else ``y + addend``:
+        the add that reads the result, in its operand order; see :attr:`sum_activation`),
+        then ``activation``, in its kernel's own pass, with the bits of the node and the
+        add run one after the other; the function returns None, computing nothing, where
+        it cannot for the arrays given. None (the default) where the op never can."""
         return None
 
     def _prepared(self, c: Ctx, weights: tuple[np.ndarray | None, ...], ordered: bool,

@@ -376,7 +376,8 @@ def ordered(fn: Callable) -> Callable:
 
 
 Add = binary("add", np.add, commutative=True, fixed_point=FixedLowering("binary", "fx_add"),
-             onnx_export=onnx_as("Add"), int_expr=wrapping(lambda a, b: a + b))
+             onnx_export=onnx_as("Add"), int_expr=wrapping(lambda a, b: a + b),
+             sum_activation="none")
 Sub = binary("sub", np.subtract, fixed_point=FixedLowering("binary", "fx_sub"),
              onnx_export=onnx_as("Sub"), int_expr=wrapping(lambda a, b: a - b))
 Mul = binary("mul", np.multiply, commutative=True, fixed_point=FixedLowering("mul"),

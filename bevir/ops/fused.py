@@ -186,6 +186,7 @@ class AddRelu(OpDef):
     """relu(a + b), broadcasting as add."""
 
     name = "add_relu"
+    sum_activation = "relu"
     onnx_export = then_activation(onnx_as("Add"), "relu")
     fixed_point = FixedLowering("add_relu")
     nhwc = ELEMENTWISE

@@ -387,7 +387,7 @@ def _plain_steps(graph: Graph, steps: list[Step]) -> list[PlainStep]:
         if i in donors:
             k, fn = donors[i]
             p = steps[index[id(node.inputs[k].producer)]]
-            bound = _fused(p[1], p[5][0], len(p[2]), fn, k)
+            bound = _fused(p[1], p[5][0], len(p[2]), fn, k, _summing(p[0], node, k))
             ins = p[2] + ins[:k] + (None,) + ins[k + 1:]
         plain.append((bound, ins, outs, declared))
     last: dict[int, int] = {}
@@ -420,19 +420,36 @@ def _in_place(node: Node, operand: int) -> Callable[[Args], list[np.ndarray]] | 
         return None
 
 
+def _summing(producer: Node, reader: Node, operand: int
+             ) -> Callable[[Args, np.ndarray], np.ndarray | None] | None:
+    """Where ``reader`` is a sum (OpDef.sum_activation) of ``producer``'s result, its
+    operand ``operand``, and the other operand: the producer computing it in its own pass
+    (OpDef.bind_sum), or None."""
+    activation = reader.opdef.sum_activation
+    if activation is None or len(reader.inputs) != 2:
+        return None
+    return producer.opdef.bind_sum(producer, operand == 1, activation)
+
+
 def _fused(produce: Callable[[Args], list[np.ndarray]], declared: Declared, count: int,
-           consume: Callable[[Args], list[np.ndarray]], operand: int
+           consume: Callable[[Args], list[np.ndarray]], operand: int,
+           summing: Callable[[Args, np.ndarray], np.ndarray | None] | None = None
            ) -> Callable[[Args], list[np.ndarray]]:
     """One step of two nodes: ``produce`` on the first ``count`` operands, its result (of
     the ``declared`` shape and dtype, else a ValueError) handed to ``consume`` as operand
-    ``operand`` of the rest."""
+    ``operand`` of the rest; or, where given and able for the arrays, ``summing`` (the
+    producer computing the reader's sum with the other operand in its own pass)."""
     shape, dtype = declared
 
     def run(args: Args) -> list[np.ndarray]:
+        rest = args[count:]
+        if summing is not None:
+            y = summing(args[:count], rest[1 - operand])
+            if y is not None:
+                return [y]
         (y,) = produce(args[:count])
         if y.shape != shape or y.dtype != dtype:
             raise ValueError(f"a result is {y.dtype}{list(y.shape)}, declared otherwise")
-        rest = args[count:]
         rest[operand] = y
         return consume(rest)
     return run

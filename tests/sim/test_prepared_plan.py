@@ -158,15 +158,16 @@ def test_a_node_run_with_other_weights_computes_with_them(rng):
 
 
 def residual_model(rng, shared: bool = False) -> tuple[bevir.Graph, dict[str, np.ndarray]]:
-    """A convolution read only by an add_relu (a residual block's end), then by an add on
-    the other side; with ``shared``, the first convolution's result also a graph output."""
+    """Convolutions each read only by an add: an add_relu (a residual block's end), an add
+    with the convolution's result second, an add of a broadcast bias; with ``shared``, the
+    first convolution's result also a graph output."""
     f32 = lambda *s: rng.standard_normal(s).astype(np.float32)     # noqa: E731
     b = Builder("res")
     x = b.input("x", TensorType((1, 5, 6, 8), layout=Layout.nhwc))
     y = b.conv2d(x, b.const(f32(8, 8, 3, 3)), b.const(f32(8)), pads=(1, 1, 1, 1))
     r = b.add_relu(y, x)
-    z = b.conv2d(r, b.const(f32(8, 8, 1, 1)), None)
-    b.output("out", b.add(b.const(f32(8)), z))
+    s = b.add(r, b.conv2d(r, b.const(f32(8, 8, 1, 1)), None))
+    b.output("out", b.add(b.const(f32(8)), b.conv2d(s, b.const(f32(8, 8, 1, 1)), None)))
     if shared:
         b.output("y", y)
     feed = {"x": f32(1, 5, 6, 8)}
@@ -175,16 +176,27 @@ def residual_model(rng, shared: bool = False) -> tuple[bevir.Graph, dict[str, np
 
 
 @pytest.mark.parametrize("native_on", ["1", "0"])
-def test_a_plain_run_writes_an_add_into_its_convolutions_result_with_the_same_bits(
+def test_a_plain_run_joins_a_convolution_and_the_add_that_reads_it_with_the_same_bits(
         native_on, monkeypatch, rng):
-    """Each convolution read only by an add runs with it as one step of a plain run, the
-    sum written into its result: the bits of the node-by-node run (with a hook) and of the
-    unprepared semantics, NaNs included."""
+    """Each convolution read only by an add runs with it as one step of a plain run: the
+    native product adds the other operand in its own pass (OpDef.bind_sum: in either
+    operand order, then add_relu's relu), else the sum is written into the product's
+    result (a broadcast operand, numpy's code); the bits of the node-by-node run (with a
+    hook) and of the unprepared semantics, NaNs included."""
+    from bevir.ops import linalg
     monkeypatch.setenv("BEVIR_NATIVE", native_on)
+    summed = []
+    real = linalg.conv2d_sum_runner
+
+    def counted(*args):
+        run = real(*args)
+        return None if run is None else (lambda *a: summed.append(a[2]) or run(*a))
+    monkeypatch.setattr(linalg, "conv2d_sum_runner", counted)
     graph, feed = residual_model(rng)
     facts = _graph_facts(graph, native.enabled())
-    assert len(facts.steps) == 4 and len(facts.plain) == 2
+    assert len(facts.steps) == 6 and len(facts.plain) == 3
     plain = bevir.run(graph, feed)
+    assert summed == ([False, True] if native_on == "1" else [])
     hooked = Interpreter(graph, on_node_start=lambda node, args: None).run(feed)
     assert same_bits(plain, hooked) and same_bits(plain, Unprepared(graph).run(feed))
     assert np.isnan(plain["out"]).any()
@@ -194,7 +206,7 @@ def test_a_result_read_elsewhere_is_not_written_into(rng):
     """A convolution result that is also a graph output keeps its own array."""
     graph, feed = residual_model(rng, shared=True)
     facts = _graph_facts(graph, native.enabled())
-    assert len(facts.plain) == 3                        # only the second pair runs as one
+    assert len(facts.plain) == 4                        # the first pair runs apart
     got = bevir.run(graph, feed)
     assert same_bits(got, Unprepared(graph).run(feed))
 

@@ -10,6 +10,7 @@ import math
 
 import numpy as np
 
+from ...ir.types import Layout
 from .. import native
 from ..common import ArrayCache, read_only
 from . import kernel
@@ -75,6 +76,21 @@ def conv2d_runner(c, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
     if run is not None:
         return run, True
     return conv2d_float_runner(x, w, b, *args), False
+
+
+def conv2d_sum_runner(c, x: np.ndarray, w: np.ndarray, b: np.ndarray | None, activation: str
+                      ) -> Callable[[np.ndarray, np.ndarray, bool], np.ndarray] | None:
+    """conv2d for inputs like ``x``, then an addend (C-contiguous, of the result's type)
+    added in the native product's own pass (``addend + y`` where ``first``, else ``y +
+    addend``: the add that reads the result, in its operand order), then ``activation``
+    ("none" or "relu": add_relu's): a function of the input, the addend and ``first``, for
+    an NHWC convolution where a native kernel runs with conv2d_float's bits; else None."""
+    args = conv_args(c)
+    code = native.activation_code(activation, {})
+    if args[0] is not Layout.nhwc or code is None:
+        return None
+    run, ran = conv2d_runner(c, x, w, b, code)
+    return run if ran else None
 
 
 def linear_runner(a: np.ndarray, w: np.ndarray, bias: np.ndarray | None,

@@ -279,6 +279,15 @@ int bevir_activation_f32(float *x, const float *p, const int64_t *d) {
   return activate_f32(x, d[0], d[1], p);
 }
 
+/* The add a product's result y takes in its own pass (elementwise add, in the add's
+ * operand order): y = r + y where first, else y + r, over n elements. */
+static void add_residual(float *restrict y, const float *restrict r, int64_t n, int64_t first) {
+  if (first)
+    for (int64_t i = 0; i < n; i++) y[i] = r[i] + y[i];
+  else
+    for (int64_t i = 0; i < n; i++) y[i] = y[i] + r[i];
+}
+
 /* Channels k.. of depthwise_edge_f32's pixel in vectors V, while a whole one fits. */
 #define EDGE_SWEEP(V)                                                                     \
   for (; k + (int64_t)(sizeof(V) / sizeof(float)) <= c; k += sizeof(V) / sizeof(float)) { \
@@ -321,11 +330,13 @@ static inline int64_t floor_div(int64_t x, int64_t y) { return x >= 0 ? x / y : 
  * columns (and below and right as far as the windows reach), without a padded copy: the
  * products and sums of bevir_depthwise_f32 on the padded input, a window within x by
  * DEPTHWISE_PIXELS, one that leaves it by depthwise_edge_f32; then the bias added to each
- * pixel's channels (conv2d's y += b) and activation act (activate_f32). Output rows y0 to
+ * pixel's channels (conv2d's y += b), res (where not NULL; laid out as out) added as
+ * add_residual adds it, and activation act (activate_f32). Output rows y0 to
  * y1 of each image of out [N, OH, OW, C]. dims: N, H, W, C, OH, OW, KH, KW, SH, SW, DH, DW,
  * top, left, y0, y1. */
 int bevir_depthwise_conv_f32(const float *x, const float *wt, const float *bias, float *out,
-                             const int64_t *d, int64_t act, const float *p) {
+                             const int64_t *d, int64_t act, const float *p, const float *res,
+                             int64_t res_first) {
   const int64_t N = d[0], H = d[1], W = d[2], c = d[3], OH = d[4], OW = d[5], kh = d[6];
   const int64_t kw = d[7], sh = d[8], sw = d[9], dh = d[10], dw = d[11], top = d[12];
   const int64_t left = d[13], y0 = d[14], y1 = d[15], nt = kh * kw, step = sw * c;
@@ -373,6 +384,7 @@ int bevir_depthwise_conv_f32(const float *x, const float *wt, const float *bias,
     if (bias)
       for (int64_t i = 0; i < n; i += c)
         for (int64_t k = 0; k < c; k++) rows[i + k] = rows[i + k] + bias[k];
+    if (res) add_residual(rows, res + (rows - out), n, res_first);
     if (activate_f32(rows, n, act, p) != 0) return -1;
   }
   return 0;
@@ -390,8 +402,10 @@ int bevir_depthwise_conv_f32(const float *x, const float *wt, const float *bias,
  * long reduction (native.blas_blocks), or one block of all K.
  * b: [K, N] row-major; out: [M, N], rows ldo apart. dims: M, N, K, ldo, G, S, NB: a grouped
  * convolution makes G such products, group g reading A's elements g * S further on, b and
- * bias g * K * N and g * N further on, writing out's columns g * N on (ldo = G * N); then
- * activation act (activate_f32, its parameters p) over out. The caller uses it only where
+ * bias g * K * N and g * N further on, writing out's columns g * N on (ldo = G * N); res,
+ * where not NULL, laid out as out, is added to each result after the bias (res + y where
+ * res_first, else y + res: an add that reads the product, in its operand order; not with
+ * out transposed); then activation act (activate_f32, its parameters p) over out. The caller uses it only where
  * it has found BLAS to give the same bits (native.agrees).
  * A tile of R rows x V vectors of 16 columns keeps its R * V accumulators in registers
  * (constant indices: a variable one would spill them) while a strip of b stays in cache:
@@ -414,7 +428,8 @@ static __attribute__((noinline)) void store_transposed(float *q, __mmask16 mask,
   static void gather_gemm_##R##x##V(const float *a, const int64_t *rows,                  \
                                     const int64_t *offs, const float *b,                  \
                                     const float *bias, float *out, const int64_t *d,      \
-                                    const int64_t *kb, int64_t n0, int64_t n1) {          \
+                                    const int64_t *kb, int64_t n0, int64_t n1,            \
+                                    const float *res, int64_t first) {                    \
     const int64_t M = d[0], N = d[1], ldo = d[3], nb = d[6], cols = d[7];                 \
     for (int64_t n = n0; n < n1; n += 16 * V) {                                           \
       __mmask16 mask[V];                                                                  \
@@ -453,6 +468,10 @@ static __attribute__((noinline)) void store_transposed(float *q, __mmask16 mask,
                 __m512 t = blk ? _mm512_add_ps(_mm512_maskz_loadu_ps(mask[j], q), s[r][j]) \
                                : s[r][j];                                                 \
                 if (last && bias) t = _mm512_add_ps(t, add[j]);                           \
+                if (last && res) {                                                        \
+                  const __m512 r = _mm512_maskz_loadu_ps(mask[j], res + (q - out));       \
+                  t = first ? _mm512_add_ps(r, t) : _mm512_add_ps(t, r);                  \
+                }                                                                         \
                 if (cols)                                                                 \
                   store_transposed(out + (n + 16 * j) * cols + m + r, mask[j], t, cols);  \
                 else                                                                      \
@@ -469,20 +488,24 @@ GATHER_GEMM_TILES(8, 1)
 
 int bevir_gather_gemm_f32(const float *a, const int64_t *rows, const int64_t *offs,
                           const float *b, const float *bias, float *out, const int64_t *d,
-                          const int64_t *kb, int64_t act, const float *p) {
+                          const int64_t *kb, int64_t act, const float *p, const float *res,
+                          int64_t res_first) {
 #ifdef __AVX512F__
   const int64_t N = d[1], K = d[2], n64 = N / 64 * 64, rest = N - n64;
   const int64_t n32 = n64 + (rest % 32 > 16 ? rest : rest / 32 * 32);
+  if (res && d[7]) return -1;                  /* no addend to a result written transposed */
   for (int64_t g = 0; g < d[4]; g++) {
     const float *ag = a + g * d[5], *bg = b + g * K * N, *biasg = bias ? bias + g * N : bias;
-    gather_gemm_6x4(ag, rows, offs, bg, biasg, out + g * N, d, kb, 0, n64);
-    gather_gemm_4x2(ag, rows, offs, bg, biasg, out + g * N, d, kb, n64, n32);
-    gather_gemm_8x1(ag, rows, offs, bg, biasg, out + g * N, d, kb, n32, N);
+    float *og = out + g * N;
+    const float *rg = res ? res + g * N : res;
+    gather_gemm_6x4(ag, rows, offs, bg, biasg, og, d, kb, 0, n64, rg, res_first);
+    gather_gemm_4x2(ag, rows, offs, bg, biasg, og, d, kb, n64, n32, rg, res_first);
+    gather_gemm_8x1(ag, rows, offs, bg, biasg, og, d, kb, n32, N, rg, res_first);
   }
   return activate_f32(out, d[0] * d[3], act, p);
 #else
   (void)a; (void)rows; (void)offs; (void)b; (void)bias; (void)out; (void)d; (void)kb;
-  (void)act; (void)p;
+  (void)act; (void)p; (void)res; (void)res_first;
   return -1;
 #endif
 }
