@@ -307,6 +307,7 @@ class Binary(OpDef):
     nhwc = ELEMENTWISE
     operands = ("a", "b")
     commutative = False
+    fresh_results = True            # a ufunc's new array (or the operand handed over)
 
     def infer(self, c, a, b):
         return broadcast_types(a, b)

@@ -187,6 +187,7 @@ class AddRelu(OpDef):
 
     name = "add_relu"
     sum_activation = "relu"
+    fresh_results = True            # add's new array (or the operand handed over)
     onnx_export = then_activation(onnx_as("Add"), "relu")
     fixed_point = FixedLowering("add_relu")
     nhwc = ELEMENTWISE

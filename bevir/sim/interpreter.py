@@ -365,40 +365,45 @@ def _graph_facts(graph: Graph, native_kernels: bool) -> Facts:
 def _plain_steps(graph: Graph, steps: list[Step]) -> list[PlainStep]:
     """The steps of a plain run: each node's, but where a node can write its result into
     an operand's array (OpDef.bind_in_place) that is the only use of a fresh result
-    (OpDef.fresh_results: a convolution's, read by the add after it), the two run as one
-    step at the reader's place, the result written into the operand (one allocation, one
-    array of the run and one step fewer). Each value is freed after its last use, but the
-    graph's outputs."""
+    (OpDef.fresh_results: a convolution's read by the add after it, a sum's read by the
+    next), the producer's step and the node run as one step at the node's place, the
+    result written into the operand (one allocation, one array and one step fewer); a
+    product may compute a sum that reads it in its own pass (:func:`_summing`). Each value
+    is freed after its last use, but the graph's outputs."""
     outputs = {id(v) for v in graph.outputs.values()}
-    index = {id(step[0]): i for i, step in enumerate(steps)}
-    donors: dict[int, tuple[int, Callable[[Args], list[np.ndarray]]]] = {}  # reader -> (k, fn)
-    for i, (node, *_) in enumerate(steps):
+    # each step: [function, operand keys, result keys, declared, its nodes]
+    plain: list[list | None] = []
+    at: dict[int, int] = {}                       # a node's id -> its step in plain
+    for node, bound, ins, outs, _, declared in steps:
+        entry = [bound, ins, outs, declared, (node,)]
+        # the operands whose array the node may write into, a product that sums first
+        donors = []
         for k, v in enumerate(node.inputs):
-            if _donor(v, node, outputs) and index[id(v.producer)] not in donors:
-                fn = _in_place(node, k)
-                if fn is not None:
-                    donors[i] = (k, fn)
-                    break
-    merged = {index[id(steps[i][0].inputs[k].producer)] for i, (k, _) in donors.items()}
-    plain = []
-    for i, (node, bound, ins, outs, _, declared) in enumerate(steps):
-        if i in merged:
-            continue
-        if i in donors:
-            k, fn = donors[i]
-            p = steps[index[id(node.inputs[k].producer)]]
-            bound = _fused(p[1], p[5][0], len(p[2]), fn, k, _summing(p[0], node, k))
-            ins = p[2] + ins[:k] + (None,) + ins[k + 1:]
-        plain.append((bound, ins, outs, declared))
+            consume = _in_place(node, k) if _donor(v, node, outputs) else None
+            if consume is not None:
+                p_nodes = plain[at[id(v.producer)]][4]
+                summing = _summing(p_nodes[0], node, k) if len(p_nodes) == 1 else None
+                donors.append((summing is None, k, consume, summing))
+        if donors:
+            _, k, consume, summing = min(donors, key=lambda d: d[:2])
+            p = at[id(node.inputs[k].producer)]
+            fn, p_ins, _, p_declared, p_nodes = plain[p]
+            plain[p] = None                       # runs within this node's step
+            entry = [_fused(fn, p_declared[0], len(p_ins), consume, k, summing),
+                     p_ins + ins[:k] + (None,) + ins[k + 1:], outs, declared,
+                     p_nodes + (node,)]
+        at.update((id(n), len(plain)) for n in entry[4])
+        plain.append(entry)
+    kept = [tuple(e[:4]) for e in plain if e is not None]
     last: dict[int, int] = {}
-    for i, (_, ins, _, _) in enumerate(plain):
+    for i, (_, ins, _, _) in enumerate(kept):
         last.update((k, i) for k in ins if k is not None)
-    kept = outputs | {id(v) for v in graph.constants.values()}
+    keep = outputs | {id(v) for v in graph.constants.values()}
     frees: dict[int, list[int]] = {}
     for k, i in last.items():
-        if k not in kept:
+        if k not in keep:
             frees.setdefault(i, []).append(k)
-    return [step + (tuple(frees.get(i, ())),) for i, step in enumerate(plain)]
+    return [step + (tuple(frees.get(i, ())),) for i, step in enumerate(kept)]
 
 
 def _donor(v: Value | None, reader: Node, outputs: set[int]) -> bool:

@@ -221,3 +221,20 @@ def test_an_error_in_a_joined_step_names_its_node(monkeypatch, rng):
     with pytest.raises(InterpreterError, match="no kernel today") as err:
         bevir.run(graph, feed)
     assert err.value.node == conv.name
+
+
+def test_a_chain_of_sums_runs_as_one_step(rng):
+    """A mobileone-like branch sum: two convolutions, their sum (in the second one's
+    pass), a scalar added into that sum's array and relu: one step of a plain run, with
+    the bits of the nodes run one by one."""
+    f32 = lambda *s: rng.standard_normal(s).astype(np.float32)     # noqa: E731
+    b = Builder("chain")
+    x = b.input("x", TensorType((1, 6, 5, 8), layout=Layout.nhwc))
+    one = b.conv2d(x, b.const(f32(8, 8, 1, 1)), b.const(f32(8)))
+    three = b.conv2d(x, b.const(f32(8, 8, 3, 3)), b.const(f32(8)), pads=(1, 1, 1, 1))
+    b.output("y", b.add_relu(b.add(three, one), b.const(np.float32(0.25))))
+    facts = _graph_facts(b.graph, native.enabled())
+    assert len(facts.steps) == 4 and len(facts.plain) == 2     # the 3x3 conv runs apart
+    feed = {"x": f32(1, 6, 5, 8)}
+    hooked = Interpreter(b.graph, on_node_start=lambda node, args: None).run(feed)
+    assert same_bits(bevir.run(b.graph, feed), hooked)
