@@ -20,6 +20,7 @@ node's validated attributes as fields (``c.axis``), plus ``c.in_types`` and ``c.
 """
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -219,6 +220,16 @@ def c_ordered(a: np.ndarray) -> np.ndarray:
     return a if a.flags.c_contiguous else np.ascontiguousarray(a)
 
 
+def read_only(a) -> bool:
+    """Nothing can write to ``a``: it and every array it views are read-only (a graph
+    constant)."""
+    while isinstance(a, np.ndarray):
+        if a.flags.writeable:
+            return False
+        a = a.base
+    return a is None or isinstance(a, bytes)
+
+
 _REGISTRY: dict[str, OpDef] = {}
 
 
@@ -251,6 +262,14 @@ class OpDef:
     #: views included, as they reach the ops that only move data. Every other op reads
     #: C-ordered operands (:meth:`run`)
     any_memory_order: ClassVar[bool] = False
+    #: each result of the golden kernel is a new array nothing else references (a
+    #: product's): the interpreter may hand it to its only reader to write its result
+    #: into (:meth:`bind_in_place`)
+    fresh_results: ClassVar[bool] = False
+    #: the op is the sum of its two operands followed by this activation ("none": add,
+    #: "relu": add_relu), which a product that one of them is may compute in its own pass
+    #: (:meth:`bind_sum`); None: the op is no such sum
+    sum_activation: ClassVar[str | None] = None
 
     # ---- interfaces: what passes and backends ask the op (None: not implemented) --------
     #: how the op maps through NCHW -> NHWC (to-nhwc); None: it has no NHWC form
@@ -412,11 +431,22 @@ class OpDef:
         array out (a layout change elsewhere in the graph would change its bits)."""
         return self.bind(node)(arrays)
 
+    def prepare(self, c: Ctx, x: np.ndarray, *weights: np.ndarray | None
+                ) -> Callable[[np.ndarray], np.ndarray] | None:
+        """For an op whose operands after the first are weights (a convolution's, a linear
+        layer's): a function of the first operand that computes the (single) result, made
+        for operands like ``x`` and these ``weights`` (graph constants), or None where it
+        cannot be made. An op that defines it is prepared once per plan (:meth:`bind`),
+        where the weights are constants nothing can change; by default there is none."""
+        return None
+
     def bind(self, node) -> Callable[[Sequence[np.ndarray | None]], list[np.ndarray]]:
         """:meth:`run` of ``node`` as a function of its operand arrays, its context made
         once: what the interpreter calls on every run of a graph (its prepared plan). It
         holds the node's attributes and types as they are now, so a changed graph needs
-        new ones (the interpreter prepares again when the graph's version changes)."""
+        new ones (the interpreter prepares again when the graph's version changes). Where
+        the op defines :meth:`prepare` and the node's weights are graph constants, the
+        prepared function is made on the first call and called from then on."""
         c, compute = self.ctx(node), self.compute
         ordered = not (self.moves_data or self.any_memory_order)
 
@@ -428,7 +458,53 @@ class OpDef:
                 return [out]
             outs = [out] if isinstance(out, np.ndarray) or np.isscalar(out) else list(out)
             return [np.asarray(o) for o in outs]
-        return run
+        weights = node.inputs[1:]
+        if (type(self).prepare is OpDef.prepare or not node.inputs
+                or not all(v is None or v.is_const and read_only(v.const) for v in weights)):
+            return run
+        return self._prepared(c, tuple(None if v is None else v.const for v in weights),
+                              ordered, run)
+
+    def bind_in_place(self, node, operand: int
+                      ) -> Callable[[Sequence[np.ndarray | None]], list[np.ndarray]] | None:
+        """:meth:`bind`'s function writing the (single) result into operand ``operand``'s
+        array, which the caller hands over: a fresh array nothing else reads (an operand of
+        the result's shape and dtype whose producer has :attr:`fresh_results`). The same
+        bits as :meth:`bind`'s; None where the op cannot (the default)."""
+        return None
+
+    def bind_sum(self, node, first: bool, activation: str
+                 ) -> Callable[[Sequence[np.ndarray | None], np.ndarray], np.ndarray | None] | None:
+        """A function of the node's operand arrays and an addend: the node's (single)
+        result, then the addend added (``addend + y`` where ``first``, else ``y + addend``:
+        the add that reads the result, in its operand order; see :attr:`sum_activation`),
+        then ``activation``, in its kernel's own pass, with the bits of the node and the
+        add run one after the other; the function returns None, computing nothing, where
+        it cannot for the arrays given. None (the default) where the op never can."""
+        return None
+
+    def _prepared(self, c: Ctx, weights: tuple[np.ndarray | None, ...], ordered: bool,
+                  run: Callable[[Sequence[np.ndarray | None]], list[np.ndarray]]
+                  ) -> Callable[[Sequence[np.ndarray | None]], list[np.ndarray]]:
+        """:meth:`bind`'s function through :meth:`prepare` (made on the first call) for
+        the node's own weights and a first operand of its declared shape and dtype; through
+        ``run`` for other operands, or where prepare makes none."""
+        made: list[Callable[[np.ndarray], np.ndarray] | None] = []
+        t = c.in_types[0]
+        shape, dtype, n = t.shape, t.dtype.np, len(weights) + 1
+
+        def prepared(arrays: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+            x = arrays[0]
+            if (len(arrays) != n or x.shape != shape or x.dtype != dtype
+                    or not all(map(operator.is_, arrays[1:], weights))):
+                return run(arrays)
+            if ordered:
+                x = c_ordered(x)
+            if not made:
+                made.append(self.prepare(c, x, *weights))
+            fn = made[0]
+            return run(arrays) if fn is None else [fn(x)]
+        return prepared
 
     def cost(self, node) -> dict[str, int]:
         """MACs and bytes read and written by one application of the node."""

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import VerifyError
-from ..ir.opdef import Piece
+from ..ir.opdef import Piece, read_only  # noqa: F401 (read_only: the ops' helper)
 from ..ir.types import DType, Layout, TensorType
 
 
@@ -108,16 +108,6 @@ def check_windows(in_hw, out_hw, kernel, strides, dilations) -> None:
             raise ValueError(f"{tuple(kernel)} windows (strides {tuple(strides)}, dilations "
                              f"{tuple(dilations)}) of {tuple(in_hw)} do not make "
                              f"{tuple(out_hw)}")
-
-
-def read_only(a) -> bool:
-    """Nothing can write to ``a``: it and every array it views are read-only (a graph
-    constant)."""
-    while isinstance(a, np.ndarray):
-        if a.flags.writeable:
-            return False
-        a = a.base
-    return a is None or isinstance(a, bytes)
 
 
 class ArrayCache:

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..ir.types import DType, TensorType
-from ..ir.opdef import Activation, Bool, FixedLowering, Float, OpDef, Str
+from ..ir.opdef import Activation, Bool, FixedLowering, Float, OpDef, Str, c_ordered
 from . import native
 from .common import broadcast_types, float_operands, require, same_dtype
 from .layout_rules import ELEMENTWISE
@@ -307,6 +307,7 @@ class Binary(OpDef):
     nhwc = ELEMENTWISE
     operands = ("a", "b")
     commutative = False
+    fresh_results = True            # a ufunc's new array (or the operand handed over)
 
     def infer(self, c, a, b):
         return broadcast_types(a, b)
@@ -314,6 +315,20 @@ class Binary(OpDef):
     def compute(self, c, a, b):
         fn = type(self).int_fn if a.dtype.kind in "iub" else type(self).fn
         return np.asarray(fn(a, b)).astype(a.dtype, copy=False)
+
+    def bind_in_place(self, node, operand):
+        """A float op whose ``fn`` is a ufunc, on operands of the result's dtype: ``fn``
+        with ``out`` the handed-over operand (C-ordered, as :meth:`OpDef.bind` reads them)."""
+        fn, out = type(self).fn, node.outputs[0].type
+        if not (isinstance(fn, np.ufunc) and out.dtype.is_float
+                and node.inputs[operand].type.shape == out.shape
+                and all(v.type.dtype == out.dtype for v in node.inputs)):
+            return None
+
+        def run(arrays):
+            a, b = (c_ordered(x) for x in arrays)
+            return [fn(a, b, out=(a, b)[operand])]
+        return run
 
 
 def binary(name: str, fn, int_fn=None, commutative: bool = False,
@@ -362,7 +377,8 @@ def ordered(fn: Callable) -> Callable:
 
 
 Add = binary("add", np.add, commutative=True, fixed_point=FixedLowering("binary", "fx_add"),
-             onnx_export=onnx_as("Add"), int_expr=wrapping(lambda a, b: a + b))
+             onnx_export=onnx_as("Add"), int_expr=wrapping(lambda a, b: a + b),
+             sum_activation="none")
 Sub = binary("sub", np.subtract, fixed_point=FixedLowering("binary", "fx_sub"),
              onnx_export=onnx_as("Sub"), int_expr=wrapping(lambda a, b: a - b))
 Mul = binary("mul", np.multiply, commutative=True, fixed_point=FixedLowering("mul"),

@@ -11,6 +11,7 @@ The activation of a fused op is an attribute: ``activation`` (``none``, ``relu``
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -21,7 +22,7 @@ from ..ir.opdef import Activation, Attr, Bool, Ctx, FixedLowering, Float, OpDef,
 from . import native
 from .common import broadcast_types, float_operands, read_only, require
 from .layout_rules import ELEMENTWISE, NATIVE
-from .kernels.products import conv2d_runner, linear_runner, prepared_product
+from .kernels.products import conv2d_runner, linear_runner, prepared_runner
 from .linalg import CONV_ATTRS, Contraction, Convolution
 from .onnx_export import matmul_bias, onnx_as, then_activation
 
@@ -57,15 +58,23 @@ def _activation_ctx(c: Ctx, types=()) -> Ctx:
     return Ctx({a: c.attrs[f] for a, f in _activation(c.activation).attrs}, types)
 
 
-def apply_activation(c: Ctx, y: np.ndarray) -> np.ndarray:
-    """Apply the fused activation with the activation op's own definition (on float32, the
-    same operations in one native pass, in place: ``y`` is the product's fresh result)."""
+def activation_runner(c: Ctx) -> Callable[[np.ndarray], np.ndarray]:
+    """The fused activation as a function of the product's fresh result, applied with the
+    activation op's own definition (on float32, the same operations in one native pass,
+    in place), its context and native code made once."""
     if c.activation == "none":
-        return y
-    ctx = _activation_ctx(c)
-    if native.activation(c.activation, ctx.attrs, y):
-        return y
-    return get_op(c.activation).compute(ctx, y)
+        return lambda y: y
+    ctx, code, compute = _activation_ctx(c), activation_code(c), get_op(c.activation).compute
+
+    def run(y: np.ndarray) -> np.ndarray:
+        return y if native.activate(code, y) else compute(ctx, y)
+    return run
+
+
+def apply_activation(c: Ctx, y: np.ndarray) -> np.ndarray:
+    """Apply the fused activation to ``y``, the product's fresh result
+    (:func:`activation_runner`)."""
+    return activation_runner(c)(y)
 
 
 def activation_code(c: Ctx) -> tuple[int, int | None] | None:
@@ -77,7 +86,10 @@ def activation_code(c: Ctx) -> tuple[int, int | None] | None:
 
 def _then_activation(c: Ctx, run, activated: bool):
     """``run``, followed by the fused activation unless it applied it itself."""
-    return run if activated else (lambda x: apply_activation(c, run(x)))
+    if activated:
+        return run
+    activate = activation_runner(c)
+    return lambda x: activate(run(x))
 
 
 def _activation_infer(c: Ctx, t: TensorType) -> TensorType:
@@ -96,6 +108,7 @@ class Conv2dAct(Convolution):
     fixed_point = FixedLowering("product")
     nhwc = NATIVE
     any_memory_order = True        # as conv2d's
+    fresh_results = True
     operands = ("x", "w", "b?")
     attrs = {**CONV_ATTRS, **activation_attrs(ACTIVATIONS)}
 
@@ -103,7 +116,10 @@ class Conv2dAct(Convolution):
         return _activation_infer(c, get_op("conv2d").infer(c, x, w, b))
 
     def compute(self, c, x, w, b=None):
-        return prepared_product(c, x, w, b, lambda: self.runner(c, x, w, b))
+        return self.prepare(c, x, w, b)(x)
+
+    def prepare(self, c, x, w, b=None):
+        return prepared_runner(c, x, w, b, lambda: self.runner(c, x, w, b))
 
     @staticmethod
     def runner(c, x, w, b):
@@ -137,9 +153,13 @@ class MatMulAct(Contraction):
         return _activation_infer(c, y)
 
     def compute(self, c, a, b, bias=None):
+        run = self.prepare(c, a, b, bias)
+        return self.numpy_path(c, a, b, bias) if run is None else run(a)
+
+    def prepare(self, c, a, b, bias=None):
         if np.ndim(b) == 2 and read_only(b):       # a weight: prepared once
-            return prepared_product(c, a, b, bias, lambda: self.runner(c, a, b, bias))
-        return self.numpy_path(c, a, b, bias)
+            return prepared_runner(c, a, b, bias, lambda: self.runner(c, a, b, bias))
+        return None
 
     @staticmethod
     def numpy_path(c, a, b, bias=None):
@@ -166,6 +186,8 @@ class AddRelu(OpDef):
     """relu(a + b), broadcasting as add."""
 
     name = "add_relu"
+    sum_activation = "relu"
+    fresh_results = True            # add's new array (or the operand handed over)
     onnx_export = then_activation(onnx_as("Add"), "relu")
     fixed_point = FixedLowering("add_relu")
     nhwc = ELEMENTWISE
@@ -175,7 +197,15 @@ class AddRelu(OpDef):
         return get_op("relu").infer(c, get_op("add").infer(c, a, b))
 
     def compute(self, c, a, b):
-        y = get_op("add").compute(c, a, b)
+        return self._relu(c, get_op("add").compute(c, a, b))
+
+    def bind_in_place(self, node, operand):
+        """The sum into the handed-over operand (add's), then relu."""
+        add, c = get_op("add").bind_in_place(node, operand), self.ctx(node)
+        return None if add is None else (lambda arrays: [self._relu(c, add(arrays)[0])])
+
+    @staticmethod
+    def _relu(c, y):
         # the sum is a fresh array: relu's own operations on it in place, in one native
         # pass where they run (one allocation and one pass over memory fewer)
         return y if native.activation("relu", {}, y) else get_op("relu").compute(c, y)

@@ -8,14 +8,16 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir.types import Layout, TensorType
-from ..ir.opdef import Bool, FixedLowering, Float, Int, Ints, OpDef, Piece, aligned_range
+from ..ir.opdef import (Bool, FixedLowering, Float, Int, Ints, OpDef, Piece, aligned_range,
+                        read_only)
 from .common import conv_out_size, float_operands, nchw_dims, require, window_rows
 from .cost import REQUANTIZE_OPS, PEMapping, Work
-from .kernels import kernel_for
+from .kernels import kernel_for, prepared_kernel
 from .layout_rules import NATIVE
 from .onnx_export import onnx_as
 
 # the BLAS convolutions the fixed-point products call through this module
+from .kernels.products import conv2d_sum_runner
 from .kernels.conv import (NCHW_CHANNEL_LIMIT, conv2d_nchw, conv2d_nhwc,  # noqa: F401
                            from_nhwc, to_nhwc)
 
@@ -239,6 +241,8 @@ class Conv2d(Convolution):
     #: (an NCHW result kept in NHWC memory: the next convolution's copy is then free)
     #: gives the same bits as a C-ordered x
     any_memory_order = True
+    #: its kernels write a new array (a transposed view of one in NCHW)
+    fresh_results = True
     operands = ("x", "w", "b?")
 
     def infer(self, c, x, w, b=None):
@@ -249,6 +253,30 @@ class Conv2d(Convolution):
 
     def compute(self, c, x, w, b=None):
         return kernel_for("conv2d")(c, x, w, b)      # kernels/products.py
+
+    def prepare(self, c, x, w, b=None):
+        return prepared_kernel("conv2d", c, x, w, b)
+
+    def bind_sum(self, node, first, activation):
+        """NHWC, the weights graph constants: the native product with the addend in its
+        pass (kernels.products.conv2d_sum_runner), made on the first call."""
+        x, *weights = node.inputs
+        if x.type.layout is not Layout.nhwc or not all(
+                v is None or v.is_const and read_only(v.const) for v in weights):
+            return None
+        c, (w, *b) = self.ctx(node), [None if v is None else v.const for v in weights]
+        out = node.outputs[0].type
+        made: list = []
+
+        def run(arrays, addend):
+            if not made:
+                made.append(conv2d_sum_runner(c, arrays[0], w, b[0] if b else None,
+                                              activation))
+            if (made[0] is None or addend.shape != out.shape or addend.dtype != np.float32
+                    or not addend.flags.c_contiguous or arrays[0].shape != x.type.shape):
+                return None
+            return made[0](arrays[0], addend, first)
+        return run
 
 
 class MatMul(MatrixProduct):

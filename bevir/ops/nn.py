@@ -15,7 +15,7 @@ from ..ir.opdef import (Bool, Ctx, FixedLowering, Float, Floats, Int, Ints, Layo
                         Piece, Str)
 from .common import (channel_axis, float_operands, norm_axis, pool_dilations, pool_out, require,
                      spatial_axes, window_rows)
-from .kernels import kernel_for
+from .kernels import kernel_for, prepared_kernel
 from .kernels.norm import moments
 from .kernels.pool import window_taps
 from .kernels.resize import f32_scales, gather_tables
@@ -257,6 +257,9 @@ class BatchNorm(OpDef):
 
     def compute(self, c, x, scale, bias, mean, var):
         return kernel_for("batch_norm")(c, x, scale, bias, mean, var)    # kernels/norm.py
+
+    def prepare(self, c, x, scale, bias, mean, var):
+        return prepared_kernel("batch_norm", c, x, scale, bias, mean, var)
 
 
 class LayerNorm(OpDef):

@@ -17,6 +17,7 @@ import difflib
 import functools
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import NamedTuple
 
 import numpy as np
 
@@ -25,6 +26,7 @@ from ..ir.graph import Graph, Node, Value
 from ..ir.limits import tensor_bytes, tensor_too_big
 from ..ir.types import DType
 from ..ir.opdef import OpDef, get_op
+from ..ops import native
 
 Args = list[np.ndarray | None]
 #: a kernel: computes a node's results from its operand arrays (None: omitted operand)
@@ -70,7 +72,8 @@ class Interpreter:
         self.kernels: dict[str, Kernel] = dict(kernels or {})
         self.node_kernels: dict[str, Kernel] = dict(node_kernels or {})
         self.on_node_start, self.on_node_end = on_node_start, on_node_end
-        self._steps, self._values, self._largest = _graph_facts(graph)
+        facts = _graph_facts(graph, native.enabled())
+        self._steps, self._values, self._largest = facts.steps, facts.values, facts.largest
         self._arrays: dict[int, np.ndarray] = {}
         self._overrides: dict[Node, Kernel] = {}
 
@@ -127,10 +130,34 @@ class Interpreter:
         plan = None if given is None else self._plan(env, given, None if keep_all else keep)
         if self._largest > tensor_bytes():
             self._refuse_large(plan)
+        facts = _graph_facts(g, native.enabled())      # kernels prepared for it
+        self._steps = facts.steps
         self._overrides = self._resolve_kernels()
-        start, end = self.on_node_start, self.on_node_end
         # the golden kernels called straight from the op (no override, no run_node subclass)
         direct = not self._overrides and type(self).run_node is _RUN_NODE
+        fetched: dict[str, np.ndarray] = {}
+        if (direct and plan is None and not keep_all and not wanted
+                and self.on_node_start is None and self.on_node_end is None):
+            try:
+                _run_plain(facts.plain, env)
+            except Exception:
+                # again node by node, from the start: the node that fails is named
+                env = self._arrays = {id(v): v.const for v in g.constants.values()}
+                self._bind(inputs, None, env)
+                self._run_steps(env, None, keep, wanted, keep_all, direct)
+        else:
+            fetched = self._run_steps(env, plan, keep, wanted, keep_all, direct)
+        for name in wanted - set(fetched):
+            fetched[name] = self._computed(name, env)
+        result = {k: env[id(v)] for k, v in g.outputs.items() if id(v) in env}
+        result.update({k: v for k, v in fetched.items() if k not in result})
+        return result
+
+    def _run_steps(self, env: dict[int, np.ndarray], plan: set[Node] | None, keep: set[int],
+                   wanted: set[str], keep_all: bool, direct: bool) -> dict[str, np.ndarray]:
+        """The nodes of ``plan`` (None: all) with the hooks, overrides and fetched values
+        of a run: the fetched values by name."""
+        start, end = self.on_node_start, self.on_node_end
         collect = keep_all or bool(wanted)
         fetched: dict[str, np.ndarray] = {}
         for node, bound, ins, outs, frees, declared in self._steps:
@@ -139,8 +166,7 @@ class Interpreter:
                 try:
                     if start is not None:
                         start(node, args)
-                    results = (bound(args) if direct and bound is not None
-                               else self.run_node(node, args))
+                    results = bound(args) if direct else self.run_node(node, args)
                     if not _fits(results, declared):
                         self._check(node, results)        # raises, naming the result
                     if end is not None:
@@ -158,11 +184,7 @@ class Interpreter:
                 for k in frees:
                     if k not in keep:
                         env.pop(k, None)
-        for name in wanted - set(fetched):
-            fetched[name] = self._computed(name, env)
-        result = {k: env[id(v)] for k, v in g.outputs.items() if id(v) in env}
-        result.update({k: v for k, v in fetched.items() if k not in result})
-        return result
+        return fetched
 
     def _bind_inputs(self, inputs: Mapping[str, np.ndarray], env: dict[int, np.ndarray]) -> None:
         check_input_names(self.graph, inputs)
@@ -291,41 +313,174 @@ _RUN_NODE = Interpreter.run_node
 #: what a result must be: its shape and numpy dtype
 Declared = tuple[tuple[int, ...], np.dtype]
 #: one node of a run, prepared once per graph version (the run's plan): the node, its
-#: golden kernel bound to it (OpDef.bind; None: an unknown op), its operands' keys in the
-#: run's arrays (None: an omitted operand), its results' keys, the keys of the values it
-#: uses last, its results' declared shapes and dtypes
-Step = tuple[Node, Callable[[Args], list[np.ndarray]] | None, tuple[int | None, ...],
+#: golden kernel bound to it (OpDef.bind), its operands' keys in the run's arrays (None: an
+#: omitted operand), its results' keys, the keys of the values it uses last, its results'
+#: declared shapes and dtypes
+Step = tuple[Node, Callable[[Args], list[np.ndarray]], tuple[int | None, ...],
              tuple[int, ...], tuple[int, ...], tuple[Declared, ...]]
+#: one step of a plain run (:func:`_plain_steps`): its function of its operands, their
+#: keys, its results' keys and declared types, the keys of the values it frees
+PlainStep = tuple[Callable[[Args], list[np.ndarray]], tuple[int | None, ...], tuple[int, ...],
+                  tuple[Declared, ...], tuple[int, ...]]
 
-#: each graph's steps and values by name, while its version stays (bevir.run makes an
-#: interpreter per run)
+
+class Facts(NamedTuple):
+    """What a graph's runs are prepared with, once per graph version."""
+
+    #: graph version, whether native kernels run
+    key: tuple[int, bool]
+    steps: list[Step]
+    #: the steps of a plain run (no hooks, overrides, fetch or partial plan)
+    plain: list[PlainStep]
+    #: the graph's values by name
+    values: dict[str, Value]
+    #: the largest result, in bytes
+    largest: int
+
+
+#: each graph's facts, while its version stays (bevir.run makes an interpreter per run)
 _FACTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _graph_facts(graph: Graph) -> tuple[list[Step], dict[str, Value], int]:
-    """The graph's steps, its values by name and its largest result in bytes: prepared
-    again whenever the graph's version changes (every change through the Graph API bumps
-    it), so no step outlives the node it was made from."""
+def _graph_facts(graph: Graph, native_kernels: bool) -> Facts:
+    """The graph's steps (and a plain run's), its values by name and its largest result in
+    bytes: prepared again whenever the graph's version changes (every change through the
+    Graph API bumps it), so no step outlives the node it was made from, or whether native
+    kernels run (``native_kernels``; the bound kernels prepare their native calls once)."""
+    key = (graph.version, native_kernels)
     hit = _FACTS.get(graph)
-    if hit is None or hit[0] != graph.version:
+    if hit is None or hit.key != key:
         last_use = Interpreter._last_uses(graph)
         steps = [(n, _bound(n), tuple(None if v is None else id(v) for v in n.inputs),
                   tuple(id(v) for v in n.outputs), tuple(id(v) for v in last_use.get(i, ())),
                   tuple((v.type.shape, v.type.dtype.np) for v in n.outputs))
                  for i, n in enumerate(graph.nodes)]
         largest = max((v.type.nbytes for n in graph.nodes for v in n.outputs), default=0)
-        hit = (graph.version, steps, {v.name: v for v in graph.values()}, largest)
+        hit = Facts(key, steps, _plain_steps(graph, steps), {v.name: v for v in graph.values()},
+                    largest)
         _FACTS[graph] = hit
-    return hit[1], hit[2], hit[3]
+    return hit
 
 
-def _bound(node: Node) -> Callable[[Args], list[np.ndarray]] | None:
+def _plain_steps(graph: Graph, steps: list[Step]) -> list[PlainStep]:
+    """The steps of a plain run: each node's, but where a node can write its result into
+    an operand's array (OpDef.bind_in_place) that is the only use of a fresh result
+    (OpDef.fresh_results: a convolution's read by the add after it, a sum's read by the
+    next), the producer's step and the node run as one step at the node's place, the
+    result written into the operand (one allocation, one array and one step fewer); a
+    product may compute a sum that reads it in its own pass (:func:`_summing`). Each value
+    is freed after its last use, but the graph's outputs."""
+    outputs = {id(v) for v in graph.outputs.values()}
+    # each step: [function, operand keys, result keys, declared, its nodes]
+    plain: list[list | None] = []
+    at: dict[int, int] = {}                       # a node's id -> its step in plain
+    for node, bound, ins, outs, _, declared in steps:
+        entry = [bound, ins, outs, declared, (node,)]
+        # the operands whose array the node may write into, a product that sums first
+        donors = []
+        for k, v in enumerate(node.inputs):
+            consume = _in_place(node, k) if _donor(v, node, outputs) else None
+            if consume is not None:
+                p_nodes = plain[at[id(v.producer)]][4]
+                summing = _summing(p_nodes[0], node, k) if len(p_nodes) == 1 else None
+                donors.append((summing is None, k, consume, summing))
+        if donors:
+            _, k, consume, summing = min(donors, key=lambda d: d[:2])
+            p = at[id(node.inputs[k].producer)]
+            fn, p_ins, _, p_declared, p_nodes = plain[p]
+            plain[p] = None                       # runs within this node's step
+            entry = [_fused(fn, p_declared[0], len(p_ins), consume, k, summing),
+                     p_ins + ins[:k] + (None,) + ins[k + 1:], outs, declared,
+                     p_nodes + (node,)]
+        at.update((id(n), len(plain)) for n in entry[4])
+        plain.append(entry)
+    kept = [tuple(e[:4]) for e in plain if e is not None]
+    last: dict[int, int] = {}
+    for i, (_, ins, _, _) in enumerate(kept):
+        last.update((k, i) for k in ins if k is not None)
+    keep = outputs | {id(v) for v in graph.constants.values()}
+    frees: dict[int, list[int]] = {}
+    for k, i in last.items():
+        if k not in keep:
+            frees.setdefault(i, []).append(k)
+    return [step + (tuple(frees.get(i, ())),) for i, step in enumerate(kept)]
+
+
+def _donor(v: Value | None, reader: Node, outputs: set[int]) -> bool:
+    """Whether ``v`` is a fresh result (OpDef.fresh_results) that only ``reader`` reads,
+    once, and no graph output: its array may take the reader's result."""
+    if v is None or v.producer is None or id(v) in outputs or len(v.uses) != 1:
+        return False
+    try:
+        return v.producer.opdef.fresh_results and len(v.producer.outputs) == 1
+    except BevirError:                          # an unknown op
+        return False
+
+
+def _in_place(node: Node, operand: int) -> Callable[[Args], list[np.ndarray]] | None:
+    """The node's kernel writing into operand ``operand`` (OpDef.bind_in_place), or None."""
+    try:
+        return node.opdef.bind_in_place(node, operand)
+    except BevirError:                          # an unknown op
+        return None
+
+
+def _summing(producer: Node, reader: Node, operand: int
+             ) -> Callable[[Args, np.ndarray], np.ndarray | None] | None:
+    """Where ``reader`` is a sum (OpDef.sum_activation) of ``producer``'s result, its
+    operand ``operand``, and the other operand: the producer computing it in its own pass
+    (OpDef.bind_sum), or None."""
+    activation = reader.opdef.sum_activation
+    if activation is None or len(reader.inputs) != 2:
+        return None
+    return producer.opdef.bind_sum(producer, operand == 1, activation)
+
+
+def _fused(produce: Callable[[Args], list[np.ndarray]], declared: Declared, count: int,
+           consume: Callable[[Args], list[np.ndarray]], operand: int,
+           summing: Callable[[Args, np.ndarray], np.ndarray | None] | None = None
+           ) -> Callable[[Args], list[np.ndarray]]:
+    """One step of two nodes: ``produce`` on the first ``count`` operands, its result (of
+    the ``declared`` shape and dtype, else a ValueError) handed to ``consume`` as operand
+    ``operand`` of the rest; or, where given and able for the arrays, ``summing`` (the
+    producer computing the reader's sum with the other operand in its own pass)."""
+    shape, dtype = declared
+
+    def run(args: Args) -> list[np.ndarray]:
+        rest = args[count:]
+        if summing is not None:
+            y = summing(args[:count], rest[1 - operand])
+            if y is not None:
+                return [y]
+        (y,) = produce(args[:count])
+        if y.shape != shape or y.dtype != dtype:
+            raise ValueError(f"a result is {y.dtype}{list(y.shape)}, declared otherwise")
+        rest[operand] = y
+        return consume(rest)
+    return run
+
+
+def _run_plain(steps: list[PlainStep], env: dict[int, np.ndarray]) -> None:
+    """A plain run of ``steps`` on ``env``: nothing per step but its kernel call, the check
+    of its results (a ValueError where one is not as declared) and the values it frees."""
+    for fn, ins, outs, declared, drops in steps:
+        results = fn(list(map(env.get, ins)))
+        if not _fits(results, declared):
+            raise ValueError("a result is not as declared")
+        for k, r in zip(outs, results):
+            env[k] = r
+        for k in drops:
+            del env[k]
+
+
+def _bound(node: Node) -> Callable[[Args], list[np.ndarray]]:
     """The node's golden kernel as a function of its operands (the op's own ``run`` where
-    it defines one), or None where its op is not registered (run_node reports that)."""
+    it defines one; where its op is not registered, a function that asks for it again,
+    raising what :meth:`Interpreter.run_node` raises)."""
     try:
         opdef = node.opdef
     except BevirError:
-        return None
+        return lambda args: node.opdef.run(node, args)
     if type(opdef).run is not OpDef.run:
         return functools.partial(opdef.run, node)
     return opdef.bind(node)

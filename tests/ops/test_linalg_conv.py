@@ -10,6 +10,7 @@ import gc
 import numpy as np
 import pytest
 
+from bevir.ir.types import Layout
 from bevir.ops.kernels import conv
 from bevir.ops.kernels.conv import conv2d_nhwc
 from bevir.ops.kernels.gemm import exact_chunk
@@ -117,3 +118,29 @@ def test_read_only_weights_cache_their_gemm_operand(case):
     del frozen
     gc.collect()
     assert key not in conv._GEMM_WEIGHTS
+
+
+@pytest.mark.parametrize("layout", [Layout.nhwc, Layout.plain])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n, hw, bias", [(1, 1, True), (2, 3, False), (2, 1, True)])
+def test_prepared_pointwise_float_conv_gives_conv2d_floats_bits(layout, dtype, n, hw, bias,
+                                                               monkeypatch):
+    """A pointwise convolution prepared once (a squeeze-excitation's on a 1x1 map) runs its
+    GEMM per image and bias add without conv2d_float, with its bits, on a C-ordered input
+    and on a view in the other layout's memory order."""
+    rng = np.random.default_rng(3)
+    shape = (n, hw, hw, 24) if layout is Layout.nhwc else (n, 24, hw, hw)
+    x = rng.standard_normal(shape).astype(dtype)
+    w = rng.standard_normal((40, 24, 1, 1)).astype(dtype)
+    b = rng.standard_normal(40).astype(dtype) if bias else None
+    args = (layout, (1, 1), (0, 0, 0, 0), (1, 1), 1)
+    run = conv.conv2d_float_runner(x, w, b, *args)
+    view = np.ascontiguousarray(x.transpose(0, 3, 1, 2) if layout is Layout.nhwc
+                                else x.transpose(0, 2, 3, 1))
+    view = view.transpose(0, 2, 3, 1) if layout is Layout.nhwc else view.transpose(0, 3, 1, 2)
+    want = [conv.conv2d_float(a, w, b, *args) for a in (x, view)]
+    monkeypatch.setattr(conv, "conv2d_float", None)          # the prepared path only
+    for a, expected in zip((x, view), want):
+        got = run(a)
+        assert got.dtype == expected.dtype and got.shape == expected.shape
+        assert got.tobytes() == np.ascontiguousarray(expected).tobytes()

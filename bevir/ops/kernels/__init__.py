@@ -43,14 +43,18 @@ Kernel = Callable[..., Any]
 _TABLE: dict[str, Kernel] = {}
 
 
-def kernel(*ops: str) -> Callable[[Kernel], Kernel]:
-    """Register the decorated function as the kernel that computes ``ops``."""
+def kernel(*ops: str, prepare: Callable[..., Callable] | None = None
+           ) -> Callable[[Kernel], Kernel]:
+    """Register the decorated function as the kernel that computes ``ops``; ``prepare``,
+    where given, makes it for one input like the one given and constant weights,
+    ``prepare(c, x, *weights)``: a function of the input (:func:`prepared_kernel`)."""
     def register(fn: Kernel) -> Kernel:
         for op in ops:
             if op in _TABLE:
                 raise ValueError(f"op '{op}' has two kernels: {_TABLE[op].__qualname__} "
                                  f"and {fn.__qualname__}")
             _TABLE[op] = fn
+        fn.prepare = prepare
         return fn
     return register
 
@@ -61,6 +65,15 @@ def kernel_for(op: str) -> Kernel:
         return _TABLE[op]
     except KeyError:
         raise VerifyError(f"op '{op}' has no kernel in bevir.ops.kernels", op=op) from None
+
+
+def prepared_kernel(op: str, c, x, *weights) -> Callable[[Any], Any]:
+    """The kernel of op ``op`` as a function of its first operand, for inputs like ``x`` and
+    these ``weights`` (what OpDef.prepare returns): made once by the kernel's ``prepare``
+    where it has one, else calling the kernel."""
+    fn = kernel_for(op)
+    prepare = getattr(fn, "prepare", None)
+    return prepare(c, x, *weights) if prepare is not None else (lambda x: fn(c, x, *weights))
 
 
 def kernel_table() -> dict[str, str]:

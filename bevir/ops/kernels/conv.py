@@ -10,6 +10,8 @@ the same sums. Integer-valued operands are reduced exactly (``chunk``: float32 G
 partial sums stay below 2^24, bevir.ops.kernels.gemm.exact_chunk)."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
@@ -253,6 +255,32 @@ def channel_major(w: np.ndarray, groups: int) -> bool:
     """Whether a convolution sums in (c, kh, kw) order, as W @ im2col (:func:`conv2d_nchw`:
     an ungrouped one of few input channels, the stem), not in (kh, kw, c) order."""
     return groups == 1 and w.shape[1] < NCHW_CHANNEL_LIMIT
+
+
+def conv2d_float_runner(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, layout: Layout,
+                        strides, pads, dilations, groups: int
+                        ) -> Callable[[np.ndarray], np.ndarray]:
+    """:func:`conv2d_float` for inputs like ``x``, what it finds once made once: for a
+    pointwise convolution (ungrouped 1x1, stride 1, no padding, not channel-major: a
+    squeeze-excitation's on a 1x1 map) its GEMM per image and the bias added, the steps
+    :func:`conv2d_nhwc` takes, without finding them again; for the others conv2d_float."""
+    o, cg, kh, kw = w.shape
+    if (groups != 1 or (kh, kw) != (1, 1) or tuple(strides) != (1, 1) or any(pads)
+            or channel_major(w, groups) or x.dtype.kind != "f"):
+        return lambda x: conv2d_float(x, w, b, layout, strides, pads, dilations, groups)
+    wm = gemm_weights(w, 1, x.dtype)[0]
+    n, h, wd, _ = to_nhwc(x, layout).shape
+    p = h * wd
+
+    def run(x: np.ndarray) -> np.ndarray:
+        xn = to_nhwc(x, layout)
+        out = np.empty((n, h, wd, o), x.dtype)
+        for i in range(n):                  # as grouped_gemm_nhwc: image by image
+            np.matmul(xn[i:i + 1].reshape(p, cg), wm, out=out[i].reshape(p, o))
+        if b is not None:
+            out += b
+        return from_nhwc(out, layout)
+    return run
 
 
 def conv2d_float(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, layout: Layout, strides,

@@ -65,7 +65,10 @@ def fma_runner(shape, w: np.ndarray, b: np.ndarray | None, layout: Layout, strid
     prepared once: a function of the input; None where the kernel cannot run. ``blocked``:
     the reduction in BLAS's blocks (native.blas_blocks). Taps that read only padding, for
     every output pixel (a dilated convolution on a small map), are left out: their products
-    are exact zeros, which leave each sum as it is (with finite weights)."""
+    are exact zeros, which leave each sum as it is (with finite weights). In NHWC the
+    function also takes an ``addend`` (C-contiguous float32 of the result's shape), added
+    in the product's pass after the bias, ``addend + y`` where ``first`` (an add that
+    reads the result, in its operand order), before the activation."""
     o, cg, kh, kw = w.shape
     nhwc = layout is Layout.nhwc
     n, ch, hp, wp, oh, ow = conv_geometry(shape, layout, (kh, kw), strides, pads, dilations)
@@ -94,9 +97,11 @@ def fma_runner(shape, w: np.ndarray, b: np.ndarray | None, layout: Layout, strid
     padded = any(pads)
     out_shape = (n, o, oh, ow) if transposed else (n, oh, ow, o)
 
-    def run(x: np.ndarray) -> np.ndarray:
+    def run(x: np.ndarray, addend: np.ndarray | None = None, first: bool = False
+            ) -> np.ndarray:
         out = np.empty(out_shape, np.float32)
-        product(native.contiguous(pad(x, pads) if padded else x), out.reshape(-1, o))
+        product(native.contiguous(pad(x, pads) if padded else x), out.reshape(-1, o),
+                None if addend is None else addend.reshape(-1, o), first)
         if transposed or nhwc:
             return out
         return native.contiguous(out.transpose(0, 3, 1, 2)) if by_channel else \
@@ -141,9 +146,11 @@ def depthwise_runner(shape, w: np.ndarray, b: np.ndarray | None, layout: Layout,
     if product is None:
         return None
 
-    def run(x: np.ndarray) -> np.ndarray:
+    def run(x: np.ndarray, addend: np.ndarray | None = None, first: bool = False
+            ) -> np.ndarray:
         out = np.empty((n, oh, ow, o), np.float32)
-        product(native.contiguous(to_nhwc(x, layout)), out)       # the padding read in place
+        # the padding read in place; an addend (NHWC) added as fma_runner's
+        product(native.contiguous(to_nhwc(x, layout)), out, addend, first)
         return from_nhwc(out, layout)
     return run
 

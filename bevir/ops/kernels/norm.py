@@ -4,6 +4,8 @@ operations: numpy's pairwise sums, in float32) and the ``batch_norm`` kernel (na
 one pass over float32, the same operations)."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from .. import native
@@ -40,20 +42,30 @@ def layer_norm(c, x: np.ndarray, scale: np.ndarray | None = None,
     return y.astype(x.dtype, copy=False)
 
 
-@kernel("batch_norm")
-def batch_norm(c, x: np.ndarray, scale: np.ndarray, bias: np.ndarray, mean: np.ndarray,
-               var: np.ndarray) -> np.ndarray:
-    """batch_norm: (x - mean) / sqrt(var + epsilon) * scale + bias per channel (axis 1, or 3
-    in NHWC), in (at least) float32; natively (native.batch_norm) in one pass over float32
-    x, numpy's four passes otherwise."""
+def batch_norm_runner(c, x: np.ndarray, scale: np.ndarray, bias: np.ndarray, mean: np.ndarray,
+                      var: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+    """batch_norm for inputs like ``x``: (x - mean) / sqrt(var + epsilon) * scale + bias per
+    channel (axis 1, or 3 in NHWC), in (at least) float32; natively (native.batch_norm) in
+    one pass over float32 x, numpy's four passes otherwise; the parameters made once."""
     axis = channel_axis(c.in_types[0])
     acc = np.promote_types(x.dtype, np.float32)
     scale, bias, mean, var = (p.astype(acc, copy=False) for p in (scale, bias, mean, var))
     s = np.sqrt(var + acc.type(c.epsilon))
-    y = native.batch_norm(x, axis, np.stack([mean, s, scale, bias]))
-    if y is not None:
-        return y
+    params = np.stack([mean, s, scale, bias])
     shape = [1] * x.ndim
     shape[axis] = -1
     mean, s, scale, bias = (p.reshape(shape) for p in (mean, s, scale, bias))
-    return ((x.astype(acc, copy=False) - mean) / s * scale + bias).astype(x.dtype, copy=False)
+
+    def run(x: np.ndarray) -> np.ndarray:
+        y = native.batch_norm(x, axis, params)
+        if y is not None:
+            return y
+        return ((x.astype(acc, copy=False) - mean) / s * scale + bias).astype(x.dtype, copy=False)
+    return run
+
+
+@kernel("batch_norm", prepare=batch_norm_runner)
+def batch_norm(c, x: np.ndarray, scale: np.ndarray, bias: np.ndarray, mean: np.ndarray,
+               var: np.ndarray) -> np.ndarray:
+    """batch_norm: :func:`batch_norm_runner`'s function of ``x``."""
+    return batch_norm_runner(c, x, scale, bias, mean, var)(x)

@@ -10,10 +10,11 @@ import math
 
 import numpy as np
 
+from ...ir.types import Layout
 from .. import native
 from ..common import ArrayCache, read_only
 from . import kernel
-from .conv import conv2d_float
+from .conv import conv2d_float, conv2d_float_runner
 from .fma import conv2d_fma, depthwise_runner, fma_eligible, fma_runner, linear_fma
 from .gemm import stacked_matmul
 
@@ -29,19 +30,27 @@ def conv_args(c) -> tuple:
 _PREPARED = ArrayCache()
 
 
-def prepared_product(c, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
-                     build: Callable[[], Callable[[np.ndarray], np.ndarray]]) -> np.ndarray:
-    """``build()``, a function of the input that computes the node, applied to ``x``: built
-    once per weight that nothing can change (a graph constant) while the node's attributes,
-    the input's shape and type, the bias and whether native kernels run stay the same."""
+def prepared_runner(c, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
+                    build: Callable[[], Callable[[np.ndarray], np.ndarray]]
+                    ) -> Callable[[np.ndarray], np.ndarray]:
+    """``build()``, a function of the input that computes the node for inputs like ``x``:
+    built once per weight that nothing can change (a graph constant) while the node's
+    attributes, the input's shape and type, the bias and whether native kernels run stay
+    the same."""
     key = (x.shape, x.dtype, c.in_types[0].layout, c.attrs, native.enabled())
     hit = _PREPARED.get(w)
     if hit is not None and hit[1] is b and hit[0] == key:
-        return hit[2](x)
+        return hit[2]
     run = build()
     if read_only(w) and (b is None or read_only(b)):
         _PREPARED.put(w, (key[:3] + (dict(c.attrs), key[4]), b, run))
-    return run(x)
+    return run
+
+
+def prepared_product(c, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
+                     build: Callable[[], Callable[[np.ndarray], np.ndarray]]) -> np.ndarray:
+    """:func:`prepared_runner`'s function applied to ``x``."""
+    return prepared_runner(c, x, w, b, build)(x)
 
 
 def conv2d_runner(c, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
@@ -66,7 +75,22 @@ def conv2d_runner(c, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
             run = fma_runner(x.shape, w, b, *args, activation, blocked)
     if run is not None:
         return run, True
-    return (lambda x: conv2d_float(x, w, b, *args)), False
+    return conv2d_float_runner(x, w, b, *args), False
+
+
+def conv2d_sum_runner(c, x: np.ndarray, w: np.ndarray, b: np.ndarray | None, activation: str
+                      ) -> Callable[[np.ndarray, np.ndarray, bool], np.ndarray] | None:
+    """conv2d for inputs like ``x``, then an addend (C-contiguous, of the result's type)
+    added in the native product's own pass (``addend + y`` where ``first``, else ``y +
+    addend``: the add that reads the result, in its operand order), then ``activation``
+    ("none" or "relu": add_relu's): a function of the input, the addend and ``first``, for
+    an NHWC convolution where a native kernel runs with conv2d_float's bits; else None."""
+    args = conv_args(c)
+    code = native.activation_code(activation, {})
+    if args[0] is not Layout.nhwc or code is None:
+        return None
+    run, ran = conv2d_runner(c, x, w, b, code)
+    return run if ran else None
 
 
 def linear_runner(a: np.ndarray, w: np.ndarray, bias: np.ndarray | None,
@@ -95,7 +119,14 @@ def linear_runner(a: np.ndarray, w: np.ndarray, bias: np.ndarray | None,
     return None if blocked is None else linear_fma(a.shape, w, bias, activation, blocked)
 
 
-@kernel("conv2d")
+def conv2d_prepared(c, x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None
+                    ) -> Callable[[np.ndarray], np.ndarray]:
+    """conv2d for inputs like ``x``: :func:`conv2d_runner`'s function, prepared once per
+    constant weight (the kernel's prepared form: what a prepared plan calls)."""
+    return prepared_runner(c, x, w, b, lambda: conv2d_runner(c, x, w, b)[0])
+
+
+@kernel("conv2d", prepare=conv2d_prepared)
 def conv2d(c, x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
-    """conv2d: :func:`conv2d_runner`'s function, prepared once per constant weight."""
-    return prepared_product(c, x, w, b, lambda: conv2d_runner(c, x, w, b)[0])
+    """conv2d: :func:`conv2d_prepared`'s function of ``x``."""
+    return conv2d_prepared(c, x, w, b)(x)

@@ -98,18 +98,19 @@ def library() -> ctypes.CDLL | None:
             dll = _build()
             for name in _KERNELS:
                 getattr(dll, name).restype = ctypes.c_int
-            dll.bevir_gather_gemm_f32.argtypes = [ctypes.c_void_p] * 8 + [ctypes.c_int64,
-                                                                          ctypes.c_void_p]
+            dll.bevir_gather_gemm_f32.argtypes = [ctypes.c_void_p] * 8 + [
+                ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
             dll.bevir_activation_f32.argtypes = [ctypes.c_void_p] * 3
             dll.bevir_gelu_erf_a_f32.argtypes = [ctypes.c_void_p] * 5
             dll.bevir_gelu_erf_b_f32.argtypes = [ctypes.c_void_p] * 6
             dll.bevir_sigmoid_a_f32.argtypes = [ctypes.c_void_p] * 3
             dll.bevir_sigmoid_b_f32.argtypes = [ctypes.c_void_p] * 4
             dll.bevir_depthwise_conv_f32.argtypes = [ctypes.c_void_p] * 5 + [
-                ctypes.c_int64, ctypes.c_void_p]
+                ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
             dll.bevir_layer_norm_f32.argtypes = [ctypes.c_void_p] * 6
             dll.bevir_global_mean_f32.argtypes = [ctypes.c_void_p] * 4
             dll.bevir_batch_norm_f32.argtypes = [ctypes.c_void_p] * 4
+            dll.bevir_join_rows.argtypes = [ctypes.c_void_p] * 4
             _self_check(dll)
             return dll
         except _Unavailable as e:
@@ -154,7 +155,7 @@ _KERNELS = [f"bevir_depthwise_{_SUFFIX[t]}" for t in _FLOATS] + [
     "bevir_resize_bilinear_f32", "bevir_activation_f32", "bevir_depthwise_conv_f32",
     "bevir_gelu_erf_a_f32", "bevir_gelu_erf_b_f32", "bevir_sigmoid_a_f32",
     "bevir_sigmoid_b_f32", "bevir_im2col_u32", "bevir_layer_norm_f32",
-    "bevir_global_mean_f32", "bevir_batch_norm_f32"] + [
+    "bevir_global_mean_f32", "bevir_batch_norm_f32", "bevir_join_rows"] + [
     f"bevir_transpose_u{8 * w}" for w in (1, 2, 4, 8)]
 
 
@@ -212,11 +213,15 @@ def im2col(xp: np.ndarray, kernel, out_hw, strides, dilations, groups: int
     return out
 
 
-def _check_bound(name: str, a: np.ndarray, fits: bool, out: np.ndarray, out_shape) -> None:
+def _check_bound(name: str, a: np.ndarray, fits: bool, out: np.ndarray, out_shape,
+                 addend: np.ndarray | None = None) -> None:
     """A bound kernel's check of each call: C-contiguous float32 operands, ``a`` one that
-    ``fits``, ``out`` writable and of ``out_shape`` (else ValueError)."""
+    ``fits``, ``out`` writable and of ``out_shape``, ``addend`` (where given) of its shape
+    (else ValueError)."""
     if not (fits and a.dtype == _F32 and a.flags.c_contiguous and out.shape == out_shape
-            and out.dtype == _F32 and out.flags.c_contiguous and out.flags.writeable):
+            and out.dtype == _F32 and out.flags.c_contiguous and out.flags.writeable
+            and (addend is None or addend.shape == out.shape and addend.dtype == _F32
+                 and addend.flags.c_contiguous)):
         raise ValueError(f"{name}: operands {a.shape} {a.dtype} -> {out.shape} {out.dtype} do "
                          f"not fit (C-contiguous float32 -> {out_shape})")
 
@@ -231,7 +236,9 @@ def bind_depthwise(shape: tuple[int, ...], wt: np.ndarray, bias: np.ndarray | No
     the padded copy, conv2d's y += b, the activation op's code) that reads the padding's
     zeros without copying the input into it: for unpadded inputs of ``shape`` with the
     weights, bias and activation checked once, a function of C-contiguous float32 ``x``
-    and ``out``; None where no native kernel runs."""
+    and ``out`` (and an ``addend`` laid out as ``out``, added after the bias, ``addend +
+    y`` where ``first``: an add that reads the result, in its operand order); None where
+    no native kernel runs."""
     if not (wt.dtype == _F32 and (bias is None or bias.dtype == _F32) and enabled()):
         return None
     n, h, w, c = shape
@@ -258,19 +265,21 @@ def bind_depthwise(shape: tuple[int, ...], wt: np.ndarray, bias: np.ndarray | No
     keep = (wt, bias, dims)                      # alive while the function is
     shape, out_shape = tuple(shape), tuple(out_shape)
 
-    def run(x: np.ndarray, out: np.ndarray, _keep=keep) -> None:
-        _check_bound("depthwise", x, x.shape == shape, out, out_shape)
+    def run(x: np.ndarray, out: np.ndarray, addend: np.ndarray | None = None,
+            first: bool = False, _keep=keep) -> None:
+        _check_bound("depthwise", x, x.shape == shape, out, out_shape, addend)
         if not out.size:
             return
-        xp, op = address(x), address(out)
+        xp, op, ap = address(x), address(out), None if addend is None else address(addend)
         if len(sets) == 1:                        # one thread: no pool, no partials
-            bands_of(xp, op, sets[0])
+            bands_of(xp, op, ap, first, sets[0])
         else:
-            parallel([functools.partial(bands_of, xp, op, c) for c in sets])
+            parallel([functools.partial(bands_of, xp, op, ap, first, c) for c in sets])
 
-    def bands_of(xp: int, op: int, calls) -> None:
+    def bands_of(xp: int, op: int, ap: int | None, first: bool, calls) -> None:
         for x_at, out_at, d in calls:
-            if fn(xp + x_at, *fixed, op + out_at, d, *activation) != 0:
+            if fn(xp + x_at, *fixed, op + out_at, d, *activation,
+                  None if ap is None else ap + out_at, first) != 0:
                 raise MemoryError("depthwise: no memory for the tap offsets")
     return run
 
@@ -344,7 +353,12 @@ def activation(op: str, attrs, y: np.ndarray) -> bool:
     (another op or dtype, a view whose elements do not fill one block, kernels off). An
     elementwise pass: a transposed view (a channel-major convolution's NHWC result) runs in
     its memory's order, which numpy's loop over the view would take elementwise, slowly."""
-    code = activation_code(op, attrs)
+    return activate(activation_code(op, attrs), y)
+
+
+def activate(code: tuple[int, int | None] | None, y: np.ndarray) -> bool:
+    """:func:`activation` by its :func:`activation_code` (None: no native kernel takes it),
+    found once for a prepared product: False, touching nothing, where it does not run."""
     if code is None or y.dtype != np.float32 or not y.flags.writeable:
         return False
     block = y if y.flags.c_contiguous else y.transpose(np.argsort(y.strides)[::-1])
@@ -485,6 +499,35 @@ def swap_last_axes(x: np.ndarray) -> np.ndarray | None:
     out = np.empty(x.shape[:1] + x.shape[:0:-1], x.dtype)
     dims = (ctypes.c_int64 * 3)(*x.shape)
     getattr(library(), f"bevir_transpose_u{8 * width}")(*_pointers(x, out), dims)
+    return out
+
+
+#: below this many bytes a row of one operand, numpy's own concatenation is as fast
+JOIN_MAX_WIDTH = 128
+
+
+def join(xs: Sequence[np.ndarray], axis: int) -> np.ndarray | None:
+    """``np.concatenate(xs, axis)`` of C-contiguous arrays of one dtype, natively where the
+    operands' runs along ``axis`` and after it are short (numpy copies runs of a few
+    channels element by element): the same bits, or None where no native kernel runs or
+    numpy would copy as fast."""
+    x = xs[0]
+    if x.ndim == 0 or not enabled():
+        return None
+    axis = axis % x.ndim
+    rows = prod(x.shape[:axis])
+    widths = [prod(a.shape[axis:]) * a.itemsize for a in xs]
+    if (rows < 2 or max(widths) > JOIN_MAX_WIDTH
+            or not all(a.dtype == x.dtype and a.flags.c_contiguous and a.ndim == x.ndim
+                       and a.shape[:axis] == x.shape[:axis] and a.shape[axis + 1:]
+                       == x.shape[axis + 1:] for a in xs)):
+        return None
+    out = np.empty(x.shape[:axis] + (sum(a.shape[axis] for a in xs),) + x.shape[axis + 1:],
+                   x.dtype)
+    if out.size:
+        library().bevir_join_rows((ctypes.c_void_p * len(xs))(*(address(a) for a in xs)),
+                                  (ctypes.c_int64 * len(xs))(*widths), address(out),
+                                  (ctypes.c_int64 * 2)(rows, len(xs)))
     return out
 
 
@@ -641,7 +684,10 @@ class GatherGemm:
         """The product with C-contiguous float32 ``b`` [G, K, N] and ``bias`` [G * N] (or
         None), then ``activation`` (an :func:`activation_code`): a function writing it for
         C-contiguous float32 ``a`` (``size`` elements) into C-contiguous float32 ``out``
-        [M, G * N]. The constant operands are checked here, once (a convolution's weights)."""
+        [M, G * N], where given with an ``addend`` laid out as ``out`` added after the bias
+        (``addend + y`` where ``first``: an add that reads the product, in its operand
+        order; not to a product written transposed). The constant operands are checked
+        here, once (a convolution's weights)."""
         g = self.groups
         if not (b.shape == (g, self.k, self.n) and b.dtype == _F32 and b.flags.c_contiguous
                 and (bias is None or bias.shape == (g * self.n,) and bias.dtype == _F32
@@ -668,15 +714,19 @@ class GatherGemm:
         keep = (self, b, bias, dims, whole)       # alive while the function is
         sets = [calls[i::parts] for i in range(min(parts, len(calls)))]
 
-        def product(a: np.ndarray, out: np.ndarray, _keep=keep) -> None:
-            _check_bound("GatherGemm", a, a.size == size, out, shape)
+        def product(a: np.ndarray, out: np.ndarray, addend: np.ndarray | None = None,
+                    first: bool = False, _keep=keep) -> None:
+            _check_bound("GatherGemm", a, a.size == size, out, shape, addend)
+            if addend is not None and self.transposed_by:
+                raise ValueError("GatherGemm: no addend to a product written transposed")
             if not out.size:
                 return
             ap, op = address(a), address(out)
+            res = None if addend is None else (address(addend), first)
             if len(sets) == 1:                    # one thread: no pool, no partials
-                _gather_gemm_calls(kernel, ap, op, sets[0])
+                _gather_gemm_calls(kernel, ap, op, res, sets[0])
             else:
-                parallel([functools.partial(_gather_gemm_calls, kernel, ap, op, c)
+                parallel([functools.partial(_gather_gemm_calls, kernel, ap, op, res, c)
                           for c in sets])
             if whole is not None:
                 library().bevir_activation_f32(op, after[1], ctypes.addressof(whole))
@@ -689,11 +739,13 @@ class GatherGemm:
         self.bind(b, bias, activation)(a, out)
 
 
-def _gather_gemm_calls(kernel, a: int, out: int, calls) -> None:
+def _gather_gemm_calls(kernel, a: int, out: int, res: tuple[int, bool] | None, calls) -> None:
     """The calls of one thread of a bound GatherGemm: its bands, operand ``a`` and result
-    ``out`` at the addresses given (each call's result at its offset from ``out``)."""
+    ``out`` at the addresses given (each call's result at its offset from ``out``), and the
+    addend's address and whether it is the add's first operand (``res``, or None)."""
     for rows, offs, b, bias, at, dims, blocks, act, params in calls:
-        kernel(a, rows, offs, b, bias, out + at, dims, blocks, act, params)
+        kernel(a, rows, offs, b, bias, out + at, dims, blocks, act, params,
+               None if res is None else res[0] + at, 0 if res is None else res[1])
 
 
 def split_blocks(k: int, q: int, u: int) -> list[int]:
@@ -919,7 +971,7 @@ def _self_check_gemm(dll, rng) -> None:
     dims, blocks = (ctypes.c_int64 * 8)(5, 35, 3, 35, 1, 0, 1, 0), np.array([0, 3])
     dll.avx512 = dll.bevir_gather_gemm_f32(*(t.ctypes.data for t in (a, rows, offs, b, bias, out)),
                                            ctypes.addressof(dims), blocks.ctypes.data, -1,
-                                           None) == 0
+                                           None, None, 0) == 0
     if not dll.avx512:
         return
     acc = np.zeros((5, 35), np.float64)     # each FMA step exact, then rounded to float32

@@ -38,23 +38,28 @@ static ptrdiff_t *tap_offsets(const int64_t *d) {
   typedef T V __attribute__((vector_size(BYTES), aligned(sizeof(T))));                    \
   static inline V V##_ld(const T *p) { V v; memcpy(&v, p, sizeof v); return v; }
 
+/* Channels k.. of P pixels (see DEPTHWISE_PIXELS) in vectors V, while a whole one fits. */
+#define DEPTHWISE_SWEEP(V, T, P)                                                          \
+  for (; k + (int64_t)(sizeof(V) / sizeof(T)) <= c; k += sizeof(V) / sizeof(T)) {        \
+    V a[P], w = V##_ld(wt + k);                                                           \
+    for (int p = 0; p < P; p++) a[p] = V##_ld(s + p * step + k) * w;                      \
+    for (int64_t t = 1; t < nt; t++) {                                                    \
+      w = V##_ld(wt + t * c + k);                                                         \
+      for (int p = 0; p < P; p++) a[p] = a[p] + V##_ld(s + p * step + off[t] + k) * w;    \
+    }                                                                                     \
+    for (int p = 0; p < P; p++) memcpy(o + p * c + k, &a[p], sizeof(V));                  \
+  }
+
 /* P pixels of an output row (their windows `step` elements apart from s, their results c
  * apart from o) in one sweep over the taps: each tap's weights loaded once for the P, a
- * vector of channels at a time, then one channel at a time; each pixel's products in tap
- * order, the first stored, each next one added. */
+ * vector V of channels at a time, then a half vector V##_h (what is left of few or odd
+ * channels: the same operations, lane by lane), then one channel at a time; each pixel's
+ * products in tap order, the first stored, each next one added. */
 #define DEPTHWISE_PIXELS(V, T, P)                                                         \
   {                                                                                       \
-    const int64_t lanes = sizeof(V) / sizeof(T);                                          \
     int64_t k = 0;                                                                        \
-    for (; k + lanes <= c; k += lanes) {                                                  \
-      V a[P], w = V##_ld(wt + k);                                                         \
-      for (int p = 0; p < P; p++) a[p] = V##_ld(s + p * step + k) * w;                    \
-      for (int64_t t = 1; t < nt; t++) {                                                  \
-        w = V##_ld(wt + t * c + k);                                                       \
-        for (int p = 0; p < P; p++) a[p] = a[p] + V##_ld(s + p * step + off[t] + k) * w;  \
-      }                                                                                   \
-      for (int p = 0; p < P; p++) memcpy(o + p * c + k, &a[p], sizeof(V));                \
-    }                                                                                     \
+    DEPTHWISE_SWEEP(V, T, P)                                                              \
+    DEPTHWISE_SWEEP(V##_h, T, P)                                                          \
     for (; k < c; k++)                                                                    \
       for (int p = 0; p < P; p++) {                                                       \
         T a = s[p * step + k] * wt[k];                                                    \
@@ -70,6 +75,7 @@ static ptrdiff_t *tap_offsets(const int64_t *d) {
  * an add, the compiler's operand order decides which one's sign and payload survive.) */
 #define DEPTHWISE(NAME, T)                                                                \
   VECTOR(NAME##_v, T, 32)                                                                 \
+  VECTOR(NAME##_v_h, T, 16)                                                               \
   int NAME(const T *xp, const T *wt, T *out, const int64_t *d) {                          \
     const int64_t c = d[3], nt = d[6] * d[7], step = d[9] * c;                            \
     ptrdiff_t *off = tap_offsets(d);                                                      \
@@ -273,20 +279,31 @@ int bevir_activation_f32(float *x, const float *p, const int64_t *d) {
   return activate_f32(x, d[0], d[1], p);
 }
 
+/* The add a product's result y takes in its own pass (elementwise add, in the add's
+ * operand order): y = r + y where first, else y + r, over n elements. */
+static void add_residual(float *restrict y, const float *restrict r, int64_t n, int64_t first) {
+  if (first)
+    for (int64_t i = 0; i < n; i++) y[i] = r[i] + y[i];
+  else
+    for (int64_t i = 0; i < n; i++) y[i] = y[i] + r[i];
+}
+
+/* Channels k.. of depthwise_edge_f32's pixel in vectors V, while a whole one fits. */
+#define EDGE_SWEEP(V)                                                                     \
+  for (; k + (int64_t)(sizeof(V) / sizeof(float)) <= c; k += sizeof(V) / sizeof(float)) { \
+    V a = V##_ld(src[0] + k) * V##_ld(wt + k);                                            \
+    for (int64_t t = 1; t < nt; t++) a = a + V##_ld(src[t] + k) * V##_ld(wt + t * c + k); \
+    memcpy(o + k, &a, sizeof(V));                                                         \
+  }
+
 /* One output pixel of bevir_depthwise_conv_f32 whose window leaves x, tap t's channels
  * read from src[t] (a row of +0 for a tap in the padding: what the padded copy holds, its
  * product computed as any other's): DEPTHWISE_PIXELS' operations for one pixel. */
 static void depthwise_edge_f32(const float *const *src, const float *wt, float *o, int64_t c,
                                int64_t nt) {
-  typedef bevir_depthwise_f32_v V;
-  const int64_t lanes = sizeof(V) / sizeof(float);
   int64_t k = 0;
-  for (; k + lanes <= c; k += lanes) {
-    V a = bevir_depthwise_f32_v_ld(src[0] + k) * bevir_depthwise_f32_v_ld(wt + k);
-    for (int64_t t = 1; t < nt; t++)
-      a = a + bevir_depthwise_f32_v_ld(src[t] + k) * bevir_depthwise_f32_v_ld(wt + t * c + k);
-    memcpy(o + k, &a, sizeof(V));
-  }
+  EDGE_SWEEP(bevir_depthwise_f32_v)
+  EDGE_SWEEP(bevir_depthwise_f32_v_h)
   for (; k < c; k++) {
     float a = src[0][k] * wt[k];
     for (int64_t t = 1; t < nt; t++) a = a + src[t][k] * wt[t * c + k];
@@ -313,11 +330,13 @@ static inline int64_t floor_div(int64_t x, int64_t y) { return x >= 0 ? x / y : 
  * columns (and below and right as far as the windows reach), without a padded copy: the
  * products and sums of bevir_depthwise_f32 on the padded input, a window within x by
  * DEPTHWISE_PIXELS, one that leaves it by depthwise_edge_f32; then the bias added to each
- * pixel's channels (conv2d's y += b) and activation act (activate_f32). Output rows y0 to
+ * pixel's channels (conv2d's y += b), res (where not NULL; laid out as out) added as
+ * add_residual adds it, and activation act (activate_f32). Output rows y0 to
  * y1 of each image of out [N, OH, OW, C]. dims: N, H, W, C, OH, OW, KH, KW, SH, SW, DH, DW,
  * top, left, y0, y1. */
 int bevir_depthwise_conv_f32(const float *x, const float *wt, const float *bias, float *out,
-                             const int64_t *d, int64_t act, const float *p) {
+                             const int64_t *d, int64_t act, const float *p, const float *res,
+                             int64_t res_first) {
   const int64_t N = d[0], H = d[1], W = d[2], c = d[3], OH = d[4], OW = d[5], kh = d[6];
   const int64_t kw = d[7], sh = d[8], sw = d[9], dh = d[10], dw = d[11], top = d[12];
   const int64_t left = d[13], y0 = d[14], y1 = d[15], nt = kh * kw, step = sw * c;
@@ -365,6 +384,7 @@ int bevir_depthwise_conv_f32(const float *x, const float *wt, const float *bias,
     if (bias)
       for (int64_t i = 0; i < n; i += c)
         for (int64_t k = 0; k < c; k++) rows[i + k] = rows[i + k] + bias[k];
+    if (res) add_residual(rows, res + (rows - out), n, res_first);
     if (activate_f32(rows, n, act, p) != 0) return -1;
   }
   return 0;
@@ -382,8 +402,10 @@ int bevir_depthwise_conv_f32(const float *x, const float *wt, const float *bias,
  * long reduction (native.blas_blocks), or one block of all K.
  * b: [K, N] row-major; out: [M, N], rows ldo apart. dims: M, N, K, ldo, G, S, NB: a grouped
  * convolution makes G such products, group g reading A's elements g * S further on, b and
- * bias g * K * N and g * N further on, writing out's columns g * N on (ldo = G * N); then
- * activation act (activate_f32, its parameters p) over out. The caller uses it only where
+ * bias g * K * N and g * N further on, writing out's columns g * N on (ldo = G * N); res,
+ * where not NULL, laid out as out, is added to each result after the bias (res + y where
+ * res_first, else y + res: an add that reads the product, in its operand order; not with
+ * out transposed); then activation act (activate_f32, its parameters p) over out. The caller uses it only where
  * it has found BLAS to give the same bits (native.agrees).
  * A tile of R rows x V vectors of 16 columns keeps its R * V accumulators in registers
  * (constant indices: a variable one would spill them) while a strip of b stays in cache:
@@ -406,7 +428,8 @@ static __attribute__((noinline)) void store_transposed(float *q, __mmask16 mask,
   static void gather_gemm_##R##x##V(const float *a, const int64_t *rows,                  \
                                     const int64_t *offs, const float *b,                  \
                                     const float *bias, float *out, const int64_t *d,      \
-                                    const int64_t *kb, int64_t n0, int64_t n1) {          \
+                                    const int64_t *kb, int64_t n0, int64_t n1,            \
+                                    const float *res, int64_t first) {                    \
     const int64_t M = d[0], N = d[1], ldo = d[3], nb = d[6], cols = d[7];                 \
     for (int64_t n = n0; n < n1; n += 16 * V) {                                           \
       __mmask16 mask[V];                                                                  \
@@ -445,6 +468,10 @@ static __attribute__((noinline)) void store_transposed(float *q, __mmask16 mask,
                 __m512 t = blk ? _mm512_add_ps(_mm512_maskz_loadu_ps(mask[j], q), s[r][j]) \
                                : s[r][j];                                                 \
                 if (last && bias) t = _mm512_add_ps(t, add[j]);                           \
+                if (last && res) {                                                        \
+                  const __m512 r = _mm512_maskz_loadu_ps(mask[j], res + (q - out));       \
+                  t = first ? _mm512_add_ps(r, t) : _mm512_add_ps(t, r);                  \
+                }                                                                         \
                 if (cols)                                                                 \
                   store_transposed(out + (n + 16 * j) * cols + m + r, mask[j], t, cols);  \
                 else                                                                      \
@@ -461,20 +488,24 @@ GATHER_GEMM_TILES(8, 1)
 
 int bevir_gather_gemm_f32(const float *a, const int64_t *rows, const int64_t *offs,
                           const float *b, const float *bias, float *out, const int64_t *d,
-                          const int64_t *kb, int64_t act, const float *p) {
+                          const int64_t *kb, int64_t act, const float *p, const float *res,
+                          int64_t res_first) {
 #ifdef __AVX512F__
   const int64_t N = d[1], K = d[2], n64 = N / 64 * 64, rest = N - n64;
   const int64_t n32 = n64 + (rest % 32 > 16 ? rest : rest / 32 * 32);
+  if (res && d[7]) return -1;                  /* no addend to a result written transposed */
   for (int64_t g = 0; g < d[4]; g++) {
     const float *ag = a + g * d[5], *bg = b + g * K * N, *biasg = bias ? bias + g * N : bias;
-    gather_gemm_6x4(ag, rows, offs, bg, biasg, out + g * N, d, kb, 0, n64);
-    gather_gemm_4x2(ag, rows, offs, bg, biasg, out + g * N, d, kb, n64, n32);
-    gather_gemm_8x1(ag, rows, offs, bg, biasg, out + g * N, d, kb, n32, N);
+    float *og = out + g * N;
+    const float *rg = res ? res + g * N : res;
+    gather_gemm_6x4(ag, rows, offs, bg, biasg, og, d, kb, 0, n64, rg, res_first);
+    gather_gemm_4x2(ag, rows, offs, bg, biasg, og, d, kb, n64, n32, rg, res_first);
+    gather_gemm_8x1(ag, rows, offs, bg, biasg, og, d, kb, n32, N, rg, res_first);
   }
   return activate_f32(out, d[0] * d[3], act, p);
 #else
   (void)a; (void)rows; (void)offs; (void)b; (void)bias; (void)out; (void)d; (void)kb;
-  (void)act; (void)p;
+  (void)act; (void)p; (void)res; (void)res_first;
   return -1;
 #endif
 }
@@ -715,6 +746,46 @@ int bevir_batch_norm_f32(const float *x, const float *p, float *out, const int64
       const float *xc = x + c * inner;
       float *oc = out + c * inner;
       for (int64_t i = 0; i < inner; i++) oc[i] = (xc[i] - m) / sc * kc + bc;
+    }
+  }
+  return 0;
+}
+
+/* Concatenation along an axis of C-contiguous arrays, as bytes: out's row r (of d[0]) is
+ * row r of each of the d[1] operands xs[i] (rows of widths[i] bytes), one after the other:
+ * the bits move unchanged. numpy copies runs of a few channels (an NHWC concatenation)
+ * element by element, slowly. Operand by operand, each run in fixed-size moves (the last
+ * one overlapping the one before where the run is no multiple of its size): a call of
+ * memcpy per short run costs more than the run, and GCC would make the loop one (the
+ * attribute keeps it from). dims: rows, operands. */
+#if defined(__GNUC__) && !defined(__clang__)
+__attribute__((optimize("no-tree-loop-distribute-patterns")))
+#endif
+int bevir_join_rows(const char *const *xs, const int64_t *widths, char *out, const int64_t *d) {
+  const int64_t rows = d[0], n = d[1];
+  int64_t row = 0;
+  for (int64_t i = 0; i < n; i++) row += widths[i];
+  for (int64_t i = 0, at = 0; i < n; at += widths[i], i++) {
+    const int64_t w = widths[i];
+    for (int64_t r = 0; r < rows; r++) {
+      char *restrict dst = out + at + r * row;
+      const char *restrict src = xs[i] + r * w;
+      if (w >= 32) {
+        int64_t k = 0;
+        for (; k + 32 <= w; k += 32) memcpy(dst + k, src + k, 32);
+        if (k < w) memcpy(dst + w - 32, src + w - 32, 32);
+      } else if (w >= 16) {
+        memcpy(dst, src, 16);
+        memcpy(dst + w - 16, src + w - 16, 16);
+      } else if (w >= 8) {
+        memcpy(dst, src, 8);
+        memcpy(dst + w - 8, src + w - 8, 8);
+      } else if (w >= 4) {
+        memcpy(dst, src, 4);
+        memcpy(dst + w - 4, src + w - 4, 4);
+      } else {
+        for (int64_t k = 0; k < w; k++) dst[k] = src[k];
+      }
     }
   }
   return 0;
