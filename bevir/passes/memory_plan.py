@@ -467,9 +467,10 @@ class PlanMemory(Pass):
         self._placements: dict[tuple[int, bool], tuple] = {}
         self._spill(tl)
         self._restore(tl)
-        bufs, figures = self._fit(tl)
+        self._fit(tl)
         if self.double_buffer:
-            bufs, figures = self._prefetch(tl, bufs, figures)
+            self._prefetch(tl)
+        bufs, figures, _ = self._place(tl)        # the search, once, on what fits
         self._materialize(graph, tl, bufs, figures)
         verify_memory_plan(graph)
 
@@ -523,16 +524,15 @@ class PlanMemory(Pass):
         self._placements[core, search] = (key, [b.offset for b in bufs], figures)
         return figures
 
-    def _fit(self, tl: _Timeline) -> tuple[list[Buffer], dict[int, dict]]:
+    def _fit(self, tl: _Timeline) -> None:
         """Place; while a core's placement does not fit (fragmentation), move one more
         value of that core to DDR: one live where the placement overflows, at least as
         large as the overflow where one is. The loop places by best fit alone; the search
-        runs once on the placement that fits (it never makes a placement worse)."""
+        runs once on the final plan (it never makes a placement worse)."""
         while True:
             bufs, figures, core = self._place(tl, search=False)
             if figures is not None:
-                bufs, figures, _ = self._place(tl)
-                return bufs, figures
+                return
             top = max((b for b in bufs if b.core == core), key=lambda b: b.offset + b.size)
             live = tl.live[core][top.start:top.end + 1]
             peak = top.offset + top.size
@@ -586,7 +586,7 @@ class PlanMemory(Pass):
                     best, best_key = name, key
         return best
 
-    def _prefetch(self, tl: _Timeline, bufs: list[Buffer], figures: dict[int, dict]):
+    def _prefetch(self, tl: _Timeline) -> None:
         """Issue loads early (the core's DMA engine moves them while the nodes between run)
         while the bound stays within the OCM: each as early as ``prefetch_window`` node
         steps allow, none before the core's load for an earlier node; where the placement
@@ -608,24 +608,18 @@ class PlanMemory(Pass):
                         tl.add_prefetch(name, i, at)
                     issued[tl.core[i]] = i if at is None else at
             tl.add_spills(self.ocm)              # where the loads issued early leave room
-            new_bufs, new_figures = self._place_prefetched(tl)
-            if new_figures is not None:
-                late = {name for name in fed if not any(
-                    (name, i) in tl.prefetch for i in tl.readers[name])}
-                for b in new_bufs:        # the same bytes and steps as its load buffer
-                    if b.key.value in late:
-                        b.key = BufferKey(b.key.value)
-                for name in late:
-                    tl.to_ocm(name)
-                return new_bufs, new_figures
+            if self._place_prefetched(tl):
+                for name in fed:          # the same bytes and steps as its load buffer
+                    if not any((name, i) in tl.prefetch for i in tl.readers[name]):
+                        tl.to_ocm(name)
+                return
             tl.clear_prefetch()
             for name in list(tl.spills):
                 tl.sync_store(name)
         for name in fed:
             tl.to_ocm(name)
-        return bufs, figures
 
-    def _place_prefetched(self, tl: _Timeline):
+    def _place_prefetched(self, tl: _Timeline) -> bool:
         """Place with the loads issued early and the stores asynchronous. Where a core's
         placement does not fit (fragmentation), at the fullest step of the overflowing
         buffer: its stores still running there become synchronous, else its loads in
@@ -634,7 +628,7 @@ class PlanMemory(Pass):
         while tl.prefetch or tl.spills:
             bufs, figures, core = self._place(tl, search=False)
             if figures is not None:
-                return self._place(tl)[:2]
+                return True
             top = max((b for b in bufs if b.core == core), key=lambda b: b.offset + b.size)
             t = top.start + int(tl.live[core][top.start:top.end + 1].argmax())
             stores = [name for name in tl.spills if tl.core[tl.producer[name]] == core]
@@ -652,7 +646,7 @@ class PlanMemory(Pass):
             for name, i in late:
                 tl.delay_prefetch(name, i, i)
             self.stat("prefetches-delayed", len(late))
-        return None, None
+        return False
 
     def _issue_step(self, tl: _Timeline, name: str, i: int, window: int, floor: int
                     ) -> int | None:
