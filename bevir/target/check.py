@@ -7,8 +7,10 @@ written there. A kernel's operands, a load's or store's source, a host stage's o
 and the graph's outputs must hold their values when read; a transfer on the core's DMA
 engine (a prefetch or a spill, see :mod:`bevir.codegen.cprogram`) may finish at any moment
 between its issue and the step that waits for it, so until then nothing may read or write
-its destination or write its source. Cores run in program order, each blocked at a flag
-until its producer published it and at a barrier until every core reached it.
+its destination or write its source; the engine runs a core's transfers in order, so one
+issued behind the transfer that writes its source reads it once that landed. Cores run in
+program order, each blocked at a flag until its producer published it and at a barrier
+until every core reached it.
 
 This catches what a golden run of the planned graph cannot (the golden model computes
 every node from its operands, wherever the plan put them): two values planned into one
@@ -136,6 +138,13 @@ class _Replay:
                                          f"{end} of {job.what} on core {k} still in flight")
         self.space(mem, core).write(*span, self.tag(name))
 
+    def queued(self, core: int, mem: str, offset: int, name: str) -> bool:
+        """Whether a transfer ahead in the core's DMA engine writes ``name`` there: a
+        transfer issued after it reads it once it landed (the engine runs them in order)."""
+        span, tag = self.span(offset, name), self.tag(name)
+        return any(job.dst == (mem, span) and self.tag(job.value) == tag
+                   for job in self.jobs[core])
+
     def finish(self, core: int, upto: str | None = None) -> None:
         """The core's DMA engine runs its queue, in order, up to ``upto``'s job (all of it
         when None)."""
@@ -220,8 +229,9 @@ class _Replay:
             self.write(step, dst.place.mem, core, dst.place.offset, dst.value)
         if step.on_engine:
             src, dst = step.args
-            self.read(step, src.place.mem, core, src.place.offset, src.value,
-                      "the prefetch" if step.prefetch else "the spill")
+            if not self.queued(core, src.place.mem, src.place.offset, src.value):
+                self.read(step, src.place.mem, core, src.place.offset, src.value,
+                          "the prefetch" if step.prefetch else "the spill")
             self.jobs[core].append(_Job(dst.value,
                                         (src.place.mem, self.span(src.place.offset, src.value)),
                                         (dst.place.mem, self.span(dst.place.offset, dst.value))))

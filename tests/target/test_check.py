@@ -60,6 +60,26 @@ def test_a_spill_is_waited_for_before_its_source_is_overwritten(sched):
         check_schedule(sched)
 
 
+def test_a_load_issued_behind_the_spill_it_reads_is_accepted(sched):
+    """The core's DMA engine runs its transfers in order: a load of the skip's DDR copy
+    issued right after the skip's spill (before the step that waits for the spill) reads
+    the copy once the spill landed, so the schedule checks (its buffer moved past every
+    other, so that nothing else changes)."""
+    steps = next(st.steps[0] for st in sched.stages if st.device)
+    spill = next(st for st in steps if st.spill)
+    load = next(st for st in steps if st.prefetch
+                and st.node.inputs[0].name == spill.node.output.name)
+    reader = next(st for st in steps if load.node.output.name in st.dma_waits)
+    assert steps.index(load) > steps.index(spill) + 2
+    moved = dataclasses.replace(load.args[1], place=dataclasses.replace(
+        load.args[1].place, offset=sched.memory.ocm_size[0]))
+    load.args[1] = moved
+    reader.args = [moved if a.value == moved.value else a for a in reader.args]
+    steps.remove(load)
+    steps.insert(steps.index(spill) + 1, load)
+    check_schedule(sched)
+
+
 def test_a_store_of_a_value_still_in_flight_is_refused(sched):
     issue = first(sched, lambda st: st.prefetch)
     src, dst = issue.args
