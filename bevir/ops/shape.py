@@ -388,7 +388,7 @@ class GatherElements(OpDef):
         return L.compute(c.out_types[0], fn)
 
 
-class Expand(OpDef):
+class Expand(RangeMap, OpDef):
     """ONNX Expand: broadcast ``x`` against ``shape``."""
 
     name = "expand"
@@ -396,12 +396,11 @@ class Expand(OpDef):
     moves_data = True
     operands = ("x",)
     attrs = {"shape": Ints()}
-    splits = ("rows",)
 
     def region(self, c, axis, start, stop):
-        """A range of any leading result axis: the operand's range along it where the
-        operand has that axis, the whole operand where it is repeated; the target shape
-        takes the range's length on that axis."""
+        """A range of any leading result axis (RangeMap's split): the operand's range along
+        it where the operand has that axis, the whole operand where it is repeated; the
+        target shape takes the range's length on that axis."""
         out = c.out_types[0]
         if axis not in self.row_axes(c):
             return None
@@ -411,12 +410,6 @@ class Expand(OpDef):
             shape[at] = stop - start
         return Piece((aligned_range(c.in_types[0], out, axis, start, stop),),
                      {"shape": tuple(shape)})
-
-    def split_piece(self, c, kind, start, stop):
-        return self.region(c, self.split_axis(c, kind), start, stop)
-
-    def region_axes(self, c):
-        return {a: "rows" for a in self.row_axes(c)}
 
     def infer(self, c, x):
         shape = np.broadcast_shapes(x.shape, c.shape)

@@ -47,12 +47,6 @@ def prepared_runner(c, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
     return run
 
 
-def prepared_product(c, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
-                     build: Callable[[], Callable[[np.ndarray], np.ndarray]]) -> np.ndarray:
-    """:func:`prepared_runner`'s function applied to ``x``."""
-    return prepared_runner(c, x, w, b, build)(x)
-
-
 def conv2d_runner(c, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
                   activation: tuple[int, int | None] = native.NO_ACTIVATION
                   ) -> tuple[Callable[[np.ndarray], np.ndarray], bool]:
