@@ -30,6 +30,14 @@ each of its stripes: the memory plan keeps them resident while the group runs, a
 whose weights would not fit beside its activations is cut in consecutive groups that do
 (where what crosses the cut fits).
 
+Where a group is cut for its weights, the later ops of its run may instead run on the whole
+batch: from the op where the rest of the run fits a core's OCM whole (what is live at each
+op and its weights, split over the cores) and the fewest bytes cross from the stripes
+before, the run is not striped (each weight loaded once, none kept through other groups'
+stripes), and the stripes before run as narrow as they fit (ResNet-50 on six cameras and
+four cores: the first two stages and the third's first block a camera at a time, the rest
+of the third stage on the whole batch).
+
 Cascades: the groups of a run (narrow stripes, then wider ones) run interleaved, each
 stripe as soon as the images it reads are made: two one-image stripes, then the two-image
 stripe that reads them, then the next two. So only a stripe's images wait between two
@@ -119,9 +127,11 @@ class Group:
                 "widths": {str(k): v for k, v in self.widths.items()}}
 
 
-def groups(graph: Graph, budget: int, cores: int, hw: HWConfig | None = None) -> list[Group]:
+def groups(graph: Graph, budget: int, cores: int, hw: HWConfig | None = None,
+           whole: bool = True) -> list[Group]:
     """The groups to run a few images at a time (see the module docstring), in graph
-    order, each with its cascade."""
+    order, each with its cascade; ``whole``: a run's later ops may run on the whole batch
+    where its groups are cut for their weights (:func:`_whole_from`)."""
     out: list[Group] = []
     run: list[Node] = []
     for node in graph.nodes + [None]:
@@ -130,18 +140,81 @@ def groups(graph: Graph, budget: int, cores: int, hw: HWConfig | None = None) ->
             run.append(node)
             continue
         large = [k for k, n in enumerate(run) if working_set(n) > budget * cores]
-        cascade = out[-1].cascade + 1 if out else 0
-        end = _end(run, large[-1], cores, hw) if large else 0
-        for group in stripes_of(run[:end + 1], budget * cores, cores, hw) if large else ():
-            cut = by_weights(group, hw.ocm_per_core - budget if hw else None, budget, cores)
-            for k, part in enumerate(cut):
-                part.widths = group.widths if len(cut) == 1 else {
-                    d: stripe_cycles(part.nodes, d, cores, hw) for d in group.widths}
-                cascade += k > 0                   # a cut for the weights: a new cascade
-                part.cascade = cascade
-            out += cut
+        if large:
+            out += _striped(run, large[-1], budget, cores, hw,
+                            out[-1].cascade + 1 if out else 0, whole)
         run = [node] if node is not None and by_image(node) else []
     return out
+
+
+def _striped(run: list[Node], last: int, budget: int, cores: int, hw: HWConfig | None,
+             cascade: int, whole: bool) -> list[Group]:
+    """The groups of a run whose last op over the budget is ``last``: up to ``last`` (or
+    later: :func:`_end`), cut where their weights would not stay on chip
+    (:func:`by_weights`); where such a cut is made, the groups up to where the rest of the
+    run can run on the whole batch instead (:func:`_whole_from`), as narrow as they fit
+    (their results wait for the whole batch anyway; a wider stripe would hold the images
+    it reads waiting too)."""
+    end = _end(run, last, cores, hw)
+    found = _groups(run[:end + 1], budget, cores, hw, cascade)
+    cut = len({g.cascade for g in found}) > 1
+    start = _whole_from(run, last, cores, hw) if whole and hw and cut and end == last else None
+    if start is None:
+        return found
+    return _groups(run[:start], budget, cores, hw, cascade, narrow=True) if start else []
+
+
+def _groups(nodes: list[Node], budget: int, cores: int, hw: HWConfig | None, cascade: int,
+            narrow: bool = False) -> list[Group]:
+    """``nodes`` as groups of stripes (:func:`stripes_of`), each cut for its weights
+    (:func:`by_weights`), numbered in cascades from ``cascade``."""
+    out: list[Group] = []
+    for group in stripes_of(nodes, budget * cores, cores, hw, narrow):
+        cut = by_weights(group, hw.ocm_per_core - budget if hw else None, budget, cores)
+        for k, part in enumerate(cut):
+            part.widths = group.widths if len(cut) == 1 else {
+                d: stripe_cycles(part.nodes, d, cores, hw) for d in group.widths}
+            cascade += k > 0                   # a cut for the weights: a new cascade
+            part.cascade = cascade
+        out += cut
+    return out
+
+
+def _whole_from(run: list[Node], last: int, cores: int, hw: HWConfig) -> int | None:
+    """Where the ops of ``run`` start to run on the whole batch, its ops before striped, or
+    None (striped up to its last large op, ``last``). Candidates: the ops from which every
+    op up to ``last`` fits a core's OCM on the whole batch (the activations live at it and
+    its weights, split over the cores); of them, the one the fewest bytes cross to from
+    the striped ops before (the first of equals). The whole-batch ops load each weight
+    once, where a group's stripes would keep their weights on chip through the stripes of
+    the groups before them in the cascade, or load them again (ResNet-50's third stage on
+    six cameras: 7 MB of weights beside the first two stages' stripes; after its first
+    block, which halves the rows, its tensors fit a core's quarter on the whole batch)."""
+    graph = run[0].graph
+    pos = {id(n): i for i, n in enumerate(graph.nodes)}
+    outputs = {id(v) for v in graph.outputs.values()}
+    spans: dict[int, tuple[int, int, int]] = {}     # value -> (made, last read, bytes)
+    for n in graph.nodes[:pos[id(run[last])] + 1]:
+        for v in n.tensors():
+            if not v.is_const and id(v) not in spans:
+                made = pos[id(v.producer)] if v.producer is not None else -1
+                read = len(graph.nodes) if id(v) in outputs else max(
+                    (pos[id(u)] for u, _ in v.uses), default=made)
+                spans[id(v)] = (made, read, v.type.nbytes)
+    first = None
+    for k in range(last, -1, -1):
+        t = pos[id(run[k])]
+        live = sum(b for made, read, b in spans.values() if made <= t <= read)
+        weights = sum({id(v): v.type.nbytes for v in run[k].inputs
+                       if v is not None and v.is_const}.values())
+        if live / cores + weights > hw.ocm_per_core:
+            break
+        first = k
+    if first is None:
+        return None
+    crossing = [sum(b for made, read, b in spans.values() if made < pos[id(run[k])] <= read
+                    and made >= pos[id(run[0])]) for k in range(first, last + 1)]
+    return first + crossing.index(min(crossing))
 
 
 def _end(run: list[Node], last: int, cores: int, hw: HWConfig | None) -> int:
@@ -203,12 +276,14 @@ def _crossing(before: list[Node], after: list[Node]) -> int:
                if any(id(u) in later for u, _ in n.output.uses))
 
 
-def stripes_of(run: list[Node], limit: int, cores: int, hw: HWConfig | None) -> list[Group]:
+def stripes_of(run: list[Node], limit: int, cores: int, hw: HWConfig | None,
+               narrow: bool = False) -> list[Group]:
     """``run`` cut where the images a stripe may hold change: an op's stripe holds as many
     images (a divisor of the batch) as keep its tensors within ``limit``, and as few as any
     later op of the run needs (deeper layers are smaller: the stripes only widen). Of the
     widths that fit, each part takes the one the cycle model finds fastest, its ops split
-    by rows over ``cores`` (a stripe of too few rows leaves the array's rows idle)."""
+    by rows over ``cores`` (a stripe of too few rows leaves the array's rows idle), or
+    with ``narrow`` the narrowest."""
     batch = run[0].output.type.shape[0]
     widths = [d for d in range(1, batch + 1) if batch % d == 0]
     fit = [max((d for d in widths if working_set(n) * d <= limit * batch), default=1)
@@ -225,7 +300,7 @@ def stripes_of(run: list[Node], limit: int, cores: int, hw: HWConfig | None) -> 
         if hw is not None:
             part.widths = {d: stripe_cycles(part.nodes, d, cores, hw)
                            for d in widths if d <= part.images}
-            part.images = _width(part.widths, hw)
+            part.images = min(part.widths) if narrow else _width(part.widths, hw)
         else:
             part.images = 1
     merged: list[Group] = []
@@ -275,7 +350,8 @@ class StripeImages(Pass):
     module docstring).
     ``hw``: the config whose OCM bounds the working sets (default QC-U x4); ``cores``: the
     cores the graph will be split over (0: the config's); ``budget``: the share of a core's
-    OCM an op's tensors may take before their layer is striped."""
+    OCM an op's tensors may take before their layer is striped; ``whole``: where a group is
+    cut for its weights, run the rest of its run on the whole batch where it fits."""
 
     name = "stripe-images"
     description = "run the layers too large for the OCM a few images at a time (on chip)"
@@ -283,12 +359,14 @@ class StripeImages(Pass):
     hw: HWConfig | None = None
     cores: int = 0
     budget: float = 0.5
+    whole: bool = True
 
     def run(self, graph: Graph, am: AnalysisManager) -> None:
         if not 0 < self.budget <= 1:
             raise PassError(f"pass 'stripe-images': budget {self.budget} must be in (0, 1]")
         hw = self.hw or HWConfig.preset(DEFAULT_HW)
-        found = groups(graph, int(hw.ocm_per_core * self.budget), self.cores or hw.cores, hw)
+        found = groups(graph, int(hw.ocm_per_core * self.budget), self.cores or hw.cores, hw,
+                       self.whole)
         if found:
             graph.meta[META_KEY] = [g.summary() for g in found]
         for index, group in enumerate(found):
