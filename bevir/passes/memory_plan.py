@@ -37,19 +37,19 @@ import dataclasses
 import json
 import random
 from bisect import bisect_right
-from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-import numpy as np
 
 from ..errors import PassError, VerifyError
 from ..ir.graph import Graph, Node, Value
 from ..ir.meta import register_meta_key
 from ..target.hw import HWConfig
-from ..target.schedule import core_of, held_tensors, lowerable, run_order
+from ..target.schedule import lowerable, run_order
 from .analysis import AnalysisManager, Liveness
 from .core import Pass
 from .placement import conflicts, place_core
+from .timeline import (Buffer, BufferKey, Timeline, stage_key, graph_timeline,
+                       held_in_ocm)
 
 register_meta_key("ocm", list, doc="plan-memory: [{core, offset, size}] per core holding the value")
 register_meta_key("mem", str, doc="plan-memory: 'ocm' or 'ddr', where the value lives")
@@ -60,361 +60,6 @@ register_meta_key("stream", dict, doc="plan-memory: a node streamed in stripes b
                   "an OCM stage buffer ({core, stripes, offset, size})")
 
 PLAN_VERSION = 1
-
-
-# ---- the timeline -----------------------------------------------------------------------
-@dataclass(frozen=True, order=True)
-class BufferKey:
-    """What a buffer holds: value ``value``, as loaded from DDR for the node at step
-    ``load`` (None: the value itself), or the stage buffer of streamed node ``stage``."""
-
-    value: str
-    load: int | None = None
-    stage: bool = False
-
-    def __str__(self) -> str:
-        if self.stage:
-            return f"the stage buffer of {self.value}"
-        return f"%{self.value}" + (f" (loaded for step {self.load})" if self.load is not None
-                                   else "")
-
-
-@dataclass(frozen=True)
-class Step:
-    """One step of the timeline: the OCM buffers it touches, on its core."""
-
-    core: int
-    keys: tuple[BufferKey, ...]
-    node: Node            # the node run (for a planned DMA: the node it serves)
-    compute: bool         # False for a DMA
-
-
-@dataclass
-class Buffer:
-    """One value on one core: ``size`` bytes (aligned) live in steps [start, end]."""
-
-    key: BufferKey
-    core: int
-    size: int
-    start: int
-    end: int
-    offset: int = -1
-
-
-def _align(n: int, align: int) -> int:
-    return -(-n // align) * align
-
-
-def node_core(node: Node, cores: int, shared: bool) -> int:
-    """The core whose OCM a node uses: its core (``node.meta["core"]``), 0 for a shared
-    OCM."""
-    return 0 if shared else core_of(node, cores)
-
-
-def _distinct(keys: Iterable[BufferKey]) -> tuple[BufferKey, ...]:
-    return tuple(dict.fromkeys(keys))
-
-
-def _buffers(steps: Sequence[Step], sizes: dict[BufferKey, int],
-             pinned_in: Iterable[BufferKey], pinned_out: Iterable[BufferKey]) -> list[Buffer]:
-    """The buffers of a timeline, in order of first touch (the order ties break by)."""
-    last = max(len(steps) - 1, 0)
-    bufs: dict[tuple[int, BufferKey], Buffer] = {}
-    for t, s in enumerate(steps):
-        for k in s.keys:
-            b = bufs.get((s.core, k))
-            if b is None:
-                bufs[s.core, k] = Buffer(k, s.core, sizes[k], t, t)
-            else:
-                b.end = t
-    pinned_in, pinned_out = list(pinned_in), list(pinned_out)
-    for b in bufs.values():
-        if b.key in pinned_in:
-            b.start = 0
-        if b.key in pinned_out:
-            b.end = last
-    return list(bufs.values())
-
-
-def held_in_ocm(graph: Graph) -> Callable[[Node], list[Value]]:
-    """What a node of ``graph`` holds in its core's OCM when planned there
-    (:func:`~bevir.target.schedule.held_tensors`), and nothing for a host node of a graph
-    with device nodes: the host reads and writes DDR. A graph with no device node is planned
-    as if all of it ran on the device."""
-    device = any(lowerable(n) for n in graph.nodes)
-    return lambda n: held_tensors(n) if not device or lowerable(n) else []
-
-
-def graph_timeline(graph: Graph, cores: int = 1, shared: bool = False, align: int = 1
-                   ) -> list[Buffer]:
-    """The buffers of ``graph`` as it stands: every value not marked ``mem="ddr"`` on
-    each core that touches it, with its live range, and the stage buffer of each streamed
-    node (the verifier's view)."""
-    ocm = lambda v: v.meta.get("mem", "ocm") != "ddr"  # noqa: E731
-    key = lambda v: BufferKey(v.name)  # noqa: E731
-    stages = [n for n in graph.nodes if "stream" in n.meta]
-    held = held_in_ocm(graph)
-    keys = [[key(v) for v in held(n) if ocm(v)] + [_stage_key(n)] * ("stream" in n.meta)
-            for n in graph.nodes]
-    for t, n in enumerate(graph.nodes):      # an asynchronous store's source: through the
-        if n.meta.get("async"):              # core's next node
-            core = node_core(n, cores, shared)
-            nxt = next((u for u in range(t + 1, len(keys)) if graph.nodes[u].op != "dma_copy"
-                        and node_core(graph.nodes[u], cores, shared) == core), None)
-            if nxt is not None:
-                keys[nxt].append(key(n.inputs[0]))
-    steps = [Step(node_core(n, cores, shared), _distinct(k), n, n.op != "dma_copy")
-             for n, k in zip(graph.nodes, keys)]
-    sizes = {key(v): _align(v.type.nbytes, align) for v in graph.values()}
-    sizes.update({_stage_key(n): n.meta["stream"]["size"] for n in stages})
-    return _buffers(steps, sizes,
-                    [key(v) for v in graph.inputs if ocm(v)],
-                    [key(v) for v in graph.outputs.values() if ocm(v)])
-
-
-# ---- the plan's timeline: node steps, some values in DDR, some loads prefetched ------------
-
-
-class _Timeline:
-    """The graph's buffers by node step, with live bytes per core kept up to date as values
-    move to DDR (``ddr``) and loads are issued early (``prefetch``: (value, node) -> the
-    step it is issued at).
-
-    Node steps suffice: a DMA before node ``i`` touches a subset of what node ``i`` touches
-    (its load is node ``i``'s operand), one after it a subset of node ``i``'s results, so the
-    live bytes peak at node steps and a placement without conflicts there has none at the
-    DMA steps either. A value in OCM is live on each core that touches it from that core's
-    first touch to its last (graph inputs from step 0, outputs to the last step); a value in
-    DDR is a load buffer at each node that reads it (from the step it is issued at, when
-    prefetched) and, with a producer, its result buffer until the store."""
-
-    def __init__(self, graph: Graph, cores: int, shared: bool, align: int, ocm: int,
-                 stream: bool = True):
-        self.graph, self.nodes, self.align = graph, graph.nodes, align
-        self.core = [node_core(n, cores, shared) for n in self.nodes]
-        self.last = max(len(self.nodes) - 1, 0)
-        self.ddr: dict[str, None] = {}
-        self.prefetch: dict[tuple[str, int], int] = {}
-        self.spills: set[str] = set()      # DDR values whose store runs on the DMA engine
-        index = {id(n): i for i, n in enumerate(self.nodes)}
-        self.values: dict[str, Value] = {}
-        self.size: dict[str, int] = {}
-        self.touches: dict[str, dict[int, list[int]]] = {}   # value -> core -> node steps
-        self.readers: dict[str, list[int]] = {}
-        self.held = held_in_ocm(graph)
-        for i, n in enumerate(self.nodes):
-            held = self.held(n)
-            for v in n.tensors():
-                self._see(v, align)
-            for v in held:
-                self.touches[v.name].setdefault(self.core[i], []).append(i)
-            held_ids = {id(v) for v in held}
-            for v in n.distinct_inputs():
-                if id(v) in held_ids:
-                    self.readers[v.name].append(i)
-        self.made_at = {v.name: index[id(v.producer)] for v in self.values.values()
-                        if v.producer is not None}
-        self.producer = {name: i for name, i in self.made_at.items() if self.held(self.nodes[i])}
-        self.next_on_core: list[int | None] = [None] * len(self.nodes)
-        after: dict[int, int] = {}
-        for i in range(len(self.nodes) - 1, -1, -1):
-            self.next_on_core[i] = after.get(self.core[i])
-            after[self.core[i]] = i
-        self.pinned_in = {v.name for v in graph.inputs}
-        self.pinned_out = {v.name for v in graph.outputs.values()}
-        for v in list(graph.inputs) + list(graph.outputs.values()):
-            self._see(v, align)                 # held nowhere if no node holds it
-        self.live = {c: np.zeros(len(self.nodes) or 1, dtype=np.int64)
-                     for c in sorted({c for t in self.touches.values() for c in t} | {0})}
-        for name in self.values:
-            self._add(self.ocm_intervals(name), +1)
-        self.bound_in_ocm = {c: int(live.max()) for c, live in self.live.items()}
-        self.stages = self._stages(ocm) if stream else {}
-        for i, (_, size) in self.stages.items():
-            self.live[self.core[i]][i] += size
-        self.streamed_values = {v.name for i in self.stages for v in self.held(self.nodes[i])}
-        for name in self.values:
-            if name in self.streamed_values:
-                self.to_ddr(name)
-
-    def _stages(self, ocm: int) -> dict[int, tuple[int, int]]:
-        """The nodes whose operands and results together exceed the OCM: they stream them
-        between DDR and a stage buffer of two stripes (one filled while the other is
-        computed on), each stripe at most a quarter of the OCM. Node -> (stripes, bytes)."""
-        out = {}
-        for i, n in enumerate(self.nodes):
-            working = sum(self.size[v.name] for v in set(self.held(n)))
-            if working > ocm:
-                out[i] = self._stage(working, ocm)
-        return out
-
-    def _stage(self, working: int, ocm: int) -> tuple[int, int]:
-        stripes = -(-working // max(ocm // 4, 1))
-        return stripes, 2 * _align(-(-working // stripes), self.align)
-
-    def stream(self, i: int, ocm: int) -> None:
-        """Stream node ``i`` (a node whose tensors fit the OCM only without fragments)."""
-        held = {v.name for v in self.held(self.nodes[i])}
-        moved = [name for name in held if name in self.ddr]
-        for name in moved:
-            self._add(self.ddr_intervals(name), -1)
-        self.stages[i] = self._stage(sum(self.size[name] for name in held), ocm)
-        self.live[self.core[i]][i] += self.stages[i][1]
-        for name in moved:
-            self._add(self.ddr_intervals(name), +1)
-        self.streamed_values |= held
-        for name in held - set(moved):
-            self.to_ddr(name)
-
-    def _see(self, v: Value, align: int) -> None:
-        if v.name not in self.values:
-            self.values[v.name], self.size[v.name] = v, _align(v.type.nbytes, align)
-            self.touches[v.name], self.readers[v.name] = {}, []
-
-    # ---- intervals (core, start, end, key) of one value -------------------------------
-    def ocm_intervals(self, name: str) -> list[tuple]:
-        return [(c, *self.ocm_span(name, c), BufferKey(name)) for c in self.touches[name]]
-
-    def ocm_span(self, name: str, core: int) -> tuple[int, int] | None:
-        """The first and last step ``name`` lives in ``core``'s OCM (None: never)."""
-        steps = self.touches[name].get(core)
-        if steps is None:
-            return None
-        start = 0 if name in self.pinned_in or not steps else steps[0]
-        end = self.last if name in self.pinned_out or not steps else steps[-1]
-        return start, end
-
-    def ddr_intervals(self, name: str) -> list[tuple]:
-        kept = self.kept_for(name)
-        out = [(self.core[i], self.prefetch.get((name, i), i), i, BufferKey(name, load=i))
-               for i in self.readers[name] if i not in self.stages and i != kept]
-        p = self.producer.get(name)
-        if p is not None and p not in self.stages:      # its result, until stored and read
-            end = self.next_on_core[p] if name in self.spills else self._stored(name)
-            out.append((self.core[p], p, end, BufferKey(name)))
-        return out
-
-    def _stored(self, name: str) -> int:
-        """The last step a DDR value's result stays in OCM with its store synchronous."""
-        kept = self.kept_for(name)
-        return self.producer[name] if kept is None else kept
-
-    def may_spill(self, name: str) -> bool:
-        """Whether the store of DDR value ``name`` may run on its core's DMA engine while
-        the producer core's next node runs (its result then stays in OCM through that
-        node): where only that core reads it (no other core waits for the store)."""
-        p = self.producer.get(name)
-        if p is None or p in self.stages or self.next_on_core[p] is None:
-            return False
-        return all(self.core[i] == self.core[p] for i in self.readers[name])
-
-    def add_spills(self, ocm: int) -> None:
-        """Make the stores asynchronous where the bound stays within the OCM."""
-        for name in self.ddr:
-            if self.may_spill(name):
-                p = self.producer[name]
-                extra = slice(self._stored(name) + 1, self.next_on_core[p] + 1)
-                live = self.live[self.core[p]]
-                if extra.start >= extra.stop or int(live[extra].max()) + self.size[name] <= ocm:
-                    self.spills.add(name)
-                    live[extra] += self.size[name]
-
-    def sync_store(self, name: str) -> None:
-        """Make the store of ``name`` synchronous again."""
-        p = self.producer[name]
-        self.spills.discard(name)
-        self.live[self.core[p]][self._stored(name) + 1:self.next_on_core[p] + 1] -= \
-            self.size[name]
-
-    def kept_for(self, name: str) -> int | None:
-        """The reader of DDR value ``name`` that reads its result in OCM rather than a load:
-        the producer core's next node, where it reads the value (no node between would hide
-        the load, and the bytes stay live from the store to the reload anyway)."""
-        p = self.producer.get(name)
-        i = None if p is None or p in self.stages else self.next_on_core[p]
-        return i if i is not None and i not in self.stages and i in self.readers[name] else None
-
-    def intervals(self, name: str) -> list[tuple]:
-        return self.ddr_intervals(name) if name in self.ddr else self.ocm_intervals(name)
-
-    def _add(self, intervals: list[tuple], sign: int) -> None:
-        for c, start, end, key in intervals:
-            self.live[c][start:end + 1] += sign * self.size[key.value]
-
-    def fits(self, ocm: int) -> bool:
-        return all(int(live.max()) <= ocm for live in self.live.values())
-
-    # ---- moves ------------------------------------------------------------------------
-    def to_ddr(self, name: str) -> None:
-        self._add(self.ocm_intervals(name), -1)
-        self.ddr[name] = None
-        self._add(self.ddr_intervals(name), +1)
-
-    def to_ocm(self, name: str) -> None:
-        self._add(self.ddr_intervals(name), -1)
-        del self.ddr[name]
-        self._add(self.ocm_intervals(name), +1)
-
-    def add_prefetch(self, name: str, i: int, at: int) -> None:
-        """Issue the load of ``name`` for node ``i`` at step ``at`` (< i)."""
-        self.prefetch[name, i] = at
-        self.live[self.core[i]][at:i] += self.size[name]
-
-    def delay_prefetch(self, name: str, i: int, at: int) -> None:
-        """Issue the load of ``name`` for node ``i`` at step ``at`` (``i``: at its reader),
-        and the loads of the core's later readers issued before ``at`` at ``at`` too: a
-        core's DMA engine runs its loads in the order they were issued, so none waits behind
-        one for a later reader."""
-        core = self.core[i]
-        for (other, j), start in list(self.prefetch.items()):
-            if self.core[j] == core and j >= i and start < at:
-                self.live[core][start:min(at, j)] -= self.size[other]
-                if at >= j:
-                    del self.prefetch[other, j]
-                else:
-                    self.prefetch[other, j] = at
-
-    def clear_prefetch(self) -> None:
-        for (name, i), at in self.prefetch.items():
-            self.live[self.core[i]][at:i] -= self.size[name]
-        self.prefetch.clear()
-
-    def fed_once(self, name: str) -> bool:
-        """Whether ``name`` is a host node's result that each core holding it reads at one
-        node only: loaded from DDR for that node, it takes the same OCM bytes at the same
-        steps as held there. (A graph input is held from the program's start; a constant
-        is loaded by its reader, overlapping the reader's work, rather than wait in the
-        DMA engine's queue behind the loads issued before it.)"""
-        v = self.values[name]
-        steps = self.readers[name]
-        return (v.producer is not None and name not in self.producer and bool(steps)
-                and name not in self.pinned_out
-                and all(len(t) == 1 for t in self.touches[name].values())
-                and len(steps) == len(self.touches[name]))
-
-    # ---- what the rest of the pass reads ----------------------------------------------
-    def loads(self, i: int) -> list[str]:
-        if i in self.stages:
-            return []                           # the node streams its DDR operands itself
-        n = self.nodes[i]
-        held = {id(v) for v in self.held(n)}
-        return [v.name for v in n.distinct_inputs() if v.name in self.ddr and id(v) in held
-                and self.kept_for(v.name) != i]
-
-    def touched_at(self, i: int) -> set[str]:
-        return {v.name for v in self.held(self.nodes[i])}
-
-    def buffers(self) -> list[Buffer]:
-        """Every buffer (in order of first touch), for placement."""
-        out = [Buffer(key, c, self.size[key.value], start, end)
-               for name in self.values for c, start, end, key in self.intervals(name)]
-        out += [Buffer(_stage_key(self.nodes[i]), self.core[i], size, i, i)
-                for i, (_, size) in self.stages.items()]
-        return sorted(out, key=lambda b: (b.start, b.end))
-
-
-def _stage_key(node: Node) -> BufferKey:
-    return BufferKey(node.name, stage=True)
 
 
 # ---- the pass -----------------------------------------------------------------------------
@@ -463,7 +108,7 @@ class PlanMemory(Pass):
         if order != graph.nodes:
             graph.nodes = order
             graph.version += 1
-        tl = _Timeline(graph, self.cores, self.shared, self.align, self.ocm, self.stream)
+        tl = Timeline(graph, self.cores, self.shared, self.align, self.ocm, self.stream)
         self._placements: dict[tuple[int, bool], tuple] = {}
         self._spill(tl)
         self._restore(tl)
@@ -475,7 +120,7 @@ class PlanMemory(Pass):
         verify_memory_plan(graph)
 
     # ---- search -----------------------------------------------------------------------
-    def _spill(self, tl: _Timeline) -> None:
+    def _spill(self, tl: Timeline) -> None:
         """Move values to DDR until every core's live bytes fit its OCM."""
         while True:
             over = [(int(live.max()), c) for c, live in tl.live.items() if live.max() > self.ocm]
@@ -484,7 +129,7 @@ class PlanMemory(Pass):
             _, core = max(over, key=lambda o: (o[0], -o[1]))
             tl.to_ddr(self._victim(tl, core))
 
-    def _restore(self, tl: _Timeline) -> None:
+    def _restore(self, tl: Timeline) -> None:
         """Bring values back from DDR, last moved first, while every core's bound stays
         within its OCM (a value moved early may not be needed in DDR once later ones are)."""
         for name in reversed(list(tl.ddr)):
@@ -494,7 +139,7 @@ class PlanMemory(Pass):
             if not tl.fits(self.ocm):
                 tl.to_ddr(name)
 
-    def _place(self, tl: _Timeline, search: bool = True
+    def _place(self, tl: Timeline, search: bool = True
                ) -> tuple[list[Buffer], dict[int, dict] | None, int]:
         """Place every core; the figures, or None and the first core that does not fit."""
         bufs = tl.buffers()
@@ -524,7 +169,7 @@ class PlanMemory(Pass):
         self._placements[core, search] = (key, [b.offset for b in bufs], figures)
         return figures
 
-    def _fit(self, tl: _Timeline) -> None:
+    def _fit(self, tl: Timeline) -> None:
         """Place; while a core's placement does not fit (fragmentation), move one more
         value of that core to DDR: one live where the placement overflows, at least as
         large as the overflow where one is. The loop places by best fit alone; the search
@@ -545,7 +190,7 @@ class PlanMemory(Pass):
             tl.to_ddr(self._victim(tl, core, t, need=peak - self.ocm))
             self.stat("fragmentation-spills")
 
-    def _victim(self, tl: _Timeline, core: int, t: int | None = None, need: int = 0) -> str:
+    def _victim(self, tl: Timeline, core: int, t: int | None = None, need: int = 0) -> str:
         """The value to move to DDR: live but untouched at step ``t`` of ``core`` (then at
         its fullest step); one of at least ``need`` bytes first, then the one used farthest
         ahead there (Belady), then the largest, then the first."""
@@ -570,7 +215,7 @@ class PlanMemory(Pass):
                         "more can move to DDR", node=node.name, op=node.op, loc=node.loc)
 
     @staticmethod
-    def _candidate(tl: _Timeline, core: int, t: int, need: int) -> str | None:
+    def _candidate(tl: Timeline, core: int, t: int, need: int) -> str | None:
         here = tl.touched_at(t) if tl.core[t] == core else set()
         best, best_key = None, None
         for i, name in enumerate(tl.values):
@@ -586,7 +231,7 @@ class PlanMemory(Pass):
                     best, best_key = name, key
         return best
 
-    def _prefetch(self, tl: _Timeline) -> None:
+    def _prefetch(self, tl: Timeline) -> None:
         """Issue loads early (the core's DMA engine moves them while the nodes between run)
         while the bound stays within the OCM: each as early as ``prefetch_window`` node
         steps allow, none before the core's load for an earlier node; where the placement
@@ -619,7 +264,7 @@ class PlanMemory(Pass):
         for name in fed:
             tl.to_ocm(name)
 
-    def _place_prefetched(self, tl: _Timeline) -> bool:
+    def _place_prefetched(self, tl: Timeline) -> bool:
         """Place with the loads issued early and the stores asynchronous. Where a core's
         placement does not fit (fragmentation), at the fullest step of the overflowing
         buffer: its stores still running there become synchronous, else its loads in
@@ -648,7 +293,7 @@ class PlanMemory(Pass):
             self.stat("prefetches-delayed", len(late))
         return False
 
-    def _issue_step(self, tl: _Timeline, name: str, i: int, window: int, floor: int
+    def _issue_step(self, tl: Timeline, name: str, i: int, window: int, floor: int
                     ) -> int | None:
         """The earliest node of its core, at most ``window`` before node ``i``, at
         which the load of ``name`` fits the core's OCM at every step up to ``i``, after the
@@ -669,7 +314,7 @@ class PlanMemory(Pass):
         return at
 
     # ---- writing the plan into the graph ------------------------------------------------
-    def _materialize(self, graph: Graph, sched: _Timeline, bufs: list[Buffer],
+    def _materialize(self, graph: Graph, sched: Timeline, bufs: list[Buffer],
                      figures: dict[int, dict]) -> None:
         nodes = list(graph.nodes)
         loads = [sched.loads(i) for i in range(len(nodes))]     # before stores rename uses
@@ -707,7 +352,7 @@ class PlanMemory(Pass):
                 self._load(graph, name, i, nodes[i], n, ddr_value, key_value)
         for v in graph.values():
             key_value.setdefault(BufferKey(v.name), v)
-        stage = {_stage_key(nodes[i]): (nodes[i], stripes)
+        stage = {stage_key(nodes[i]): (nodes[i], stripes)
                  for i, (stripes, _) in sched.stages.items()}
         for b in bufs:
             if b.key in stage:
@@ -743,7 +388,7 @@ class PlanMemory(Pass):
                 user.set_input(j, d.output)
         key_value[BufferKey(name, load=i)] = d.output
 
-    def _record(self, graph: Graph, sched: _Timeline, figures: dict[int, dict[str, int]]) -> None:
+    def _record(self, graph: Graph, sched: Timeline, figures: dict[int, dict[str, int]]) -> None:
         ddr = list(sched.ddr)
         sizes = {v.name: v.type.nbytes for v in graph.values()}
         graph.meta["memory_plan"] = {
@@ -866,7 +511,7 @@ def _placement(v: Value | Node, core: int) -> dict | None:
 def _placed(graph: Graph) -> dict[BufferKey, Value | Node]:
     """The placed things by buffer key: values, and streamed nodes by their stage."""
     return {**{BufferKey(v.name): v for v in graph.values()},
-            **{_stage_key(n): n for n in graph.nodes if "stream" in n.meta}}
+            **{stage_key(n): n for n in graph.nodes if "stream" in n.meta}}
 
 
 def verify_memory_plan(graph: Graph) -> None:
