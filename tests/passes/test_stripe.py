@@ -23,15 +23,20 @@ from tests.shared import assert_counted_as_modelled, fx, ints, partitioned
 SMALL = "QC-U 64KB 16MAC x2"
 
 
+def conv3x3(b, rng, v, cin: int, cout: int, name: str, stride: int = 1):
+    """A 3x3 convolution with random weights, padded by one (loc ``<graph>/<name>``)."""
+    w = b.const(ints(rng, (cout, cin, 3, 3)), f"{name}.w", fx((cout, cin, 3, 3), 7))
+    return b.fx_conv2d(v, w, strides=(stride, stride), pads=(1, 1, 1, 1), out_frac_bits=4,
+                       loc=f"{b.graph.name}/{name}", name=name)
+
+
 def net(rng, images: int = 3, rows: int = 23):
     """conv 3x3 -> conv 3x3 -> residual add (large: images x 16 x rows x 40) -> conv 3x3
     stride 4 (small) -> a reshape that mixes the images (the end of any group)."""
     b = bevir.Builder("net")
     x = b.input("x", fx((images, 4, rows, 40), 5))
     def conv(v, cin, cout, name, stride=1):
-        w = b.const(ints(rng, (cout, cin, 3, 3)), f"{name}.w", fx((cout, cin, 3, 3), 7))
-        return b.fx_conv2d(v, w, strides=(stride, stride), pads=(1, 1, 1, 1),
-                           out_frac_bits=4, loc=f"net/{name}", name=name)
+        return conv3x3(b, rng, v, cin, cout, name, stride)
     y1 = conv(x, 4, 16, "conv1")
     y2 = conv(y1, 16, 16, "conv2")
     y3 = b.fx_add(y1, y2, out_frac_bits=3, loc="net/residual", name="residual")
@@ -172,9 +177,7 @@ def deep(rng):
     b = bevir.Builder("deep")
     x = b.input("x", fx((6, 8, 32, 64), 5))
     def conv(v, cin, cout, name, stride=1):
-        w = b.const(ints(rng, (cout, cin, 3, 3)), f"{name}.w", fx((cout, cin, 3, 3), 7))
-        return b.fx_conv2d(v, w, strides=(stride, stride), pads=(1, 1, 1, 1),
-                           out_frac_bits=4, loc=f"deep/{name}", name=name)
+        return conv3x3(b, rng, v, cin, cout, name, stride)
     y2 = conv(conv(x, 8, 16, "conv1"), 16, 32, "conv2", stride=4)
     y4 = b.fx_add(y2, conv(y2, 32, 32, "conv3"), out_frac_bits=3, loc="deep/add", name="add")
     b.output("y", b.reshape(y4, shape=[1, 6 * 32, 8 * 16], loc="deep/mix"))
@@ -270,9 +273,7 @@ def tail(rng):
     b = bevir.Builder("tail")
     x = b.input("x", fx((4, 8, 48, 32), 5))
     def conv(v, cin, cout, name, stride=1):
-        w = b.const(ints(rng, (cout, cin, 3, 3)), f"{name}.w", fx((cout, cin, 3, 3), 7))
-        return b.fx_conv2d(v, w, strides=(stride, stride), pads=(1, 1, 1, 1),
-                           out_frac_bits=4, loc=f"tail/{name}", name=name)
+        return conv3x3(b, rng, v, cin, cout, name, stride)
     y = conv(conv(x, 8, 24, "conv1"), 24, 40, "conv2", stride=4)
     for k in range(3):
         y = b.fx_add(y, conv(y, 40, 40, f"conv{k + 3}"), out_frac_bits=3, loc=f"tail/add{k}",
