@@ -99,8 +99,9 @@ class PlanMemory(Pass):
     def run(self, graph: Graph, am: AnalysisManager) -> None:
         if "memory_plan" in graph.meta:
             raise PassError("the graph already has a memory plan")
-        if self.ocm <= 0 or self.cores <= 0 or self.align <= 0:
-            raise PassError(f"plan-memory needs positive ocm, cores and align, not {self}")
+        if self.ocm <= 0 or self.cores <= 0 or self.align <= 0 or self.prefetch_window <= 0:
+            raise PassError("plan-memory needs positive ocm, cores, align and prefetch_window, "
+                            f"not {self}")
         dead = len(am.get(Liveness).dead_nodes)
         if dead:
             self.stat("dead-nodes-planned", dead)     # they still run; dce drops them
@@ -235,16 +236,17 @@ class PlanMemory(Pass):
         """Issue loads early (the core's DMA engine moves them while the nodes between run)
         while the bound stays within the OCM: each as early as ``prefetch_window`` node
         steps allow, none before the core's load for an earlier node; where the placement
-        fragments, later (:meth:`_place_prefetched`); where that does not fit, each one
-        node early the same way, else none. What the host made for a core to read once (a
-        camera's rows it cut) is loaded the same way, so that it arrives while the core
-        computes what comes before (its reader, a quantize, has little work to hide the
-        load under); where its load cannot be issued early it stays in OCM, loaded by its
-        reader."""
+        fragments, later (:meth:`_place_prefetched`); where that does not fit, with half
+        the window the same way, down to one node, else none. What the host made for a
+        core to read once (a camera's rows it cut) is loaded the same way, so that it
+        arrives while the core computes what comes before (its reader, a quantize, has
+        little work to hide the load under); where its load cannot be issued early it stays
+        in OCM, loaded by its reader."""
         fed = [name for name in tl.values if tl.fed_once(name) and name not in tl.ddr]
         for name in fed:
             tl.to_ddr(name)
-        for window in dict.fromkeys((self.prefetch_window, 1)):
+        windows = [self.prefetch_window >> k for k in range(self.prefetch_window.bit_length())]
+        for window in dict.fromkeys(windows + [1]):     # what fragments with 8 may fit with 4
             issued: dict[int, int] = {}      # per core: where its last load was issued
             for i in range(1, len(tl.nodes)):
                 for name in tl.loads(i):

@@ -220,6 +220,29 @@ def test_loads_are_double_buffered_where_the_ocm_allows():
     assert memory_plan_of(single).cores[0]["peak"] <= p.cores[0]["peak"]
 
 
+def test_where_early_loads_fragment_the_placement_half_the_window_is_tried(monkeypatch):
+    """Where the loads issued ``prefetch_window`` nodes early fragment the placement (made
+    to here for windows over 2), the plan tries half the window, then half again, before
+    issuing every load one node early: the loads stay 2 nodes early."""
+    from bevir.passes.memory_plan import PlanMemory
+    tensor = 32 * 32 * 4
+    tried: list[int] = []
+    issue, place = PlanMemory._issue_step, PlanMemory._place_prefetched
+
+    def issue_step(self, tl, name, i, window, floor):
+        if not tried or tried[-1] != window:
+            tried.append(window)
+        return issue(self, tl, name, i, window, floor)
+    monkeypatch.setattr(PlanMemory, "_issue_step", issue_step)
+    monkeypatch.setattr(PlanMemory, "_place_prefetched",
+                        lambda self, tl: tried[-1] <= 2 and place(self, tl))
+    graph = plan(mlp(layers=4, mirrored=True), f"plan-memory{{ocm={5 * tensor}}}")
+    assert tried == [8, 4, 2]
+    assert memory_plan_of(graph).prefetched_loads >= 1
+    with pytest.raises(bevir.BevirError, match="prefetch_window"):
+        plan(mlp(layers=4, mirrored=True), "plan-memory{prefetch_window=0}")
+
+
 def test_an_impossible_plan_names_the_op_and_the_bytes_it_needs():
     graph = residual()                          # matmul(h, w1): 3 tensors of 16 KiB at once
     need = 3 * 64 * 64 * 4
