@@ -64,6 +64,7 @@ from .analysis import AnalysisManager
 from .core import Pass
 from ..target.cycles import op_cost
 from .partition import DEFAULT_HW, balanced, pieces_at, pieces_of
+from .timeline import graph_timeline
 
 META_KEY = "stripe_groups"
 register_meta_key(META_KEY, list, doc="stripe-images: the groups of a graph, each with its "
@@ -192,19 +193,12 @@ def _whole_from(run: list[Node], last: int, cores: int, hw: HWConfig) -> int | N
     block, which halves the rows, its tensors fit a core's quarter on the whole batch)."""
     graph = run[0].graph
     pos = {id(n): i for i, n in enumerate(graph.nodes)}
-    outputs = {id(v) for v in graph.outputs.values()}
-    spans: dict[int, tuple[int, int, int]] = {}     # value -> (made, last read, bytes)
-    for n in graph.nodes[:pos[id(run[last])] + 1]:
-        for v in n.tensors():
-            if not v.is_const and id(v) not in spans:
-                made = pos[id(v.producer)] if v.producer is not None else -1
-                read = len(graph.nodes) if id(v) in outputs else max(
-                    (pos[id(u)] for u, _ in v.uses), default=made)
-                spans[id(v)] = (made, read, v.type.nbytes)
+    spans = [(b.start, b.end, b.size, b.key.value) for b in graph_timeline(graph)
+             if b.key.value not in graph.constants]      # the memory plan's live ranges
     first = None
     for k in range(last, -1, -1):
         t = pos[id(run[k])]
-        live = sum(b for made, read, b in spans.values() if made <= t <= read)
+        live = sum(size for start, end, size, _ in spans if start <= t <= end)
         weights = sum({id(v): v.type.nbytes for v in run[k].inputs
                        if v is not None and v.is_const}.values())
         if live / cores + weights > hw.ocm_per_core:
@@ -212,8 +206,10 @@ def _whole_from(run: list[Node], last: int, cores: int, hw: HWConfig) -> int | N
         first = k
     if first is None:
         return None
-    crossing = [sum(b for made, read, b in spans.values() if made < pos[id(run[k])] <= read
-                    and made >= pos[id(run[0])]) for k in range(first, last + 1)]
+    made = {n.output.name: pos[id(n)] for n in run}
+    crossing = [sum(size for _, end, size, name in spans
+                    if made.get(name, len(pos)) < pos[id(run[k])] <= end)
+                for k in range(first, last + 1)]
     return first + crossing.index(min(crossing))
 
 
