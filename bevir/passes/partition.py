@@ -3,13 +3,16 @@
 Each op declares how it may be split (``OpDef.splits``: "rows", "batch", "channels",
 "columns", "queries"; ``split_axis`` / ``split_piece`` say which result axis and which
 operand ranges). For every node the pass weighs one core (``none``, core 0) against each
-declared kind cut into balanced ranges, costed by the cycle model of the hardware config
-(bevir/target/cycles.py) over the whole graph: a split pays for its busiest piece and for
-how each piece gets its operands from their producers' decisions (:class:`Route`) —
-nothing where the producer was split the same way, the halo rows read from the
-neighbouring cores, a gather and a slice otherwise — and its consumers pay for how they
-get its pieces. The decisions are improved node by node until no change lowers the sum
-(iterated conditional modes, from the cheapest decisions one node at a time); each entry
+declared kind cut into balanced ranges and against ``copies`` (every core computes the
+whole result, its consumers on each core read their own), costed by the cycle model of
+the hardware config (bevir/target/cycles.py) over the whole graph: a split pays for its
+busiest piece and for how each piece gets its operands from their producers' decisions
+(:class:`Route`) — nothing where the producer was split the same way or copied, the halo
+rows read from the neighbouring cores, a gather and a slice otherwise — and its consumers
+pay for how they get its pieces. The decisions are improved node by node until no change
+lowers the sum (iterated conditional modes, from the cheapest decisions one node at a
+time; a move to copies takes the node's reshapes along and lets its readers re-decide,
+as neither pays alone); each entry
 of the plan gives its candidates' cycles in the final neighbourhood, the choice and why.
 
 A chosen split becomes explicit ops (bevir/ops/multicore.py): per core the same op on the
@@ -42,7 +45,7 @@ from ..ir.meta import register_meta_key
 from ..ir.opdef import Ctx, get_op
 from ..target.cycles import OpCost, dma_cycles, exposed_cycles, op_cost
 from ..target.hw import HWConfig
-from ..target.schedule import lowerable
+from ..target.schedule import lowerable, renames
 from .analysis import AnalysisManager
 from .core import Pass
 
@@ -135,8 +138,9 @@ def _infer(node: Node) -> list:
 
 @dataclass
 class Decision:
-    """One way to run a node: on core 0 (``kind`` "none") or split by ``kind`` along
-    result ``axis`` into ``sizes``, core k computing range k."""
+    """One way to run a node: on core 0 (``kind`` "none"), split by ``kind`` along
+    result ``axis`` into ``sizes``, core k computing range k, or whole on every core
+    (:data:`COPIES`, one piece a core)."""
 
     kind: str
     axis: int | None = None
@@ -145,7 +149,13 @@ class Decision:
 
     @property
     def split(self) -> bool:
-        return self.kind != "none"
+        """Whether the node is cut into ranges (not one core, not copies)."""
+        return self.kind not in ("none", COPIES)
+
+    @property
+    def copies(self) -> bool:
+        """Whether every core computes the whole result (:data:`COPIES`)."""
+        return self.kind == COPIES
 
     def ranges(self) -> list[tuple[int, int]]:
         out, start = [], 0
@@ -155,10 +165,21 @@ class Decision:
         return out
 
     def cores(self) -> range:
-        return range(len(self.sizes)) if self.split else range(1)
+        return range(len(self.pieces)) if self.split or self.copies else range(1)
 
 
 NONE = Decision("none")
+
+#: the decision kind where every core computes the whole result from whole operands, so
+#: that each core's consumers read it from their own OCM: cheaper than gathering it where
+#: it is small to compute and large to move (an attention's value, read whole by every
+#: core's queries)
+COPIES = "copies"
+
+
+def copies_of(node: Node, cores: int) -> Decision:
+    """``node`` computed whole on each of ``cores`` cores."""
+    return Decision(COPIES, pieces=[PieceSpec((), dict(node.attrs), node)] * cores)
 
 
 # ---- how a core gets an operand ----------------------------------------------------------
@@ -203,6 +224,23 @@ class Router:
 
     def __init__(self, decisions: dict[int, Decision]):
         self.decisions = decisions
+        self._sizes: dict[tuple[int, int], dict[int, int]] = {}
+
+    def sizes(self, v: Value) -> dict[int, int]:
+        """The bytes of ``v`` each core makes (remembered by value and decision: the
+        search asks often)."""
+        d = self.decision(v)
+        key = (id(v), id(d))
+        out = self._sizes.get(key)
+        if out is None:
+            if d.copies:
+                out = {k: v.type.nbytes for k in d.cores()}
+            elif d.split:
+                out = {k: s.node.output.type.nbytes for k, s in enumerate(d.pieces)}
+            else:
+                out = {self.home(v): v.type.nbytes}
+            self._sizes[key] = out
+        return out
 
     def decision(self, v: Value) -> Decision:
         return self.decisions.get(id(v.producer), NONE) if v.producer is not None else NONE
@@ -234,6 +272,8 @@ class Router:
         if v.is_const:
             return Route(core, nbytes, const=True)
         d = self.decision(v)
+        if d.copies:                       # this core's own copy
+            return Route(core, nbytes, axis=axis, parts=(Part(core, lo, hi, whole),))
         if d.split and r is not None and axis == d.axis:
             parts = tuple(Part(k, max(lo, a) - a, min(hi, b) - a, lo <= a and b <= hi)
                           for k, (a, b) in enumerate(d.ranges()) if a < hi and lo < b)
@@ -255,13 +295,20 @@ class Coster:
     def __init__(self, hw: HWConfig):
         self.hw = hw
         self._ops: dict[tuple, OpCost] = {}
+        self._nodes: dict[int, tuple[Node, OpCost]] = {}
 
     def op(self, node: Node) -> OpCost:
+        """``node``'s cost, remembered by node and by op, attributes and types (pieces of
+        equal shape are common)."""
+        known = self._nodes.get(id(node))
+        if known is not None and known[0] is node:
+            return known[1]
         key = (node.op, tuple(sorted((k, repr(v)) for k, v in node.attrs.items())),
                tuple(None if v is None else v.type for v in node.inputs),
                tuple(v.type for v in node.outputs))
         if key not in self._ops:
             self._ops[key] = op_cost(node, self.hw)
+        self._nodes[id(node)] = (node, self._ops[key])
         return self._ops[key]
 
     def step(self, busy: int, transfers: list[int]) -> int:
@@ -313,14 +360,6 @@ class Coster:
         return wait, copies, moved
 
 
-def _sizes(router: Router, v: Value) -> dict[int, int]:
-    """The bytes of ``v`` each core makes."""
-    d = router.decision(v)
-    if not d.split:
-        return {router.home(v): v.type.nbytes}
-    return {k: s.node.output.type.nbytes for k, s in enumerate(d.pieces)}
-
-
 def node_cost(node: Node, d: Decision, router: Router, coster: Coster) -> int:
     """The cycles of ``node`` run as ``d``, its operands routed from their producers'
     current decisions: its busiest core's waits, slices and piece, the cores' DMAs sharing
@@ -333,9 +372,10 @@ def node_cost(node: Node, d: Decision, router: Router, coster: Coster) -> int:
         ranges += [None] * (len(node.inputs) - len(ranges))
         wait = copies = 0
         transfers: list[int] = []
+        shared = d.split or d.copies
         for v, r in zip(node.inputs, ranges):
             if v is not None:
-                w, c, moved = coster.route(router.route(v, r, k, d.split), _sizes(router, v))
+                w, c, moved = coster.route(router.route(v, r, k, shared), router.sizes(v))
                 wait, copies, transfers = max(wait, w), copies + c, transfers + moved
         per_core.append((wait + copies, coster.op(spec.node if spec else node).terms.busy,
                          transfers))
@@ -383,10 +423,10 @@ def unsplittable(node: Node, cores: int) -> str | None:
 
 
 def candidates(node: Node, cores: int) -> tuple[list[Decision], list[dict]]:
-    """The decisions ``node`` may take (none first: then each declared kind along each
-    result axis it cuts, :meth:`OpDef.region_axes`) and notes on the kinds that do not
-    apply."""
-    out, notes = [NONE], []
+    """The decisions ``node`` may take (none first, copies, then each declared kind along
+    each result axis it cuts, :meth:`OpDef.region_axes`) and notes on the kinds that do
+    not apply."""
+    out, notes = [NONE, copies_of(node, cores)], []
     axes = node.opdef.region_axes(node.opdef.ctx(node))
     for kind in node.opdef.splits:
         kind_axes = [a for a, k in sorted(axes.items()) if k == kind]
@@ -429,7 +469,49 @@ class Search:
                       for n in graph.nodes}
         self.operands = {id(n): [v for v in n.inputs if v is not None and not v.is_const]
                          for n in graph.nodes}
+        self.copied: dict[int, Decision] = {
+            id(n): next(d for d in opts if d.copies) for n in graph.nodes
+            if (opts := self.options.get(id(n))) and any(d.copies for d in opts)}
+        self.followers = {id(n): self._followers(n) for n in graph.nodes}
+        moved = {id(n): [n, *self.followers[id(n)]] for n in graph.nodes}
+        self.readers = {id(n): [u for u in dict.fromkeys(
+            u for m in moved[id(n)] for u in self.users[id(m)]) if u not in moved[id(n)]]
+            for n in graph.nodes}
+        self.touched = {id(n): list(dict.fromkeys(
+            moved[id(n)] + self.readers[id(n)] + ([u for r in self.readers[id(n)]
+                                                    for u in self.users[id(r)]]
+                                                   if id(n) in self.copied else [])))
+            for n in graph.nodes}
         self._costs: dict[tuple, int] = {}
+
+    def _followers(self, node: Node) -> list[Node]:
+        """The views of ``node``'s result (reshapes: :func:`renames`), and theirs, that a
+        move to copies copies too: a copied result is only worth it where the reader of
+        its view reads it on its own core."""
+        out, todo = [], [node]
+        while todo:
+            for u in self.users[id(todo.pop())]:
+                if renames(u) and id(u) in self.copied and u not in out:
+                    out.append(u)
+                    todo.append(u)
+        return out
+
+    def move(self, node: Node, d: Decision) -> dict[int, Decision]:
+        """The decisions taking ``d`` for ``node`` sets: a move to copies also copies the
+        node's views (:meth:`_followers`) and lets each of their readers take its cheapest
+        decision given that (a copy pays only once its readers read it on their cores;
+        one node at a time, neither change would be made)."""
+        out = {id(node): d}
+        if d.copies:
+            out.update((id(f), self.copied[id(f)]) for f in self.followers[id(node)])
+            old = {k: self.decisions.get(k, NONE) for k in out}
+            self.decisions.update(out)
+            for u in self.readers[id(node)]:
+                opts = self.options.get(id(u))
+                if opts:
+                    out[id(u)] = min(opts, key=lambda o: self.cost(u, o))
+            self.decisions.update(old)
+        return out
 
     def cost(self, node: Node, d: Decision | None = None) -> int:
         """``node``'s cost as ``d`` (default: its decision), its producers as decided
@@ -442,11 +524,13 @@ class Search:
         return cost
 
     def local(self, node: Node, d: Decision) -> int:
-        """``node`` as ``d``, and its consumers as they are."""
-        old = self.decisions.get(id(node), NONE)
-        self.decisions[id(node)] = d
-        total = self.cost(node) + sum(self.cost(u) for u in self.users[id(node)])
-        self.decisions[id(node)] = old
+        """``node`` as ``d`` (with what the move sets, :meth:`move`), its followers (as the
+        move leaves them) and their consumers as they are."""
+        move = self.move(node, d)
+        old = {k: self.decisions.get(k, NONE) for k in move}
+        self.decisions.update(move)
+        total = sum(self.cost(n) for n in self.touched[id(node)])
+        self.decisions.update(old)
         return total
 
     def run(self) -> None:
@@ -492,8 +576,9 @@ class Search:
                 if not opts or len(opts) == 1:
                     continue
                 best = min(opts, key=lambda d: self.local(n, d))       # none first on ties
-                changed |= best is not self.decisions.get(id(n), NONE)
-                self.decisions[id(n)] = best
+                move = self.move(n, best)
+                changed |= any(d is not self.decisions.get(k, NONE) for k, d in move.items())
+                self.decisions.update(move)
             if not changed:
                 break
 
@@ -510,7 +595,7 @@ class Search:
             cands = [{"split": o.kind, "applies": True, "cycles": self.local(n, o),
                       **({"axis": o.axis, "sizes": list(o.sizes)} if o.split else {})}
                      for o in self.options[id(n)]] + self.notes[id(n)]
-            order = {k: i for i, k in enumerate(("none", *n.opdef.splits))}
+            order = {k: i for i, k in enumerate(("none", COPIES, *n.opdef.splits))}
             cands.sort(key=lambda c: (order[c["split"]], c.get("axis", -1)))   # declared order
             ops.append({**entry, "choice": d.kind, **({"axis": d.axis} if d.split else {}),
                         "candidates": cands, "reason": _reason(d, cands)})
@@ -534,10 +619,13 @@ def _label(c: dict) -> str:
 def _reason(d: Decision, cands: list[dict]) -> str:
     cost = {_label(c): c["cycles"] for c in cands if c["applies"]}
     cost["none"] = next(c["cycles"] for c in cands if c["split"] == "none")
+    if d.copies:
+        return (f"{COPIES} x{len(d.pieces)}: {cost[COPIES]:,} cycles with its consumers vs "
+                f"{cost['none']:,} on one core")
     if d.split:
         return (f"{d.kind}@{d.axis} x{len(d.sizes)}: {cost[f'{d.kind}@{d.axis}']:,} cycles "
                 f"with its consumers vs {cost['none']:,} on one core")
-    splits = {k: c for k, c in cost.items() if k != "none"}
+    splits = {k: c for k, c in cost.items() if k not in ("none", COPIES)}
     if not splits:
         return "no declared split applies"
     alt = min(splits, key=splits.get)
@@ -553,6 +641,7 @@ class Splitter:
     def __init__(self, graph: Graph, decisions: dict[int, Decision]):
         self.graph, self.decisions = graph, decisions
         self.split: dict[int, tuple[Decision, list[Value]]] = {}   # gather value -> pieces
+        self.copies: dict[int, list[Value]] = {}     # a copied node's result -> each core's
         self.gathers: list[Node] = []
         self.const_slices: dict[tuple, Value] = {}
 
@@ -561,6 +650,9 @@ class Splitter:
         for node in list(self.graph.nodes):
             d = self.decisions.get(id(node), NONE)
             counts[d.kind] = counts.get(d.kind, 0) + 1
+            if d.copies:
+                self.copy(node, len(d.pieces))
+                continue
             if not d.split:
                 node.meta["core"] = 0
                 continue
@@ -605,6 +697,24 @@ class Splitter:
         self.split[id(gather.output)] = (d, outs)
         self.gathers.append(gather)
 
+    def copy(self, node: Node, cores: int) -> None:
+        """``node`` on core 0, and a copy of it on each other core reading that core's
+        operands (its own copies where they are copied too)."""
+        node.meta["core"] = 0
+        node.meta["copy"] = {"of": node.output.name, "index": 0, "copies": cores}
+        outs = [node.output]
+        for core in range(1, cores):
+            inputs = [None if v is None else self.operand(v, None, core, node, "")
+                      for v in node.inputs]
+            c = self.graph.create_node(node.op, inputs, node.attrs, loc=node.loc,
+                                       names=[f"{node.output.name}.c{core}"],
+                                       after=outs[-1].producer)
+            c.meta.update(node.meta)
+            c.meta["core"] = core
+            c.meta["copy"] = {**node.meta["copy"], "index": core}
+            outs.append(c.output)
+        self.copies[id(node.output)] = outs
+
     def operand(self, v: Value, r, core: int, node: Node, name: str) -> Value | tuple:
         """Core ``core``'s operand: range ``r`` of ``v`` (None: all), as routed. A range of
         another core's piece is cut on that core, so that only the range crosses (the piece
@@ -613,6 +723,10 @@ class Splitter:
         :meth:`pieces` makes once every core has cut what the others read."""
         if v.is_const:
             return v if r is None else self.const_slice(v, r)
+        copies = self.copies.get(id(v))
+        if copies is not None:                # this core's own copy
+            return copies[core] if r is None else self.slice(copies[core], *r, core, node,
+                                                             name)
         if r is None:
             return v
         split = self.split.get(id(v))
@@ -684,6 +798,9 @@ def check_plan(plan: Any, graph: Graph, cores: int, source: str) -> dict[int, De
             fail(f"entry {i} is {got}, the graph's node {i} is ({node.name!r}, {node.op!r})", node)
         choice = entry.get("choice")
         if choice == "none":
+            continue
+        if choice == COPIES:
+            decisions[id(node)] = copies_of(node, cores)
             continue
         if choice not in node.opdef.splits:
             fail(f"split '{choice}' is not one of the op's {list(node.opdef.splits)}", node)
@@ -763,7 +880,7 @@ class Partition(Pass):
             plan, decisions = found.plan(), found.decisions
         plan = {**plan, "hw": hw.option_text(), "hw_hash": hw.hash}
         for kind, n in Splitter(graph, decisions).run().items():
-            self.stat("unsplit" if kind == "none" else f"split-{kind}", n)
+            self.stat({"none": "unsplit", COPIES: "copied"}.get(kind, f"split-{kind}"), n)
         graph.meta[META_KEY] = plan
 
 
@@ -781,7 +898,7 @@ def format_plan(plan: dict) -> str:
         if len(e["candidates"]) == 1:
             skipped[e["reason"]] = skipped.get(e["reason"], 0) + 1
     lines = [f"partition of @{plan['graph']} for {plan['cores']} cores ({plan.get('hw', '-')})",
-             f"  ops split: {sum(kinds.values())} of {len(ops)} "
+             f"  ops split or copied: {sum(kinds.values())} of {len(ops)} "
              f"({', '.join(f'{k} {n}' for k, n in sorted(kinds.items())) or 'none'}); "
              f"considered {len(considered)}; not considered: "
              + (", ".join(f"{n} {r}" for r, n in sorted(skipped.items())) or "none")]

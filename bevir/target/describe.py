@@ -60,8 +60,8 @@ def describe_schedule(graph: Graph, profile: Profile) -> str:
                 for w, c in sorted(widths.items(), key=lambda wc: int(wc[0]))))
     kinds, kind_cycles = Counter(), Counter()
     for n in graph.nodes:
-        p = n.meta.get("piece")
-        kind = p["kind"] if p else "none (one core)"
+        p = n.meta.get("piece") or n.meta.get("copy")
+        kind = p.get("kind", "copies") if p else "none (one core)"
         kinds[kind] += 1 if not p or p["index"] == 0 else 0
         kind_cycles[kind] += node_cycles.get(n.name, 0)
     lines.append(_line("splits (ops)", kind_cycles, kinds))

@@ -15,10 +15,12 @@ import pytest
 import bevir
 from bevir.testing import assert_bit_exact
 from bevir import DType, Layout, TensorType
+from bevir.flows.target import compile_program
+from bevir.passes import make_pass
 from bevir.passes.partition import format_plan, plan_of, save_plan, search
 from bevir.target import HWConfig, model
-from tests.shared import (FREE_SYNC, GRAPHS, add, chain, conv_nhwc, differing, fx, ints,
-                          partitioned)
+from tests.shared import (FREE_SYNC, GRAPHS, add, assert_counted_as_modelled, chain,
+                          conv_nhwc, differing, fx, ints, partitioned)
 
 
 def split_entries(g) -> list[dict]:
@@ -150,17 +152,18 @@ def test_plan_lists_every_candidate_its_cycles_the_choice_and_why(rng):
     for e, node in zip(plan["ops"], graph.nodes):
         assert e["reason"] and e["candidates"][0]["split"] == "none"
         if node.opdef.splits and all(v.type.dtype.is_int for v in node.inputs + node.outputs):
-            kinds = [c["split"] for c in e["candidates"][1:]]     # each kind, per axis it cuts
+            assert e["candidates"][1]["split"] == "copies"     # then each kind, per axis
+            kinds = [c["split"] for c in e["candidates"][2:]]
             assert list(dict.fromkeys(kinds)) == list(node.opdef.splits)
             axes = node.opdef.region_axes(node.opdef.ctx(node))
-            assert [(c["split"], c["axis"]) for c in e["candidates"][1:] if "axis" in c] == \
+            assert [(c["split"], c["axis"]) for c in e["candidates"][2:] if "axis" in c] == \
                 [(k, a) for k in node.opdef.splits for a in sorted(axes) if axes[a] == k]
         applies = [c for c in e["candidates"] if c["applies"]]
         best = min(c["cycles"] for c in applies)
         chosen = next(c for c in applies if c["split"] == e["choice"])
         assert chosen["cycles"] == best                   # the cheapest wins
         for c in applies[1:]:
-            assert sum(c["sizes"]) == node.output.type.shape[c["axis"]]
+            assert c["split"] == "copies" or sum(c["sizes"]) == node.output.type.shape[c["axis"]]
     reasons = {e["op"]: e["reason"] for e in plan["ops"]}
     assert reasons["reshape"] == "no declared split applies"    # it merges the leading axes
     assert reasons["fx_dequantize"].startswith("not an integer op")
@@ -203,13 +206,18 @@ def test_partition_is_deterministic(rng):
     assert json.dumps(plan_of(a)) == json.dumps(plan_of(b))
 
 
+def rows_of(plan: dict) -> dict:
+    """The first op's rows candidate."""
+    return next(c for c in plan["ops"][0]["candidates"] if c["split"] == "rows")
+
+
 @pytest.mark.parametrize("break_it,message", [
     (lambda p: p.update(cores=2), "it is for 2 cores, the pass for 4"),
     (lambda p: p["ops"].pop(), "op entries for"),
     (lambda p: p["ops"][0].update(op="fx_mul"), "entry 0 is ('%y', 'fx_mul')"),
     (lambda p: p["ops"][0].update(choice="heads"), "split 'heads' is not one of the op's"),
-    (lambda p: p["ops"][0]["candidates"][2].update(sizes=[3, 3, 3, 3]), "do not cut axis 1"),
-    (lambda p: p["ops"][0]["candidates"][2].update(axis=2), "cuts axis 2, the op's axes are [1]"),
+    (lambda p: rows_of(p).update(sizes=[3, 3, 3, 3]), "do not cut axis 1"),
+    (lambda p: rows_of(p).update(axis=2), "cuts axis 2, the op's axes are [1]"),
     (lambda p: p.update(format="other"), "not a bevir-partition plan"),
 ])
 def test_a_plan_that_does_not_fit_is_a_clear_error(rng, tmp_path, break_it, message):
@@ -451,3 +459,85 @@ def test_float_quantize_reshape_concat_and_kept_reductions_split_by_rows(rng, tm
     pieces = {n.meta["piece"]["of"] for n in g.nodes if "piece" in n.meta}
     assert len(pieces) == len(b.graph.nodes)                  # every node was split
     assert differing(bevir.run(g, feed), bevir.run(b.graph, feed)) == 0
+
+
+# ---- copies ------------------------------------------------------------------------------
+def attention_value(rng, nq: int = 900, side: int = 50, width: int = 32, channels: int = 256):
+    """An attention's value projection (a small linear widening ``width`` channels to
+    ``channels``: a large result) of a ``side`` x ``side`` map, read whole by the sampling
+    of every query: on several cores each core's queries read all of it."""
+    heads, points, fl, nv = 8, 16, 12, side * side
+    b = bevir.Builder("value")
+    x = b.input("x", fx((nv, width), 5))
+    w = b.const(ints(rng, (channels, width)), "w", fx((channels, width), 7))
+    v = b.fx_linear(x, w, out_frac_bits=4, loc="attn/value_proj", name="value")
+    v = b.reshape(v, shape=(1, nv, heads, channels // heads), loc="attn/value_proj",
+                  name="heads")
+    loc = b.input("loc", fx((1, nq, heads, 1, points, 2), fl, DType.i16))
+    aw = b.input("aw", fx((1, nq, heads, 1, points), 7))
+    b.output("y", b.fx_ms_deform_attn(v, loc, aw, spatial_shapes=(side, side), out_frac_bits=5,
+                                      loc="attn/sampling", name="sampled"))
+    locs = np.floor(rng.uniform(-0.2, 1.2, (1, nq, heads, 1, points, 2)) * 2**fl)
+    return b.graph, {"x": ints(rng, (nv, width)), "loc": locs.astype(np.int16),
+                     "aw": rng.integers(0, 60, (1, nq, heads, 1, points)).astype(np.int8)}
+
+
+def test_a_value_every_core_reads_whole_is_computed_on_every_core(rng, tmp_path):
+    """Where gathering a result costs more than computing it, each core computes all of it
+    (``copies``) and its queries read their own copy: no core waits for another, nothing
+    crosses DDR but the operands, and the C programs compute the golden model's integers,
+    counting what the model charges."""
+    graph, feed = attention_value(rng)
+    hw = HWConfig.parse("QC-U 8MB 16MAC x4")
+    plan = search(graph, hw)
+    choice = {e["node"]: e["choice"] for e in plan["ops"]}
+    assert choice == {"%value": "copies", "%heads": "copies", "%sampled": "queries"}
+    reason = next(e["reason"] for e in plan["ops"] if e["node"] == "%value")
+    assert reason.startswith("copies x4: ")
+    program = compile_program(graph, tmp_path / "copies", hw=hw)
+    g = program.graph
+    copies = [n for n in g.nodes if n.op == "fx_linear"]
+    assert [(n.meta["core"], n.meta["copy"]) for n in copies] == [
+        (k, {"of": "value", "index": k, "copies": 4}) for k in range(4)]
+    for piece in (n for n in g.nodes if n.op == "fx_ms_deform_attn"):
+        (value,) = [n for n in g.nodes if n.op == "reshape" and n.output is piece.inputs[0]]
+        assert value.meta["core"] == piece.meta["core"]          # its own core's copy
+    assert "core_gather" not in {n.op for n in g.nodes if n.output.name.startswith("heads")}
+    assert_bit_exact(program.run(feed), bevir.run(graph, feed))
+    assert_counted_as_modelled(program, hw)
+    # the same partition with the value on core 0, gathered for the queries, moves more
+    for e in plan["ops"]:
+        if e["choice"] == "copies":
+            e["choice"] = "none"
+    save_plan(plan, tmp_path / "gathered.json")
+    gathered = bevir.optimize(graph.clone(), [make_pass("partition", hw=hw,
+                                                        plan=str(tmp_path / "gathered.json")),
+                                              make_pass("plan-memory", hw=hw)])
+    assert model(g, hw).ddr_bytes < model(gathered, hw).ddr_bytes
+    assert model(g, hw).makespan < model(gathered, hw).makespan
+
+
+@pytest.mark.parametrize("name", GRAPHS)
+def test_copies_are_bit_identical(rng, tmp_path, name):
+    """Any integer op may run as copies (forced through a plan): every core's copy computes
+    the whole result, each consumer reads its own core's."""
+    graph, inputs = GRAPHS[name](rng)
+    reference = bevir.run(graph, inputs)
+    plan = search(graph, FREE_SYNC.with_cores(3))
+    entries = [e for e in plan["ops"] if any(c["split"] == "copies" for c in e["candidates"])]
+    assert entries
+    for e in plan["ops"]:
+        e["choice"] = "copies" if e in entries else "none"
+    save_plan(plan, tmp_path / "copies.json")
+    g = partitioned(graph, 3, plan=str(tmp_path / "copies.json"))
+    bevir.verify(g)
+    for e in entries:
+        made = [n for n in g.nodes if n.meta.get("copy", {}).get("of") == e["node"][1:]]
+        assert [n.meta["core"] for n in made] == [0, 1, 2] and {n.op for n in made} == {e["op"]}
+    for n in g.nodes:
+        for v in n.inputs:
+            if v is not None and v.producer is not None and "copy" in v.producer.meta:
+                assert v.producer.meta["core"] == n.meta["core"]     # no copy crosses
+    assert_bit_exact(bevir.run(g, inputs), reference)
+    again = partitioned(graph, 3, plan=str(tmp_path / "copies.json"))
+    assert str(again) == str(g)

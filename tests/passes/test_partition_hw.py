@@ -137,7 +137,7 @@ def test_cli_run_plans_with_the_cycle_model(rng, tmp_path, capsys):
                  "-o", str(out), "--hw", QCU]) == 0
     err = capsys.readouterr().err
     g = plan_for_target(graph, HWConfig.parse(QCU))
-    assert f"ops split: {sum(e['choice'] != 'none' for e in plan_of(g)['ops'])} of" in err
+    assert f"ops split or copied: {sum(e['choice'] != 'none' for e in plan_of(g)['ops'])} of" in err
     assert "modelled makespan" in err
     got, reference = load_file(str(out)), bevir.run(graph, feed)
     assert all(np.array_equal(got[k], reference[k]) for k in reference)
