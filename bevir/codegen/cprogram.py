@@ -237,11 +237,11 @@ class _CoreWriter:
             out.append(f"  bevir_wait(flags + {self.memory.flags[v]}, epoch); "
                        + _count(s, waits=1))
         out.append(_stamp(s, "waited"))
+        for v in step.dma_waits:      # the DMA engine's first: a load below may reuse the
+            out.append(f"  bevir_dma_wait({self.tickets.pop(v)});")   # source of a spill
         for t in step.loads:
             self.copy(f"ocm + {t.ocm}", f"ddr + {t.ddr}", t.nbytes)
             out.append("  " + _count(s, ddr_bytes=t.nbytes, transfers=1))
-        for v in step.dma_waits:             # moved by the core's DMA engine
-            out.append(f"  bevir_dma_wait({self.tickets.pop(v)});")
         for src, dst in step.copies:         # a barrier: this core's pieces pass through
             self.copy(self.ptr(dst.place), self.ptr(src.place), src.nbytes)
         out.append(_stamp(s, "loaded"))

@@ -219,11 +219,11 @@ class _Replay:
     def step(self, step: Step) -> None:
         """One step, in the order its C runs it (bevir/codegen/cprogram.py)."""
         core, node, memory = step.core, step.node, self.memory
+        for v in step.dma_waits:
+            self.finish(core, v)
         for t in step.loads:
             self.read(step, "ddr", core, t.ddr, t.value, "the load")
             self.write(step, "ocm", core, t.ocm, t.value)
-        for v in step.dma_waits:
-            self.finish(core, v)
         for src, dst in step.copies:          # a barrier: this core's pieces pass through
             self.read(step, src.place.mem, core, src.place.offset, src.value, "the copy")
             self.write(step, dst.place.mem, core, dst.place.offset, dst.value)

@@ -134,3 +134,20 @@ def test_a_host_node_reads_ddr_not_a_load_made_for_it(rng, tmp_path):
     check_schedule(schedule_of(g))
     feed = {"t": rng.standard_normal((64, 32)).astype(np.float32), "x": ints(rng, (64, 256))}
     assert_bit_exact(compile_program(g, tmp_path / "p").run(feed), bevir.run(b.graph, feed))
+
+
+def test_a_step_waits_for_the_dma_engine_before_its_loads(sched, tmp_path):
+    """A step that waits for a spill may load into the spill's source (the plan frees the
+    source after the core's next node): the program waits for the engine before it loads,
+    as the cycle model does, so the load never lands under a store in flight."""
+    spill = first(sched, lambda st: st.spill)
+    steps = list(sched.steps(spill.core))
+    at = steps.index(spill)
+    kernel = next(k for k in range(at + 1, len(steps)) if steps[k].node.op != "dma_copy")
+    waiter = steps[kernel + 1]
+    assert waiter.dma_waits[0] == spill.node.output.name
+    source = spill.args[0]
+    x = sched.graph.inputs[0]
+    waiter.loads.insert(0, Transfer(x.name, waiter.core, "load", source.nbytes,
+                                    source.place.offset, sched.memory.ddr[x.name]))
+    check_schedule(sched)
