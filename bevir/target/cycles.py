@@ -162,6 +162,7 @@ class OpRecord:
     transfers: int = 0
     notes: dict = field(default_factory=dict)
     dma: tuple[int, int] | None = None      # when its transfers were in flight
+    duplicate: bool = False     # a copy of a node core 0 computes too (partition "copies")
 
     @property
     def total_cycles(self) -> int:
@@ -232,7 +233,9 @@ class Profile:
 
     @property
     def macs(self) -> int:
-        return sum(r.macs for r in self.records)
+        """The graph's MACs: a node every core computes (partition ``copies``) counts once,
+        its other copies are overhead, not work."""
+        return sum(r.macs for r in self.records if not r.duplicate)
 
     @property
     def roofline_cycles(self) -> float:
@@ -523,7 +526,8 @@ def _record(job: _Job, end: float, index: int, prev_end: int, hw: HWConfig) -> O
                     c.work.op_class if c else "data",
                     c.mapping.name if c and c.mapping else None, macs, moved, terms, own,
                     wait, end_i - own, bound, util, len(job.transfers),
-                    dict(c.work.notes) if c else {}, dma)
+                    dict(c.work.notes) if c else {}, dma,
+                    step.node.meta.get("copy", {}).get("index", 0) > 0)
 
 
 def _bound(t: Terms, ddr: int) -> str:
