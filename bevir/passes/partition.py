@@ -12,18 +12,19 @@ rows read from the neighbouring cores, a gather and a slice otherwise — and it
 pay for how they get its pieces. The decisions are improved node by node until no change
 lowers the sum (iterated conditional modes, from the cheapest decisions one node at a
 time; a move to copies takes the node's reshapes along and lets its readers re-decide,
-as neither pays alone); each entry
-of the plan gives its candidates' cycles in the final neighbourhood, the choice and why.
+as neither pays alone); each entry of the plan gives its candidates' cycles in the final
+neighbourhood, the choice and why.
 
 A chosen split becomes explicit ops (bevir/ops/multicore.py): per core the same op on the
 ranges it reads, a ``core_slice`` of an operand produced whole, ``core_gather`` where a
 piece needs rows of several producer pieces (the rows of a neighbour's piece cut on the
 neighbour's core: only they cross) or a range of another axis of every piece (each cut
 where it was made: a split of channels feeding a split of rows exchanges only what each
-core reads), or a consumer the whole result. A constant's
-slices are cut at compile time, so each core loads only its share. Cores synchronise
-through the values they exchange (ready flags in the programs), not barriers. Every
-node's core is in ``node.meta["core"]``. The plan is ``graph.meta["partition"]`` (JSON);
+core reads), or a consumer the whole result. A copied node stays on core 0 with a copy
+on each other core (``node.meta["copy"]``); each core's consumers read their own. A
+constant's slices are cut at compile time, so each core loads only its share. Cores
+synchronise through the values they exchange (ready flags in the programs), not barriers.
+Every node's core is in ``node.meta["core"]``. The plan is ``graph.meta["partition"]`` (JSON);
 ``partition{plan=FILE}`` replays a saved plan without searching. Results are
 bit-identical: the pieces compute the same integers.
 """
@@ -800,6 +801,9 @@ def check_plan(plan: Any, graph: Graph, cores: int, source: str) -> dict[int, De
         if choice == "none":
             continue
         if choice == COPIES:
+            why = unsplittable(node, cores)
+            if why is not None:
+                fail(f"'{COPIES}' needs an op the search considers; this one: {why}", node)
             decisions[id(node)] = copies_of(node, cores)
             continue
         if choice not in node.opdef.splits:

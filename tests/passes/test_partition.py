@@ -232,6 +232,18 @@ def test_a_plan_that_does_not_fit_is_a_clear_error(rng, tmp_path, break_it, mess
         assert "op 'fx_conv2d' node %y from 'net/conv'" in str(e.value)
 
 
+def test_copies_of_an_op_the_search_does_not_consider_are_refused(rng, tmp_path):
+    graph, _ = chain(rng)
+    plan = search(graph, FREE_SYNC.with_cores(2))
+    for e in plan["ops"]:
+        e["choice"] = "copies" if e["op"] == "fx_dequantize" else "none"
+    save_plan(plan, tmp_path / "float.json")
+    with pytest.raises(bevir.PassError, match="'copies' needs an op the search considers; "
+                       "this one: not an integer op") as e:
+        partitioned(graph, 2, plan=str(tmp_path / "float.json"))
+    assert "op 'fx_dequantize'" in str(e.value)
+
+
 def test_a_graph_is_partitioned_once(rng):
     graph, _ = add(rng)
     with pytest.raises(bevir.PassError, match="partitioned already"):
