@@ -266,6 +266,10 @@ class OpDef:
     #: product's): the interpreter may hand it to its only reader to write its result
     #: into (:meth:`bind_in_place`)
     fresh_results: ClassVar[bool] = False
+    #: each result element is computed from the operand elements at its own index alone,
+    #: so the device kernel may write its result over an operand of the result's type
+    #: that dies at it (the memory plan gives both one OCM buffer)
+    result_over_operand: ClassVar[bool] = False
     #: the op is the sum of its two operands followed by this activation ("none": add,
     #: "relu": add_relu), which a product that one of them is may compute in its own pass
     #: (:meth:`bind_sum`); None: the op is no such sum

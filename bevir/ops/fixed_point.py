@@ -320,6 +320,7 @@ class FxAdd(_FxAddSub):
 
     name = "fx_add"
     onnx_export = qdq("add")
+    result_over_operand = True
 
 
 class FxSub(_FxAddSub):

@@ -495,6 +495,7 @@ class QLinearAdd(_QBinary):
     name = "qlinear_add"
     onnx_export = qdq("add")
     nhwc = LayoutRule(check=_qlinear_add_ok)
+    result_over_operand = True
     #: cycle model: two multiply-adds (fma(V, rV, fma(S, rS, fixed))), round, saturate
     cycle_cost = per_element(4)
 

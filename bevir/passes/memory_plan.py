@@ -7,6 +7,12 @@ outputs to the last step. A constant, as any value made elsewhere, is loaded at 
 use on a core and lives until its last: the weights of the layers that ran give their room
 to the next ones (a layer run stripe by stripe keeps its weights for all its stripes).
 
+An op that computes each result element from the operand elements at its own index
+(``OpDef.result_over_operand``: the adds) writes its result over an operand of the
+result's type that dies at it: both get one buffer, from the operand's first step to the
+result's last (``node.meta["in_place"]``: the operand's index); the residual adds of a
+ResNet then hold two tensors, not three. Where either moves to DDR they are separated.
+
 Plan: start with every value in OCM. While a core's live bytes at some step exceed its
 OCM (the lower bound ``max_t sum(live bytes)``), or the placement does not fit, move one
 value live but untouched at the peak step to DDR (the one used farthest ahead, as Belady's
@@ -22,10 +28,12 @@ fragments.
 Placement, per core: greedy by size, best fit (TFLite / TVM USMP), then a seeded
 hill-climb over the placement order (Vela) that stops at the lower bound, after
 ``search_steps`` placements or after ``search_patience`` placements in a row that did not
-lower the peak. Where best fit fragments (the bound fits, the placement does not), a value
-live where the placement overflows, at least as large as the overflow, moves to DDR (or,
-where none is, the node whose own tensors fill the OCM streams them). Results go to meta
-(registered keys, saved with the graph):
+lower the peak. Where best fit fragments (the bound fits, the placement does not), a
+result written over its operand live where the placement overflows gets its own buffer
+again where the bound allows; else a value live there moves to DDR: the one touched at
+the fewest steps of the core (the fewest reloads), then one at least as large as the
+overflow (or, where none is, the node whose own tensors fill the OCM streams them).
+Results go to meta (registered keys, saved with the graph):
 ``value.meta["ocm"]`` (a list of ``{"core", "offset", "size"}``, one per core holding the
 value), ``value.meta["mem"]`` (``"ocm"`` or ``"ddr"``), ``graph.meta["memory_plan"]`` (the
 options and per-core figures); :func:`memory_plan_of` reads them back as a :class:`MemoryPlan`
@@ -56,6 +64,8 @@ register_meta_key("mem", str, doc="plan-memory: 'ocm' or 'ddr', where the value 
 register_meta_key("memory_plan", dict, doc="plan-memory: options and per-core figures")
 register_meta_key("async", bool, doc="plan-memory: a store the core's DMA engine runs while the "
                   "core goes on (its source stays in OCM through the core's next node)")
+register_meta_key("in_place", int, doc="plan-memory: the operand a node's result is written "
+                  "over (one OCM buffer for both)")
 register_meta_key("stream", dict, doc="plan-memory: a node streamed in stripes between DDR and "
                   "an OCM stage buffer ({core, stripes, offset, size})")
 
@@ -171,10 +181,11 @@ class PlanMemory(Pass):
         return figures
 
     def _fit(self, tl: Timeline) -> None:
-        """Place; while a core's placement does not fit (fragmentation), move one more
-        value of that core to DDR: one live where the placement overflows, at least as
-        large as the overflow where one is. The loop places by best fit alone; the search
-        runs once on the final plan (it never makes a placement worse)."""
+        """Place; while a core's placement does not fit (fragmentation), separate a
+        result written over its operand live where it overflows (:meth:`_separate`), else
+        move one more value of that core to DDR (:meth:`_victim`). The loop places by best
+        fit alone; the search runs once on the final plan (it never makes a placement
+        worse)."""
         while True:
             bufs, figures, core = self._place(tl, search=False)
             if figures is not None:
@@ -183,6 +194,10 @@ class PlanMemory(Pass):
             live = tl.live[core][top.start:top.end + 1]
             peak = top.offset + top.size
             t = top.start + int(live.argmax())
+            separated = self._separate(tl, core, t)
+            if separated:
+                self.stat("fragmentation-separations", separated)
+                continue
             victim = self._candidate(tl, core, t, peak - self.ocm)
             if victim is None and tl.core[t] == core and t not in tl.stages:
                 tl.stream(t, self.ocm)       # its own tensors fill the OCM: stream them
@@ -191,10 +206,30 @@ class PlanMemory(Pass):
             tl.to_ddr(self._victim(tl, core, t, need=peak - self.ocm))
             self.stat("fragmentation-spills")
 
+    def _separate(self, tl: Timeline, core: int, t: int) -> int:
+        """Where the placement overflows at step ``t``, give the results written over
+        their operands live there buffers of their own again, largest first, as far as
+        the OCM bound allows: two shorter buffers may fit where one long one does not.
+        How many were separated."""
+        live = sorted(dict.fromkeys(root for root in tl.alias.values()
+                                    if (span := tl.ocm_span(root, core))
+                                    and span[0] <= t <= span[1]),
+                      key=lambda r: -tl.size[r])
+        separated = 0
+        for root in live:
+            undone = tl.unmerge(root)
+            if tl.fits(self.ocm):
+                separated += 1
+            else:
+                tl.remerge(undone)
+        return separated
+
     def _victim(self, tl: Timeline, core: int, t: int | None = None, need: int = 0) -> str:
         """The value to move to DDR: live but untouched at step ``t`` of ``core`` (then at
-        its fullest step); one of at least ``need`` bytes first, then the one used farthest
-        ahead there (Belady), then the largest, then the first."""
+        its fullest step); where the placement needs ``need`` bytes more, the one touched
+        at the fewest steps of the core first (the fewest reloads), then one of at least
+        ``need`` bytes, then the one used farthest ahead there (Belady), then the largest,
+        then the first."""
         live = tl.live[core]
         placement, fullest = t is not None, int(live.argmax())
         for step in dict.fromkeys([fullest if t is None else t, fullest]):
@@ -226,8 +261,8 @@ class PlanMemory(Pass):
             if span is not None and span[0] <= t <= span[1]:
                 steps = tl.touches[name][core]
                 j = bisect_right(steps, t)
-                key = (tl.size[name] >= need, steps[j] if j < len(steps) else tl.last + 2,
-                       tl.size[name], -i)
+                key = (-len(steps) if need else 0, tl.size[name] >= need,
+                       steps[j] if j < len(steps) else tl.last + 2, tl.size[name], -i)
                 if best_key is None or key > best_key:
                     best, best_key = name, key
         return best
@@ -367,6 +402,12 @@ class PlanMemory(Pass):
             v.meta.setdefault("mem", "ocm")
             v.meta["ocm"] = v.meta.get("ocm", []) + [{"core": b.core, "offset": b.offset,
                                                       "size": b.size}]
+        for name, k in sched.over.items():      # a result over its operand: its buffer
+            v = sched.values[name]
+            v.meta["mem"] = "ocm"
+            v.meta["ocm"] = [dict(p) for p in sched.values[sched.alias[name]].meta["ocm"]]
+            v.producer.meta["in_place"] = k
+            self.stat("results-over-operands")
         self._record(graph, sched, figures)
 
     def _dma(self, graph: Graph, v: Value, src: str, dst: str, node: Node, **where) -> Node:

@@ -95,13 +95,37 @@ def held_in_ocm(graph: Graph) -> Callable[[Node], list[Value]]:
     return lambda n: held_tensors(n) if not device or lowerable(n) else []
 
 
+def overwritable(node: Node) -> list[int]:
+    """The operands ``node``'s device kernel may write its result over
+    (:attr:`~bevir.ir.opdef.OpDef.result_over_operand`): those of the result's type."""
+    if len(node.outputs) != 1 or not node.opdef.result_over_operand:
+        return []
+    out = node.output.type
+    return [k for k, v in enumerate(node.inputs)
+            if v is not None and not v.is_const and v.type.shape == out.shape
+            and v.type.dtype.itemsize == out.dtype.itemsize and v.type.layout == out.layout]
+
+
+def in_place_roots(graph: Graph) -> dict[str, str]:
+    """Each result the memory plan put over an operand (``node.meta["in_place"]``: the
+    operand's index) -> the value whose buffer it shares (through chains)."""
+    alias: dict[str, str] = {}
+    for n in graph.nodes:
+        k = n.meta.get("in_place")
+        if k is not None:
+            x = n.inputs[k].name
+            alias[n.output.name] = alias.get(x, x)
+    return alias
+
+
 def graph_timeline(graph: Graph, cores: int = 1, shared: bool = False, align: int = 1
                    ) -> list[Buffer]:
     """The buffers of ``graph`` as it stands: every value not marked ``mem="ddr"`` on
     each core that touches it, with its live range, and the stage buffer of each streamed
     node (the verifier's view)."""
     ocm = lambda v: v.meta.get("mem", "ocm") != "ddr"  # noqa: E731
-    key = lambda v: BufferKey(v.name)  # noqa: E731
+    alias = in_place_roots(graph)
+    key = lambda v: BufferKey(alias.get(v.name, v.name))  # noqa: E731
     stages = [n for n in graph.nodes if "stream" in n.meta]
     held = held_in_ocm(graph)
     keys = [[key(v) for v in held(n) if ocm(v)] + [stage_key(n)] * ("stream" in n.meta)
@@ -148,6 +172,7 @@ class Timeline:
         self.spills: set[str] = set()      # DDR values whose store runs on the DMA engine
         index = {id(n): i for i, n in enumerate(self.nodes)}
         self.values: dict[str, Value] = {}
+        self._ocm: dict[str, list[tuple]] = {}      # ocm_intervals, by value
         self.size: dict[str, int] = {}
         self.touches: dict[str, dict[int, list[int]]] = {}   # value -> core -> node steps
         self.readers: dict[str, list[int]] = {}
@@ -174,6 +199,10 @@ class Timeline:
         self.pinned_out = {v.name for v in graph.outputs.values()}
         for v in list(graph.inputs) + list(graph.outputs.values()):
             self._see(v, align)                 # held nowhere if no node holds it
+        self.alias: dict[str, str] = {}     # a result over an operand -> the shared buffer's
+        self.over: dict[str, int] = {}      # ... and the operand's index at its producer
+        self._own: dict[str, dict[int, list[int]]] = {}   # their touches, unmerged
+        self._merge_in_place()
         self.live = {c: np.zeros(len(self.nodes) or 1, dtype=np.int64)
                      for c in sorted({c for t in self.touches.values() for c in t} | {0})}
         for name in self.values:
@@ -187,13 +216,68 @@ class Timeline:
             if name in self.streamed_values:
                 self.to_ddr(name)
 
+    def _merge_in_place(self) -> None:
+        """Give a result and an operand it may be written over (:func:`overwritable`) one
+        buffer where the operand dies at the node, both on its core alone and neither a
+        graph input or output: the buffer lives from the operand's first step to the
+        result's last. Undone where either moves to DDR (:meth:`unmerge`)."""
+        for i, n in enumerate(self.nodes):
+            for k in overwritable(n):
+                if self._merge(i, k):
+                    break
+
+    def _merge(self, i: int, k: int) -> bool:
+        n = self.nodes[i]
+        x, y, c = n.inputs[k].name, n.output.name, self.core[i]
+        tx, ty = self._own.get(x, self.touches[x]), self.touches[y]
+        if (list(tx) != [c] or list(ty) != [c] or tx[c][-1] != i or ty[c][0] != i
+                or x == y or self.size[x] != self.size[y] or x in self.ddr or y in self.ddr
+                or {x, y} & (self.pinned_in | self.pinned_out)):
+            return False
+        root = self.alias.get(x, x)
+        self._own.setdefault(root, {c: list(self.touches[root][c])})
+        self._own[y] = {c: list(ty[c])}
+        self._touch(root, {c: sorted(set(self.touches[root][c]) | set(ty[c]))})
+        self._touch(y, {})
+        self.alias[y], self.over[y] = root, k
+        return True
+
+    def unmerge(self, name: str) -> list[tuple[int, int]]:
+        """Separate the buffers shared with ``name`` again (each value its own); the
+        merges undone, as (node step, operand), for :meth:`remerge`."""
+        root = self.alias.get(name, name)
+        group = [y for y, r in self.alias.items() if r == root]
+        if not group:
+            return []
+        undone = [(self.made_at[y], self.over[y]) for y in group]
+        self._add(self.intervals(root), -1)
+        self._touch(root, self._own.pop(root))
+        for y in group:
+            del self.alias[y], self.over[y]
+            self._touch(y, self._own.pop(y))
+        for v in (root, *group):
+            self._add(self.intervals(v), +1)
+        return undone
+
+    def remerge(self, undone: list[tuple[int, int]]) -> None:
+        """Merge again what :meth:`unmerge` separated."""
+        for i, k in sorted(undone):
+            names = [self.nodes[i].inputs[k].name, self.nodes[i].output.name]
+            roots = {self.alias.get(v, v) for v in names}
+            for v in roots:
+                self._add(self.intervals(v), -1)
+            self._merge(i, k)
+            for v in {self.alias.get(v, v) for v in names} | roots:
+                self._add(self.intervals(v), +1)
+
     def _stages(self, ocm: int) -> dict[int, tuple[int, int]]:
         """The nodes whose operands and results together exceed the OCM: they stream them
         between DDR and a stage buffer of two stripes (one filled while the other is
         computed on), each stripe at most a quarter of the OCM. Node -> (stripes, bytes)."""
         out = {}
         for i, n in enumerate(self.nodes):
-            working = sum(self.size[v.name] for v in set(self.held(n)))
+            working = sum(self.size[name] for name in
+                          {self.alias.get(v.name, v.name) for v in self.held(n)})
             if working > ocm:
                 out[i] = self._stage(working, ocm)
         return out
@@ -223,7 +307,17 @@ class Timeline:
 
     # ---- intervals (core, start, end, key) of one value -------------------------------
     def ocm_intervals(self, name: str) -> list[tuple]:
-        return [(c, *self.ocm_span(name, c), BufferKey(name)) for c in self.touches[name]]
+        """Remembered: they change only with the value's touches (:meth:`_touch`)."""
+        out = self._ocm.get(name)
+        if out is None:
+            key = BufferKey(name)
+            out = self._ocm[name] = [(c, *self.ocm_span(name, c), key)
+                                     for c in self.touches[name]]
+        return out
+
+    def _touch(self, name: str, touches: dict[int, list[int]]) -> None:
+        self.touches[name] = touches
+        self._ocm.pop(name, None)
 
     def ocm_span(self, name: str, core: int) -> tuple[int, int] | None:
         """The first and last step ``name`` lives in ``core``'s OCM (None: never)."""
@@ -296,6 +390,7 @@ class Timeline:
 
     # ---- moves ------------------------------------------------------------------------
     def to_ddr(self, name: str) -> None:
+        self.unmerge(name)
         self._add(self.ocm_intervals(name), -1)
         self.ddr[name] = None
         self._add(self.ddr_intervals(name), +1)

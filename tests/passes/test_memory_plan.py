@@ -432,3 +432,63 @@ def test_a_value_moved_to_ddr_is_read_in_ocm_by_the_next_node():
     assert not any(n.op == "dma_copy" and n.attrs["dst"] == "ocm" and n.inputs[0] is store[0].output
                    for n in graph.nodes)
     assert np.array_equal(bevir.run(graph, feed)["y"], before)
+
+
+# ---- results written over their operands ---------------------------------------------------
+def residual_block(rng, tail: bool = True):
+    """skip -> linear -> add(h, skip) -> linear: the add's operands both die at it."""
+    from tests.shared import fx, ints
+    b = Builder("block")
+    x = b.input("x", fx((64, 256), 5))
+    skip = b.fx_relu(x, out_frac_bits=5, name="skip")
+    w = b.const(ints(rng, (256, 256)), "w", fx((256, 256), 7))
+    h = b.fx_linear(skip, w, out_frac_bits=5, name="h")
+    y = b.fx_add(h, skip, out_frac_bits=4, name="y")
+    if tail:
+        w2 = b.const(ints(rng, (256, 256)), "w2", fx((256, 256), 7))
+        y = b.fx_linear(y, w2, out_frac_bits=4, name="out")
+    b.output("out", y)
+    return b.graph, {"x": ints(rng, (64, 256))}
+
+
+def test_an_add_writes_its_result_over_an_operand_that_dies_at_it(rng, tmp_path):
+    """The residual add's result takes the buffer of its first operand (both die at it, of
+    one type): at the add two tensors are live, not three, and the C program, whose add
+    kernel then writes where it reads, computes the golden model's integers and counts
+    what the model charges."""
+    from bevir.flows.target import compile_program
+    from bevir.passes import make_pass
+    from bevir.target import HWConfig
+    from bevir.testing import assert_bit_exact
+    from tests.shared import assert_counted_as_modelled
+    graph, feed = residual_block(rng)
+    hw = HWConfig.parse("QC-U 8MB 16MAC x1")
+    g = bevir.optimize(graph.clone(), [make_pass("plan-memory", hw=hw)])
+    add = g.value("y").producer
+    assert add.meta["in_place"] == 0 and add.inputs[0].name == "h"
+    assert g.value("y").meta["ocm"] == g.value("h").meta["ocm"]
+    verify_memory_plan(g)
+    at = g.nodes.index(add)
+    live = {b["value"]: b for b in memory_plan_of(g).buffers if b["start"] <= at <= b["end"]}
+    assert set(live) == {"skip", "h"}                        # h's buffer holds y after it
+    assert live["h"]["end"] > at
+    program = compile_program(graph, tmp_path, hw=hw)
+    assert program.graph.value("y").producer.meta["in_place"] == 0
+    assert_bit_exact(program.run(feed), bevir.run(graph, feed))
+    assert_counted_as_modelled(program, hw)
+
+
+def test_a_result_the_graph_returns_or_an_operand_read_later_keeps_its_own_buffer(rng):
+    graph, _ = residual_block(rng, tail=False)               # y is the graph's output
+    g = plan(graph)
+    assert "in_place" not in g.value("y").producer.meta
+    b = Builder("later")
+    from tests.shared import fx
+    x = b.input("x", fx((64, 256), 5))
+    a = b.fx_relu(x, out_frac_bits=5, name="a")
+    c = b.fx_relu(x, out_frac_bits=5, name="c")
+    s = b.fx_add(a, c, out_frac_bits=4, name="s")             # a is read again below
+    b.output("out", b.fx_add(s, a, out_frac_bits=3, name="t"))
+    g = plan(b.graph)
+    assert g.value("s").producer.meta.get("in_place") == 1     # over c, not a
+    verify_memory_plan(g)
