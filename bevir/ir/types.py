@@ -25,21 +25,23 @@ class DType(enum.Enum):
     u8 = "u8"
     bool = "bool"
 
+    # the facts below are attributes of each member, set once after the class (planning
+    # and the interpreter's result checks ask for them millions of times)
     @property
     def np(self) -> np.dtype:
-        return _NUMPY[self]
+        return self._np
 
     @property
     def is_float(self) -> bool:
-        return self in (DType.f64, DType.f32, DType.f16)
+        return self._is_float
 
     @property
     def is_int(self) -> bool:
-        return self in (DType.i64, DType.i32, DType.i16, DType.i8, DType.u8)
+        return self._is_int
 
     @property
     def itemsize(self) -> int:
-        return self.np.itemsize
+        return self._itemsize
 
     @staticmethod
     def from_numpy(dtype) -> DType:
@@ -59,6 +61,10 @@ _NUMPY = {d: np.dtype(name) for d, name in (
     (DType.f64, "float64"), (DType.f32, "float32"), (DType.f16, "float16"),
     (DType.i64, "int64"), (DType.i32, "int32"), (DType.i16, "int16"), (DType.i8, "int8"),
     (DType.u8, "uint8"), (DType.bool, "bool"))}
+for _d, _np_dtype in _NUMPY.items():
+    _d._np, _d._itemsize = _np_dtype, _np_dtype.itemsize
+    _d._is_float = _d in (DType.f64, DType.f32, DType.f16)
+    _d._is_int = _d in (DType.i64, DType.i32, DType.i16, DType.i8, DType.u8)
 
 
 class Layout(enum.Enum):
