@@ -426,9 +426,8 @@ def unsplittable(node: Node, cores: int) -> str | None:
 def candidates(node: Node, cores: int) -> tuple[list[Decision], list[dict]]:
     """The decisions ``node`` may take (none first, copies, then each declared kind along
     each result axis it cuts, :meth:`OpDef.region_axes`) and notes on the kinds that do
-    not apply. A node of a striped group (``meta["stripe"]``: one image of a cascade kept
-    on chip) is not copied: every core would run the image."""
-    out, notes = [NONE] + ([] if "stripe" in node.meta else [copies_of(node, cores)]), []
+    not apply."""
+    out, notes = [NONE, copies_of(node, cores)], []
     axes = node.opdef.region_axes(node.opdef.ctx(node))
     for kind in node.opdef.splits:
         kind_axes = [a for a, k in sorted(axes.items()) if k == kind]
