@@ -17,7 +17,7 @@ import difflib
 import functools
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import NamedTuple
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -131,27 +131,36 @@ class Interpreter:
         if self._largest > tensor_bytes():
             self._refuse_large(plan)
         facts = _graph_facts(g, native.enabled())      # kernels prepared for it
+        splits = native.splits()
+        with native.serial_blas(facts.splits):
+            fetched = self._execute(inputs, facts, env, plan, keep, wanted, keep_all)
+        facts.splits |= native.splits() != splits
+        env = self._arrays                        # a failed plain run starts a new one
+        for name in wanted - set(fetched):
+            fetched[name] = self._computed(name, env)
+        result = {k: env[id(v)] for k, v in g.outputs.items() if id(v) in env}
+        result.update({k: v for k, v in fetched.items() if k not in result})
+        return result
+
+    def _execute(self, inputs: Mapping[str, np.ndarray], facts: Facts,
+                 env: dict[int, np.ndarray], plan: set[Node] | None, keep: set[int],
+                 wanted: set[str], keep_all: bool) -> dict[str, np.ndarray]:
+        """The steps of a run, plain where nothing watches them: the fetched values."""
         self._steps = facts.steps
         self._overrides = self._resolve_kernels()
         # the golden kernels called straight from the op (no override, no run_node subclass)
         direct = not self._overrides and type(self).run_node is _RUN_NODE
-        fetched: dict[str, np.ndarray] = {}
         if (direct and plan is None and not keep_all and not wanted
                 and self.on_node_start is None and self.on_node_end is None):
             try:
                 _run_plain(facts.plain, env)
             except Exception:
                 # again node by node, from the start: the node that fails is named
-                env = self._arrays = {id(v): v.const for v in g.constants.values()}
+                env = self._arrays = {id(v): v.const for v in self.graph.constants.values()}
                 self._bind(inputs, None, env)
                 self._run_steps(env, None, keep, wanted, keep_all, direct)
-        else:
-            fetched = self._run_steps(env, plan, keep, wanted, keep_all, direct)
-        for name in wanted - set(fetched):
-            fetched[name] = self._computed(name, env)
-        result = {k: env[id(v)] for k, v in g.outputs.items() if id(v) in env}
-        result.update({k: v for k, v in fetched.items() if k not in result})
-        return result
+            return {}
+        return self._run_steps(env, plan, keep, wanted, keep_all, direct)
 
     def _run_steps(self, env: dict[int, np.ndarray], plan: set[Node] | None, keep: set[int],
                    wanted: set[str], keep_all: bool, direct: bool) -> dict[str, np.ndarray]:
@@ -324,7 +333,8 @@ PlainStep = tuple[Callable[[Args], list[np.ndarray]], tuple[int | None, ...], tu
                   tuple[Declared, ...], tuple[int, ...]]
 
 
-class Facts(NamedTuple):
+@dataclass(slots=True)
+class Facts:
     """What a graph's runs are prepared with, once per graph version."""
 
     #: graph version, whether native kernels run
@@ -336,6 +346,8 @@ class Facts(NamedTuple):
     values: dict[str, Value]
     #: the largest result, in bytes
     largest: int
+    #: whether a run split native calls over threads (later runs hold BLAS to one)
+    splits: bool = False
 
 
 #: each graph's facts, while its version stays (bevir.run makes an interpreter per run)

@@ -908,3 +908,55 @@ def test_native_product_adds_its_reader_operand_in_its_pass_with_numpys_bits(
             {"x": x, "o": other})["y"]
     same_numbers(joined, apart)
     assert np.isnan(joined).any()
+
+
+def test_a_golden_run_that_splits_native_calls_holds_blas_to_one_thread(monkeypatch, rng):
+    """BLAS's idle workers spin on the cores the native kernels' threads need: once a
+    graph's run split a native call over threads, its later runs hold BLAS to the calling
+    thread (not a graph whose runs split nothing, not on one thread, not with the native
+    kernels off); runs at once share one hold; BLAS gets its threads back after the last
+    one, a failed run's too."""
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    def blas() -> set[int]:
+        return {i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"}
+
+    def graph(op: str):
+        b = Builder(op)
+        b.output("y", getattr(b, op)(b.input("x", TensorType.of(x["x"]))))
+        return b.graph
+
+    monkeypatch.setattr(native, "PARALLEL_WORK", 1)
+    x = {"x": rng.standard_normal(2 * native.GELU_BLOCK).astype(np.float32)}
+    seen: list[set[int]] = []
+    with threadpool_limits(limits=2, user_api="blas"):
+        assert blas() == {2}
+        for op, threads, switch, held in [("sigmoid", "2", "1", [{2}, {1}, {1}]),
+                                          ("relu", "2", "1", [{2}] * 3),
+                                          ("sigmoid", "1", "1", [{2}] * 3),
+                                          ("sigmoid", "2", "0", [{2}] * 3)]:
+            monkeypatch.setenv("OPENBLAS_NUM_THREADS", threads)
+            monkeypatch.setenv("BEVIR_NATIVE", switch)
+            watched = Interpreter(graph(op), on_node_start=lambda node, args: seen.append(blas()))
+            seen.clear()
+            for _ in range(3):
+                watched.run(x)
+                assert blas() == {2}
+            assert seen == held, (op, threads, switch)
+        monkeypatch.setenv("BEVIR_NATIVE", "1")
+        monkeypatch.setenv("OPENBLAS_NUM_THREADS", "2")
+        with native.serial_blas():
+            with native.serial_blas():
+                assert blas() == {1}
+            assert blas() == {1}
+        assert blas() == {2}
+        split = graph("sigmoid")
+        bevir.run(split, x)
+
+        def failing(node, args):
+            seen.append(blas())
+            raise KeyError(node.name)
+        seen.clear()
+        with pytest.raises(bevir.BevirError, match="KeyError"):
+            Interpreter(split, on_node_start=failing).run(x)
+        assert seen == [{1}] and blas() == {2}

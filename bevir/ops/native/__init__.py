@@ -12,6 +12,7 @@ works, or with ``BEVIR_NATIVE=0``, the numpy code runs.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -20,7 +21,7 @@ import shlex
 import subprocess
 import threading
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from math import prod
 from pathlib import Path
@@ -582,9 +583,10 @@ def threads() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-#: the least work (multiply-adds) a thread of :func:`parallel` is given: handing a call to
-#: a thread and waiting for it costs 10-20 us, about a tenth to a fifth of this many
-PARALLEL_WORK = 1 << 20
+#: the least work (multiply-adds) a thread of :func:`parallel` is given: handing calls to
+#: the pool and waiting for them costs ~60 us, what one thread takes for ~3 M of them (a
+#: product split in two gains from ~7 M on)
+PARALLEL_WORK = 1 << 22
 
 #: the worker threads of :func:`parallel` (this one runs a share too), made on first use:
 #: (how many, the pool)
@@ -613,6 +615,7 @@ def parallel(calls: Sequence[Callable[[], object]]) -> None:
     calls writing apart, which let go of the GIL while they run (ctypes does), so each
     result is what the call alone would write."""
     if len(calls) > 1:
+        _SPLITS[0] += 1
         if not _POOL or _POOL[0][0] < len(calls) - 1:
             _POOL[:] = [(len(calls) - 1, ThreadPoolExecutor(len(calls) - 1, "bevir-native"))]
         futures = [_POOL[0][1].submit(call) for call in calls[1:]]
@@ -621,6 +624,53 @@ def parallel(calls: Sequence[Callable[[], object]]) -> None:
             future.result()
     elif calls:
         calls[0]()
+
+
+#: native calls split over threads so far (:func:`parallel`)
+_SPLITS = [0]
+
+
+def splits() -> int:
+    """How many native calls were split over threads so far: a golden run that sees the
+    count grow holds BLAS to one thread in its graph's later runs (:func:`serial_blas`)."""
+    return _SPLITS[0]
+
+
+#: the golden runs under way that hold BLAS to one thread, and what restores its threads
+_SERIAL_BLAS: list = [0, None]
+_SERIAL_LOCK = threading.Lock()
+
+
+@functools.cache
+def _blas_pools():
+    """The BLAS libraries loaded (threadpoolctl's view of them), found once."""
+    from threadpoolctl import ThreadpoolController
+    return ThreadpoolController().select(user_api="blas")
+
+
+@contextlib.contextmanager
+def serial_blas(hold: bool = True) -> Iterator[None]:
+    """With ``hold``, while a golden run whose native calls split over :func:`threads` is
+    under way: BLAS on the calling thread only. Idle BLAS workers wait for work spinning
+    (OpenBLAS: ~0.1 s after each call) on the cores the native kernels' threads need: with
+    both, resnet18 ran slower on 2 threads than on 1. A run with no split keeps BLAS's
+    threads (they are cheaper to start than :func:`parallel`'s). BLAS splits a product by
+    rows and columns, never its sums: the same bits on any number of threads. Runs on
+    several threads at once share one hold; the last one out restores BLAS."""
+    if not hold or threads() < 2 or not enabled():
+        yield
+        return
+    with _SERIAL_LOCK:
+        if not _SERIAL_BLAS[0]:
+            _SERIAL_BLAS[1] = _blas_pools().limit(limits=1)
+        _SERIAL_BLAS[0] += 1
+    try:
+        yield
+    finally:
+        with _SERIAL_LOCK:
+            _SERIAL_BLAS[0] -= 1
+            if not _SERIAL_BLAS[0]:
+                _SERIAL_BLAS[1].restore_original_limits()
 
 
 def bands(n: int, parts: int, multiple: int = 1) -> list[tuple[int, int]]:
