@@ -61,16 +61,42 @@ def lowerable(node: Node) -> bool:
     """Whether ``node`` runs on the device: it gives an integer result, a bool computed
     from integers (:func:`integer_bool`), or reads a quantized operand (fx_dequantize, the
     device's way out). Float ops (the geometry before the network, the box decoding after
-    it) run on the host. A ``dma_copy`` runs on the side of the node it loads for (a float
-    camera image the host cut, loaded for a device quantize), or of the node whose result
-    it stores."""
+    it) run on the host, and so does a quantization of floats the host computes
+    (:func:`narrows_host_floats`). A ``dma_copy`` runs on the side of the node it loads
+    for (a float camera image the host cut, loaded for a device quantize), or of the node
+    whose result it stores."""
     if node.op == "dma_copy":
         near = ([u for u, _ in node.output.uses] if node.attrs.get("dst") == "ocm"
                 else [node.inputs[0].producer])
         return any(n is not None and lowerable(n) for n in near)
-    return (any(v.type.dtype.is_int for v in node.outputs)
+    return ((any(v.type.dtype.is_int for v in node.outputs) and not narrows_host_floats(node))
             or any(v is not None and v.type.quant is not None for v in node.inputs)
             or integer_bool(node))
+
+
+def narrows_host_floats(node: Node) -> bool:
+    """Whether ``node`` makes integers, in fewer bytes, from floats the host computes
+    (:func:`host_computed`; constants aside): a quantization of the host's pre-processing
+    (BEVFormer's queries shifted by the CAN bus, its rotated positions). It runs on the
+    host, so the integers cross to the device, not the floats: the host writes them where
+    it would write the floats. A quantization of a graph input stays on the device, as
+    someone reads the floats from DDR either way."""
+    floats = [v for v in node.inputs if v is not None and not v.is_const]
+    return (bool(floats) and all(v.type.dtype.is_float and v.type.quant is None
+                                 and host_computed(v) for v in floats)
+            and sum(v.type.nbytes for v in node.outputs) < sum(v.type.nbytes for v in floats))
+
+
+def host_computed(value: Value) -> bool:
+    """Whether the host computes ``value``: a host op makes it, not a graph input passed on
+    (renamed, moved or cut: a camera image's stripes)."""
+    p = value.producer
+    while p is not None and p.opdef.moves_data:
+        data = [v for v in p.inputs if v is not None and not v.is_const]
+        if len(data) != 1:
+            break
+        p = data[0].producer
+    return p is not None and not lowerable(p)
 
 
 def integer_bool(node: Node) -> bool:

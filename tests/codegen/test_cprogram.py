@@ -202,7 +202,7 @@ def test_device_nodes_keep_graph_order_across_stages(rng, tmp_path):
     b = bevir.Builder("order")
     x = b.input("x", fx((64,), 4))
     h = b.mul(b.fx_dequantize(b.fx_relu(x)), b.const(np.float32(2.0), "two"))   # host
-    y = b.fx_quantize(h, out_frac_bits=3)                                         # device
+    y = b.fx_relu(b.fx_quantize(h, out_frac_bits=3))     # quantized on the host: device
     late = b.fx_relu(b.const(rng.integers(-9, 9, 64).astype(np.int8), "k", fx((64,), 3)))
     b.output("y", b.fx_add(y, late, out_frac_bits=3))
     parts = stages(b.graph)
@@ -212,6 +212,30 @@ def test_device_nodes_keep_graph_order_across_stages(rng, tmp_path):
     inputs = {"x": rng.integers(-128, 128, 64).astype(np.int8)}
     program = compile_program(b.graph, tmp_path, hw="QC-U 8MB 16MAC x1")
     assert_bit_exact(program.run(inputs), bevir.run(b.graph, inputs))
+
+
+def test_a_quantization_of_floats_the_host_computes_runs_on_the_host(rng, tmp_path):
+    """The integers cross to the device, not the floats the host makes: a quantization of
+    a host op's result runs in the host stage (on the golden model); one of a graph input,
+    renamed on the host or not, stays on the device, as its floats cross either way. The
+    device reads the graph input's floats and the host's integers, nothing more, and the
+    program is bit-exact."""
+    from bevir import DType, TensorType
+    from bevir.target import stages
+    b = bevir.Builder("host_quantize")
+    x = b.input("x", TensorType((64, 32), DType.f32))
+    made = b.fx_quantize(b.relu(x), out_frac_bits=4)
+    passed = b.fx_quantize(b.reshape(x, shape=(64, 32)), out_frac_bits=4)
+    b.output("y", b.fx_add(made, passed, out_frac_bits=3))
+    host, device = stages(b.graph)
+    assert [n.op for n in host[1]] == ["relu", "fx_quantize", "reshape"] and not host[0]
+    assert [n.op for n in device[1]] == ["fx_quantize", "fx_add"] and device[0]
+    inputs = {"x": (rng.standard_normal((64, 32)) * 4).astype(np.float32)}
+    hw = hw_config("QC-U 8MB 16MAC x1")
+    program = compile_program(b.graph, tmp_path, hw=hw)
+    assert_bit_exact(program.run(inputs), bevir.run(b.graph, inputs))
+    counts = assert_counted_as_modelled(program, hw)
+    assert counts["ddr_bytes"] == inputs["x"].nbytes + 2 * made.type.nbytes   # and y stored
 
 
 def test_an_unchanged_graph_compiles_from_the_cache(rng, tmp_path, monkeypatch):
@@ -282,7 +306,8 @@ def test_a_float_graph_is_refused_naming_its_ops(tmp_path, capsys):
 
 def test_compile_names_the_host_round_trips(rng, tmp_path, capsys):
     """A float op left between two integer parts: two device stages, and compile says
-    which op makes the round trip through the host."""
+    which op makes the round trip through the host (the quantization of its result runs
+    on the host with it, not named)."""
     from bevir import DType, TensorType
     from bevir.cli import main
     from bevir.ir.types import FixedPointQuant
@@ -292,14 +317,15 @@ def test_compile_names_the_host_round_trips(rng, tmp_path, capsys):
     h = b.fx_relu(b.input("a", fx), out_frac_bits=4)
     f = b.sigmoid(b.fx_dequantize(h), loc="head/sigmoid")
     b.output("y", b.fx_relu(b.fx_quantize(f, out_frac_bits=6), out_frac_bits=6))
-    assert [[n.op for n in nodes] for nodes in host_round_trips(b.graph)] == [["sigmoid"]]
+    assert [[n.op for n in nodes] for nodes in host_round_trips(b.graph)] == [["sigmoid",
+                                                                               "fx_quantize"]]
     inputs = {"a": rng.integers(-128, 128, 64).astype(np.int8)}
     assert_bit_exact(compile_program(b.graph, tmp_path / "prog").run(inputs),
                      bevir.run(b.graph, inputs))
     bevir.save(b.graph, tmp_path / "t.bevir")
     assert main(["compile", str(tmp_path / "t.bevir"), "-o", str(tmp_path / "p")]) == 0
     out = capsys.readouterr().out
-    assert "stages (nodes): device 2, host 1, device 2" in out
+    assert "stages (nodes): device 2, host 2, device 1" in out
     assert "note: 1 host round trip(s) between device stages, through float ops the " \
            "quantization left: sigmoid 'head/sigmoid'" in out
 

@@ -111,7 +111,7 @@ def test_require_names_the_extra_of_a_missing_package(monkeypatch):
 def test_the_extras_are_declared_in_pyproject():
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     core = {d.split(">")[0].split("=")[0] for d in meta["dependencies"]}
-    assert core == {"numpy", "onnx", "safetensors", "networkx", "pydantic"}
+    assert core == {"numpy", "onnx", "safetensors", "networkx", "pydantic", "threadpoolctl"}
     extras = meta["optional-dependencies"]
     assert {extra for extra, _ in EXTRAS.values()} | {"all", "test"} == set(extras)
     assert extras["all"] == [f"bevir[{','.join(sorted(set(e for e, _ in EXTRAS.values())))}]"]
