@@ -82,8 +82,9 @@ def narrows_host_floats(node: Node) -> bool:
     it would write the floats. A quantization of a graph input stays on the device, as
     someone reads the floats from DDR either way."""
     floats = [v for v in node.inputs if v is not None and not v.is_const]
-    return (bool(floats) and all(v.type.dtype.is_float and v.type.quant is None
-                                 and host_computed(v) for v in floats)
+    return (bool(floats) and all(v.type.dtype.is_int for v in node.outputs)
+            and all(v.type.dtype.is_float and v.type.quant is None and host_computed(v)
+                    for v in floats)
             and sum(v.type.nbytes for v in node.outputs) < sum(v.type.nbytes for v in floats))
 
 

@@ -216,26 +216,31 @@ def test_device_nodes_keep_graph_order_across_stages(rng, tmp_path):
 
 def test_a_quantization_of_floats_the_host_computes_runs_on_the_host(rng, tmp_path):
     """The integers cross to the device, not the floats the host makes: a quantization of
-    a host op's result runs in the host stage (on the golden model); one of a graph input,
-    renamed on the host or not, stays on the device, as its floats cross either way. The
-    device reads the graph input's floats and the host's integers, nothing more, and the
-    program is bit-exact."""
+    a host op's result (cut on the host or not) runs in the host stage, on the golden
+    model; one of a graph input, cut on the host or not, stays on the device, as its floats
+    cross either way. The device reads the cut's floats and the host's integers, nothing
+    more; the program is bit-exact; the host's float ops are what the CLI names."""
     from bevir import DType, TensorType
+    from bevir.cli.models import host_note
     from bevir.target import stages
+    from bevir.target.schedule import narrows_host_floats
     b = bevir.Builder("host_quantize")
     x = b.input("x", TensorType((64, 32), DType.f32))
-    made = b.fx_quantize(b.relu(x), out_frac_bits=4)
-    passed = b.fx_quantize(b.reshape(x, shape=(64, 32)), out_frac_bits=4)
-    b.output("y", b.fx_add(made, passed, out_frac_bits=3))
+    rows = {"axes": (0,), "steps": (1,)}
+    made = b.fx_quantize(b.slice(b.relu(x), starts=(0,), ends=(32,), **rows), out_frac_bits=4)
+    cut = b.fx_quantize(b.slice(x, starts=(32,), ends=(64,), **rows), out_frac_bits=4)
+    b.output("y", b.fx_add(made, cut, out_frac_bits=3))
     host, device = stages(b.graph)
-    assert [n.op for n in host[1]] == ["relu", "fx_quantize", "reshape"] and not host[0]
+    assert [n.op for n in host[1]] == ["relu", "slice", "fx_quantize", "slice"] and not host[0]
     assert [n.op for n in device[1]] == ["fx_quantize", "fx_add"] and device[0]
+    assert [n.op for n in b.graph.nodes if narrows_host_floats(n)] == ["fx_quantize"]
+    assert host_note(b.graph) == "on the host (float): 3 node(s) (slice 2, relu 1)"
     inputs = {"x": (rng.standard_normal((64, 32)) * 4).astype(np.float32)}
     hw = hw_config("QC-U 8MB 16MAC x1")
     program = compile_program(b.graph, tmp_path, hw=hw)
     assert_bit_exact(program.run(inputs), bevir.run(b.graph, inputs))
     counts = assert_counted_as_modelled(program, hw)
-    assert counts["ddr_bytes"] == inputs["x"].nbytes + 2 * made.type.nbytes   # and y stored
+    assert counts["ddr_bytes"] == inputs["x"].nbytes // 2 + 2 * made.type.nbytes   # y stored
 
 
 def test_an_unchanged_graph_compiles_from_the_cache(rng, tmp_path, monkeypatch):
