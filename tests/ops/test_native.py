@@ -960,3 +960,34 @@ def test_a_golden_run_that_splits_native_calls_holds_blas_to_one_thread(monkeypa
         with pytest.raises(bevir.BevirError, match="KeyError"):
             Interpreter(split, on_node_start=failing).run(x)
         assert seen == [{1}] and blas() == {2}
+
+
+def test_parallel_runs_each_call_on_its_own_thread_and_ends_them_all_before_it_raises():
+    """native.parallel: each call on a thread of its own (this one runs the first); a
+    failing call's error is raised once every call has ended, and the workers serve the
+    next calls; while another caller holds the workers, the calls run in turn here."""
+    import threading
+    import time
+    threads: list[int] = []
+
+    def record(delay: float = 0.0, fail: bool = False):
+        def call():
+            time.sleep(delay)
+            threads.append(threading.get_ident())
+            if fail:
+                raise ValueError("call failed")
+        return call
+
+    native.parallel([record(), record(), record()])
+    assert len(set(threads)) == 3 and threads.count(threading.get_ident()) == 1
+    threads.clear()
+    with pytest.raises(ValueError, match="call failed"):
+        native.parallel([record(fail=True), record(0.05), record(0.1)])
+    assert len(threads) == 3                                    # the slow ones ended first
+    threads.clear()
+    native.parallel([record(), record()])
+    assert len(set(threads)) == 2
+    threads.clear()
+    with native._WORKERS_HELD[0]:                               # another caller's
+        native.parallel([record(), record(), record()])
+    assert set(threads) == {threading.get_ident()} and len(threads) == 3
