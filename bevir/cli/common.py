@@ -111,11 +111,11 @@ def planned(graph, hw_text: str | None, cores: int | None, plan: str | None = No
 def round_trips_note(graph) -> str | None:
     """The host round trips between device stages of ``graph`` (values sent to the host
     and back through float ops a quantization left), with the first ops that make them."""
-    from ..target.schedule import host_round_trips, narrows_host_floats
+    from ..target.schedule import host_float_op, host_round_trips
     trips = host_round_trips(graph)
     if not trips:
         return None
-    ops = [n for nodes in trips for n in nodes if not narrows_host_floats(n)]
+    ops = [n for nodes in trips for n in nodes if host_float_op(n)]
     first = ", ".join(f"{n.op} '{n.loc or n.name}'" for n in ops[:3])
     return (f"{len(trips)} host round trip(s) between device stages, through float ops the "
             f"quantization left: {first}{', ...' if len(ops) > 3 else ''}")

@@ -145,8 +145,8 @@ def host_note(graph) -> str:
     """What of ``graph`` runs on the host (float ops, by op), as the compiled program will
     run it (with the quantizations of their results, not counted)."""
     from collections import Counter
-    from ..target.schedule import lowerable, narrows_host_floats
-    host = Counter(n.op for n in graph.nodes if not lowerable(n) and not narrows_host_floats(n))
+    from ..target.schedule import host_float_op
+    host = Counter(n.op for n in graph.nodes if host_float_op(n))
     ops = ", ".join(f"{op} {k}" for op, k in host.most_common(8))
     return (f"on the host (float): {sum(host.values())} node(s)"
             + (f" ({ops}{', ...' if len(host) > 8 else ''})" if host else ""))

@@ -88,6 +88,12 @@ def narrows_host_floats(node: Node) -> bool:
             and sum(v.type.nbytes for v in node.outputs) < sum(v.type.nbytes for v in floats))
 
 
+def host_float_op(node: Node) -> bool:
+    """Whether ``node`` is a float op the host runs: off the device, and not a quantization
+    the host runs for it (:func:`narrows_host_floats`)."""
+    return not lowerable(node) and not narrows_host_floats(node)
+
+
 def host_computed(value: Value) -> bool:
     """Whether the host computes ``value``: a host op makes it, not a graph input passed on
     (renamed, moved or cut: a camera image's stripes)."""
